@@ -1,0 +1,58 @@
+# One venv, made and kept up to date by the targets that need it.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+TOOLS  := .tools
+STAMP  := $(VENV)/.installed
+
+export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
+
+.PHONY: help demo test lint typecheck unit integration chart-test tools crds bench e2e e2e-kind clean
+
+help:
+	@echo "make demo   - offline demo: emulated Kubernetes API + scripted model + the real operator"
+	@echo "make test   - everything CI runs: lint, types, import contracts, unit, integration, chart"
+	@echo "make bench  - benchmark harness; prints a table and writes bench/RESULTS.md"
+	@echo "make crds   - regenerate crds/ and the chart's copy from the pydantic models"
+	@echo "make e2e    - the integration scenarios against the cluster KUBECONFIG points at"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
+	$(BIN)/python -m pip install --quiet -e . --group dev
+	touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/agentrun demo
+
+tools:
+	bash scripts/install-tools.sh $(TOOLS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) tools lint typecheck
+	$(BIN)/python -m pytest
+
+crds: $(STAMP)
+	$(BIN)/agentrun crd > crds/agentruns.agentrun.dev.yaml
+	cp crds/agentruns.agentrun.dev.yaml charts/agentrun-operator/crds/agentruns.agentrun.dev.yaml
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+e2e: $(STAMP)
+	$(BIN)/python -m pytest -m e2e tests/e2e
+
+e2e-kind: $(STAMP)
+	bash scripts/e2e-kind.sh
+
+clean:
+	rm -rf $(VENV) $(TOOLS) build dist .mypy_cache .ruff_cache

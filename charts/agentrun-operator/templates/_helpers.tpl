@@ -1,0 +1,149 @@
+{{/*
+Chart name, overridable with nameOverride; at most 63 characters (a DNS label).
+*/}}
+{{- define "agentrun-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name used as the prefix of every object: fullnameOverride, or "<release>-<name>", or just the
+release name when it already contains the chart name.
+*/}}
+{{- define "agentrun-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+"name-version" for the helm.sh/chart label.
+*/}}
+{{- define "agentrun-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels that select the operator pod. They never change between upgrades (selectors are immutable).
+*/}}
+{{- define "agentrun-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentrun-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels on every object of the chart.
+*/}}
+{{- define "agentrun-operator.labels" -}}
+helm.sh/chart: {{ include "agentrun-operator.chart" . }}
+{{ include "agentrun-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: agentrun
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+Name of the operator's service account.
+*/}}
+{{- define "agentrun-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "agentrun-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference: repository, then @digest when a digest is set, else :tag (default appVersion).
+*/}}
+{{- define "agentrun-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The namespaces watched in "namespaces" scope, validated: at least one, no duplicates.
+Returns them as a YAML list (use with fromYamlArray).
+*/}}
+{{- define "agentrun-operator.watchNamespaces" -}}
+{{- if eq .Values.rbac.scope "namespaces" }}
+{{- if not .Values.watchNamespaces }}
+{{- fail "rbac.scope is \"namespaces\" but watchNamespaces is empty: list the namespaces to watch" }}
+{{- end }}
+{{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) }}
+{{- fail "watchNamespaces lists a namespace more than once" }}
+{{- end }}
+{{- end }}
+{{- toYaml .Values.watchNamespaces }}
+{{- end }}
+
+{{/*
+RBAC rules for the namespaced resources the operator works with. Used by the ClusterRole in
+"cluster" scope and by the Role in each watched namespace in "namespaces" scope.
+*/}}
+{{- define "agentrun-operator.namespacedRules" -}}
+# The AgentRuns themselves: Kopf watches them and patches finalizers and annotations.
+- apiGroups: ["agentrun.dev"]
+  resources: ["agentruns"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+# Status is written through the status subresource only.
+- apiGroups: ["agentrun.dev"]
+  resources: ["agentruns/status"]
+  verbs: ["get", "patch", "update"]
+# Transcripts and run keys are owned by their AgentRun with blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin allows only with update on finalizers.
+- apiGroups: ["agentrun.dev"]
+  resources: ["agentruns/finalizers"]
+  verbs: ["update"]
+# Kubernetes events on the runs (Kopf posts core/v1 events; events.k8s.io for newer clients).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# Run API keys and transcripts, stored as Secrets owned by the run.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- if eq .Values.operator.transcriptStorage "configmap" }}
+# Transcripts stored as ConfigMaps owned by the run (operator.transcriptStorage: configmap).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.rbac.impersonateServiceAccounts }}
+# The agent's Kubernetes tools act as the run's spec.serviceAccountName. Service accounts only:
+# never users, groups or other identities.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["impersonate"]
+  {{- with .Values.rbac.impersonationServiceAccountNames }}
+  resourceNames:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules for what Kopf needs cluster-wide whatever the scope: discovering the CRD and the
+namespaces. Nothing namespaced belongs here.
+*/}}
+{{- define "agentrun-operator.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}

@@ -1,0 +1,167 @@
+"""Generating the CRD from the pydantic models, so the schema has one source of truth.
+
+pydantic emits JSON Schema 2020-12; the API server wants a structural OpenAPI v3.0 subset:
+no $ref, nullable instead of anyOf-null, no additionalProperties=false next to properties,
+boolean exclusive bounds. This module is that translation and nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from agentrun.api import CATEGORIES, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from agentrun.api.spec import IMMUTABLE_SPEC_FIELDS, AgentRunSpec
+from agentrun.api.status import AgentRunStatus
+
+_DROP = {"title", "$defs", "discriminator"}
+IMMUTABLE_MESSAGE = "is immutable once the AgentRun is created (only cancel, approvals and ttlSecondsAfterFinished may change)"
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        merged = {**target, **extra}
+        return _resolve(merged, defs)
+    return {k: _resolve(v, defs) for k, v in node.items() if k not in _DROP}
+
+
+def _structural(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_structural(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    any_of = node.pop("anyOf", None)
+    if any_of is not None:
+        options = [o for o in any_of if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express anyOf {any_of!r} structurally")
+        merged = {**options[0], **node}
+        if len(options) < len(any_of):
+            merged["nullable"] = True
+        node = merged
+        if node.get("default", 0) is None:
+            del node["default"]
+    if node.get("default", 0) is None:
+        del node["default"]
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in node and not isinstance(node[bound], bool):
+            node[plain] = node.pop(bound)
+            node[bound] = True
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        node.pop("additionalProperties", None)
+        node.setdefault("type", "object")
+    elif node.get("additionalProperties") is False or "properties" in node:
+        node.pop("additionalProperties", None)
+    if "properties" in node:
+        node["properties"] = {k: _structural(v) for k, v in node["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            node[key] = _structural(node[key])
+    return node
+
+
+def _schema_of(model: type[AgentRunSpec] | type[AgentRunStatus]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.get("$defs", {})
+    schema: dict[str, Any] = _structural(_resolve(raw, defs))
+    schema.pop("required", None) if not schema.get("required") else None
+    return schema
+
+
+def _default_nested_objects(schema: dict[str, Any]) -> None:
+    """Let the API server fill nested defaults (maxIterations: 20 …) even when a parent is omitted."""
+    for prop in schema.get("properties", {}).values():
+        if prop.get("type") == "object" and "properties" in prop and not prop.get("nullable"):
+            prop.setdefault("default", {})
+            _default_nested_objects(prop)
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = _schema_of(AgentRunSpec)
+    _default_nested_objects(schema)
+    for name in IMMUTABLE_SPEC_FIELDS:
+        schema["properties"][name]["x-kubernetes-validations"] = [
+            {"rule": "self == oldSelf", "message": f"spec.{name} {IMMUTABLE_MESSAGE}"}
+        ]
+    optional = [n for n in IMMUTABLE_SPEC_FIELDS if n not in schema.get("required", [])]
+    schema["x-kubernetes-validations"] = [
+        {
+            "rule": " && ".join(f"has(self.{n}) == has(oldSelf.{n})" for n in optional),
+            "message": f"fields of spec {IMMUTABLE_MESSAGE}; they cannot be added or removed either",
+        }
+    ]
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    return _schema_of(AgentRunStatus)
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Stop Reason", "type": "string", "jsonPath": ".status.stopReason"},
+                        {"name": "Iterations", "type": "integer", "jsonPath": ".status.iterations"},
+                        {"name": "Tokens", "type": "integer", "jsonPath": ".status.usage.totalTokens"},
+                        {"name": "Cost", "type": "string", "jsonPath": ".status.usage.costUSD"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": (
+                                "AgentRun runs one LLM agent loop (Anthropic tool use) to completion "
+                                "within declared limits and budgets."
+                            ),
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string", "description": "API version of the object."},
+                                "kind": {"type": "string", "description": "Kind of the object."},
+                                "metadata": {"type": "object", "description": "Standard object metadata."},
+                                "spec": {**spec_schema(), "description": "The desired run."},
+                                "status": {
+                                    **status_schema(),
+                                    "description": "What happened (operator-owned).",
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `agentrun crd` from operator/agentrun/api; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100, allow_unicode=True)

@@ -1,0 +1,364 @@
+"""The AgentRun spec: what a platform team declares.
+
+The CRD's openAPIV3Schema is generated from these models (``agentrun crd``), so every constraint
+written here is enforced twice: by the API server at admission and by pydantic when the operator
+(or ``agentrun run``) reads a manifest. Field descriptions become ``kubectl explain`` text.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_TASK_CHARS = 262_144
+
+ToolName = Annotated[str, Field(pattern=TOOL_NAME_PATTERN, min_length=1, max_length=64)]
+
+
+class _Model(BaseModel):
+    """Strict camelCase models: unknown fields are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in the run's own namespace (cross-namespace references are not allowed)."""
+
+    name: str = Field(
+        description="Name of the Secret, in the same namespace as the AgentRun.",
+        min_length=1,
+        max_length=253,
+    )
+    key: str = Field(
+        default="api-key",
+        description="Key inside the Secret's data whose value is used.",
+        min_length=1,
+        max_length=253,
+    )
+
+
+class ModelSpec(_Model):
+    """Which Anthropic model to call and how."""
+
+    name: str = Field(
+        default="claude-sonnet-4-6",
+        description="Model name passed to the Messages API, e.g. claude-sonnet-4-6.",
+        min_length=1,
+        max_length=128,
+    )
+    max_tokens: int = Field(
+        default=4096,
+        alias="maxTokens",
+        ge=1,
+        le=128_000,
+        description="Upper bound on output tokens per model request (the API's max_tokens).",
+    )
+    temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Sampling temperature; omitted from requests when unset (the API default applies).",
+    )
+    stop_sequences: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        alias="stopSequences",
+        max_length=8,
+        description=(
+            "Strings that stop generation. When one of these fires and it is not listed in "
+            "finishSequences, the output is treated as drift: discarded and the model re-prompted."
+        ),
+    )
+    finish_sequences: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        alias="finishSequences",
+        max_length=8,
+        description=(
+            "Stop strings that mean a clean finish: the run ends with the text before the sequence "
+            "as its result. They are sent to the API together with stopSequences."
+        ),
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        alias="apiKeySecretRef",
+        description=(
+            "Secret holding the Anthropic API key for this run. When unset the operator's own "
+            "ANTHROPIC_API_KEY is used. The key never appears in status, events, logs or metrics."
+        ),
+    )
+    base_url: str | None = Field(
+        default=None,
+        alias="baseURL",
+        max_length=2048,
+        pattern=r"^https?://",
+        description="Messages API base URL; defaults to the operator's ANTHROPIC_BASE_URL or Anthropic's.",
+    )
+
+
+class BuiltinTool(_Model):
+    """A tool implemented inside the operator."""
+
+    name: str = Field(
+        description="Name of the built-in tool (see README, 'Built-in tools'), e.g. current_time.",
+        pattern=TOOL_NAME_PATTERN,
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Tool-specific configuration; each built-in documents its keys.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class ServiceRef(_Model):
+    """An in-cluster Service that serves a webhook tool."""
+
+    name: str = Field(description="Service name.", pattern=DNS_LABEL_PATTERN, max_length=63)
+    namespace: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="Service namespace; defaults to the run's namespace.",
+    )
+    port: int = Field(default=80, ge=1, le=65535, description="Service port.")
+    path: str = Field(default="/", max_length=2048, description="HTTP path of the tool endpoint.")
+    scheme: Literal["http", "https"] = Field(default="http", description="URL scheme.")
+
+
+class HTTPTool(_Model):
+    """A webhook tool: the operator POSTs the validated input as JSON and returns the answer."""
+
+    name: ToolName = Field(description="Tool name the model sees. Must be unique within the run.")
+    description: str = Field(description="What the tool does, for the model.", min_length=1, max_length=4096)
+    input_schema: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object"},
+        alias="inputSchema",
+        description="JSON Schema of the tool input; inputs are validated before any request is sent.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://", description="Endpoint URL.")
+    service: ServiceRef | None = Field(
+        default=None, description="In-cluster Service reference; alternative to url."
+    )
+    headers_from: SecretKeyRef | None = Field(
+        default=None,
+        alias="headersFrom",
+        description="Secret key whose value is a JSON object of extra request headers.",
+    )
+    timeout_seconds: float = Field(
+        default=30.0, alias="timeoutSeconds", gt=0, le=3600, description="Per-call timeout."
+    )
+
+
+class MCPServer(_Model):
+    """A streamable-HTTP MCP server whose tools are offered to the model."""
+
+    name: ToolName = Field(description="Server name; its tools are offered as <name>_<tool>.")
+    url: str = Field(max_length=2048, pattern=r"^https?://", description="MCP endpoint URL.")
+    allowed_tools: list[ToolName] | None = Field(
+        default=None,
+        alias="allowedTools",
+        description="Only these tools of the server are offered; all of them when unset.",
+    )
+    headers_from: SecretKeyRef | None = Field(
+        default=None,
+        alias="headersFrom",
+        description="Secret key whose value is a JSON object of extra request headers.",
+    )
+
+
+class ToolSpec(_Model):
+    """One entry of spec.tools: exactly one of builtin, http or mcp."""
+
+    builtin: BuiltinTool | None = Field(default=None, description="A built-in tool.")
+    http: HTTPTool | None = Field(default=None, description="A webhook tool.")
+    mcp: MCPServer | None = Field(default=None, description="An MCP server's tools.")
+    requires_approval: bool = Field(
+        default=False,
+        alias="requiresApproval",
+        description="Pause the run for a human approval (spec.approvals) before each call.",
+    )
+    write_key: str | None = Field(
+        default=None,
+        alias="writeKey",
+        max_length=253,
+        description="Calls sharing a write key run one after another instead of in parallel.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> ToolSpec:
+        kinds = [k for k in ("builtin", "http", "mcp") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"a tool needs exactly one of builtin, http, mcp; got {kinds or 'none'}")
+        return self
+
+
+class ToolChoice(_Model):
+    """How the first turn chooses tools; later turns always use auto."""
+
+    type: Literal["auto", "any", "tool", "none"] = Field(
+        default="auto", description="auto, any (some tool), tool (the named one) or none."
+    )
+    name: ToolName | None = Field(default=None, description="The forced tool when type is tool.")
+
+    @model_validator(mode="after")
+    def _name_iff_tool(self) -> ToolChoice:
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("toolChoice.name is required when type is tool, and only then")
+        return self
+
+
+class LoopDetection(_Model):
+    """Stops runs that repeat themselves instead of making progress."""
+
+    enabled: bool = Field(default=True, description="Whether loop detection is active.")
+    repeats: int = Field(
+        default=3,
+        ge=2,
+        le=100,
+        description="Identical consecutive tool calls (same tool and input, or same result) ending the run.",
+    )
+    failures_per_tool: int = Field(
+        default=5,
+        alias="failuresPerTool",
+        ge=2,
+        le=100,
+        description="Consecutive failures of one tool, whatever the arguments, that end the run.",
+    )
+
+
+class Limits(_Model):
+    """Termination limits; several overlap on purpose and all are checked before each model request."""
+
+    max_iterations: int = Field(
+        default=20,
+        alias="maxIterations",
+        ge=1,
+        le=10_000,
+        description="Maximum model requests that may request tools; then one final tools-off answer turn.",
+    )
+    token_budget: int | None = Field(
+        default=None,
+        alias="tokenBudget",
+        ge=1,
+        description="Maximum input + output + cache-creation + cache-read tokens for the whole run.",
+    )
+    cost_budget_usd: float | None = Field(
+        default=None,
+        alias="costBudgetUSD",
+        gt=0,
+        description="Maximum spend in US dollars, priced by the operator's price table.",
+    )
+    timeout_seconds: int = Field(
+        default=1800,
+        alias="timeoutSeconds",
+        ge=1,
+        le=7 * 24 * 3600,
+        description="Wall-clock limit for the run; in-flight model and tool calls are cancelled.",
+    )
+    tool_concurrency: int = Field(
+        default=8, alias="toolConcurrency", ge=1, le=64, description="Parallel tool calls per turn."
+    )
+    tool_timeout_seconds: int = Field(
+        default=120, alias="toolTimeoutSeconds", ge=1, le=3600, description="Per tool call timeout."
+    )
+    max_tool_result_chars: int = Field(
+        default=20_000,
+        alias="maxToolResultChars",
+        ge=100,
+        le=1_000_000,
+        description="Tool results longer than this are cut, with a marker saying how much was cut.",
+    )
+    max_consecutive_tool_errors: int = Field(
+        default=5,
+        alias="maxConsecutiveToolErrors",
+        ge=1,
+        le=1000,
+        description="Turns in a row in which every tool call failed before the run stops.",
+    )
+    loop_detection: LoopDetection = Field(
+        default_factory=LoopDetection,
+        alias="loopDetection",
+        description="Repetition detection settings.",
+    )
+
+
+class Approval(_Model):
+    """A human decision on a tool call that requires approval."""
+
+    tool_use_id: str = Field(alias="toolUseId", min_length=1, max_length=256, description="The call.")
+    decision: Literal["approve", "deny"] = Field(description="approve or deny.")
+    by: str = Field(min_length=1, max_length=256, description="Who decided.")
+    reason: str | None = Field(default=None, max_length=4096, description="Why (shown to the model).")
+
+
+IMMUTABLE_SPEC_FIELDS = (
+    "task",
+    "systemPrompt",
+    "model",
+    "tools",
+    "toolChoice",
+    "requiredTools",
+    "limits",
+    "serviceAccountName",
+)
+
+
+class AgentRunSpec(_Model):
+    """The desired run. Immutable once created, except cancel, approvals and ttlSecondsAfterFinished."""
+
+    task: str = Field(
+        min_length=1,
+        max_length=MAX_TASK_CHARS,
+        description="The task given to the agent as the first user message.",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        alias="systemPrompt",
+        max_length=MAX_TASK_CHARS,
+        description="System prompt; together with the tool list it forms the cached prompt prefix.",
+    )
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Model settings.")
+    tools: list[ToolSpec] = Field(
+        default_factory=list, max_length=128, description="Tools the agent may call."
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        alias="toolChoice",
+        description="Tool choice for the first model request (e.g. force a tool); later turns are auto.",
+    )
+    required_tools: list[ToolName] = Field(
+        default_factory=list,
+        alias="requiredTools",
+        max_length=64,
+        description="Tools that must have run successfully before an end_turn is accepted.",
+    )
+    limits: Limits = Field(default_factory=Limits, description="Termination limits and budgets.")
+    service_account_name: str | None = Field(
+        default=None,
+        alias="serviceAccountName",
+        pattern=DNS_LABEL_PATTERN,
+        max_length=253,
+        description="ServiceAccount (in the run's namespace) that Kubernetes tools impersonate.",
+    )
+    cancel: bool = Field(default=False, description="Set to true to stop the run (phase Cancelled).")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        alias="ttlSecondsAfterFinished",
+        ge=0,
+        description="Delete the AgentRun this many seconds after it finished.",
+    )
+    approvals: list[Approval] = Field(
+        default_factory=list, max_length=1024, description="Decisions on calls awaiting approval."
+    )
+
+    def tool_names(self) -> list[str]:
+        """Names of non-MCP tools as the model sees them (MCP names are known only after listing)."""
+        names: list[str] = []
+        for tool in self.tools:
+            if tool.builtin is not None:
+                names.append(tool.builtin.name)
+            elif tool.http is not None:
+                names.append(tool.http.name)
+        return names

@@ -1,0 +1,145 @@
+"""The AgentRun status: what happened, written by the operator only.
+
+Every field stored in status must be declared here: the API server prunes undeclared status
+fields silently. Kopf's own bookkeeping lives under ``status.kopf`` (declared open-ended).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
+
+
+FINISHED_PHASES = frozenset(p.value for p in Phase if p.finished)
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class Usage(_Status):
+    """Token usage and spend; cache tokens are reported separately, as the API reports them."""
+
+    input_tokens: int = Field(default=0, alias="inputTokens", description="Uncached input tokens.")
+    output_tokens: int = Field(default=0, alias="outputTokens", description="Output tokens.")
+    cache_creation_input_tokens: int = Field(
+        default=0, alias="cacheCreationInputTokens", description="Input tokens written to the cache."
+    )
+    cache_read_input_tokens: int = Field(
+        default=0, alias="cacheReadInputTokens", description="Input tokens read from the cache."
+    )
+    total_tokens: int = Field(
+        default=0,
+        alias="totalTokens",
+        description="input + output + cache creation + cache read: what tokenBudget is checked against.",
+    )
+    cost_usd: str | None = Field(
+        default=None,
+        alias="costUSD",
+        description="Spend in US dollars as a decimal string; unset when the model's price is unknown.",
+    )
+    unpriced_models: list[str] = Field(
+        default_factory=list,
+        alias="unpricedModels",
+        description="Models used by the run that have no price in the price table (cost not guessed).",
+    )
+
+
+class Condition(_Status):
+    """A Kubernetes API convention condition."""
+
+    type: str = Field(description="Condition type: Succeeded, Ready, Reconciling or Stalled.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str = Field(
+        alias="lastTransitionTime", description="When the status last changed (RFC 3339)."
+    )
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration", description="Spec generation this condition reflects."
+    )
+
+
+class TranscriptRef(_Status):
+    """Where the run's full conversation and trace are stored."""
+
+    kind: str = Field(description="Kind of the objects holding the transcript (Secret or ConfigMap).")
+    name_prefix: str = Field(alias="namePrefix", description="Objects are named <prefix>-<chunk>.")
+    chunks: int = Field(default=0, description="Number of chunks written.")
+    bytes: int = Field(default=0, description="Compressed bytes stored.")
+
+
+class PendingApproval(_Status):
+    """A tool call waiting for a human decision in spec.approvals."""
+
+    tool_use_id: str = Field(alias="toolUseId", description="The tool_use id to approve or deny.")
+    tool_name: str = Field(alias="toolName", description="Tool name.")
+    input: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The call's input.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    since: str = Field(description="When the run started waiting (RFC 3339).")
+
+
+class AgentRunStatus(_Status):
+    """Observed state of the run."""
+
+    phase: Phase | None = Field(default=None, description="Pending, Running, AwaitingApproval or final.")
+    stop_reason: str | None = Field(
+        default=None, alias="stopReason", description="Why the run stopped (CamelCase), once finished."
+    )
+    raw_stop_reason: str | None = Field(
+        default=None,
+        alias="rawStopReason",
+        description="The model's stop_reason verbatim when the operator did not recognise it.",
+    )
+    message: str | None = Field(default=None, description="Human-readable summary of the current state.")
+    iterations: int = Field(default=0, description="Model requests made so far.")
+    tool_calls: int = Field(default=0, alias="toolCalls", description="Tool calls executed so far.")
+    usage: Usage = Field(default_factory=Usage, description="Token usage and spend.")
+    result: str | None = Field(
+        default=None, description="The final answer, cut to 32 KiB; the transcript holds everything."
+    )
+    result_truncated: bool | None = Field(
+        default=None, alias="resultTruncated", description="True when result was cut to fit."
+    )
+    start_time: str | None = Field(default=None, alias="startTime", description="When the loop started.")
+    completion_time: str | None = Field(
+        default=None, alias="completionTime", description="When the run finished."
+    )
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration", description="Spec generation last acted upon."
+    )
+    transcript: TranscriptRef | None = Field(default=None, description="Reference to the stored transcript.")
+    pending_approvals: list[PendingApproval] = Field(
+        default_factory=list, alias="pendingApprovals", description="Tool calls awaiting a decision."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Succeeded, plus the kstatus trio Ready / Reconciling / Stalled.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    kopf: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Bookkeeping of the Kopf framework; not part of the API.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )

@@ -1,0 +1,1 @@
+"""The `agentrun` command line."""

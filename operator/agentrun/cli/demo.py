@@ -1,0 +1,250 @@
+"""`agentrun demo`: the whole product offline, in one command.
+
+A Kubernetes API emulator and a scripted Messages API run in this process; the real operator runs
+as a child process against them, exactly as it would against a cluster. With ANTHROPIC_API_KEY set
+the real API is used; with --kubeconfig a real cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun.api import GROUP, KIND, PLURAL, VERSION
+from agentrun.api.crd import crd
+from agentrun.api.status import FINISHED_PHASES
+
+NAMESPACE = "default"
+EMBEDDED_EXAMPLES: tuple[dict[str, Any], ...] = (
+    {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": "calculator"},
+        "spec": {
+            "task": "A cluster has 17 nodes with 23 pods each, plus 4 system pods. How many pods run in "
+            "total? Use the calculator tool, then answer in one sentence.",
+            "model": {"name": "claude-haiku-4-5", "maxTokens": 1024},
+            "tools": [{"builtin": {"name": "calculator"}}],
+            "requiredTools": ["calculator"],
+            "limits": {
+                "maxIterations": 5,
+                "tokenBudget": 20000,
+                "costBudgetUSD": 0.05,
+                "timeoutSeconds": 120,
+            },
+        },
+    },
+    {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": "what-time"},
+        "spec": {
+            "task": "What is the current date in UTC? Use the current_time tool; answer with the date only.",
+            "model": {"name": "claude-haiku-4-5", "maxTokens": 512},
+            "tools": [{"builtin": {"name": "current_time"}}],
+            "limits": {"maxIterations": 3, "tokenBudget": 10000},
+        },
+    },
+)
+
+
+def load_examples(directory: str | None) -> list[dict[str, Any]]:
+    path = Path(directory) if directory else Path("examples")
+    if not path.is_dir():
+        if directory:
+            raise SystemExit(f"error: {directory} is not a directory")
+        return [dict(e) for e in EMBEDDED_EXAMPLES]
+    found: list[dict[str, Any]] = []
+    for file in sorted(path.glob("*.yaml")):
+        for doc in yaml.safe_load_all(file.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == KIND:
+                found.append(doc)
+    return found or [dict(e) for e in EMBEDDED_EXAMPLES]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def _cluster(kubeconfig: str | None) -> AsyncIterator[str]:
+    if kubeconfig:
+        yield kubeconfig
+        return
+    from agentrun.sandbox.kube_api import KubeAPI
+
+    with tempfile.TemporaryDirectory() as tmp:
+        crd_file = Path(tmp) / "crd.yaml"
+        crd_file.write_text(yaml.safe_dump(crd()))
+        async with KubeAPI.running(crd_paths=[crd_file]) as kube:
+            print(f"Kubernetes API emulator on {kube.url}", file=sys.stderr)
+            yield str(kube.kubeconfig_path)
+
+
+@contextlib.asynccontextmanager
+async def _model() -> AsyncIterator[tuple[str, str | None]]:
+    key = os.environ.get("ANTHROPIC_API_KEY")
+    if key:
+        print("using the real Anthropic API (ANTHROPIC_API_KEY is set)", file=sys.stderr)
+        yield key, os.environ.get("ANTHROPIC_BASE_URL")
+        return
+    from agentrun.sandbox.messages_api import FakeMessagesAPI
+
+    async with FakeMessagesAPI().running() as api:
+        print(f"scripted Messages API on {api.url} (set ANTHROPIC_API_KEY for the real one)", file=sys.stderr)
+        yield "demo-key", api.url
+
+
+async def _install_crd(custom: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(custom)
+    try:
+        await ext.create_custom_resource_definition(crd())
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    await asyncio.sleep(2)  # a real API server publishes a new schema after a moment
+
+
+def _row(obj: dict[str, Any]) -> tuple[str, ...]:
+    status = obj.get("status") or {}
+    usage = status.get("usage") or {}
+    return (
+        obj["metadata"]["name"],
+        str(status.get("phase") or "-"),
+        str(status.get("stopReason") or "-"),
+        str(status.get("iterations", 0)),
+        str(usage.get("totalTokens", 0)),
+        str(usage.get("costUSD") or "-"),
+    )
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    header = ("NAME", "PHASE", "STOP REASON", "ITERATIONS", "TOKENS", "COST")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows])
+
+
+async def _demo(kubeconfig: str | None, examples: str | None, timeout: float) -> int:
+    manifests = load_examples(examples)
+    async with _cluster(kubeconfig) as kubeconfig_path, _model() as (api_key, base_url):
+        metrics_port, health_port = _free_port(), _free_port()
+        env = {**os.environ, "KUBECONFIG": kubeconfig_path, "ANTHROPIC_API_KEY": api_key}
+        if base_url:
+            env["ANTHROPIC_BASE_URL"] = base_url
+        log_file = Path(tempfile.mkdtemp(prefix="agentrun-demo-")) / "operator.log"
+        with log_file.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "agentrun.cli.main",
+                "operator",
+                "--bind-address",
+                "127.0.0.1",
+                "--metrics-port",
+                str(metrics_port),
+                "--health-port",
+                str(health_port),
+                "--log-format",
+                "text",
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
+        print(f"operator started (pid {proc.pid}, log: {log_file})", file=sys.stderr)
+        try:
+            return await _drive(
+                kubeconfig_path, kubeconfig is not None, manifests, metrics_port, timeout, proc
+            )
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), 20)
+                except TimeoutError:
+                    proc.kill()
+
+
+async def _drive(
+    kubeconfig_path: str,
+    real_cluster: bool,
+    manifests: list[dict[str, Any]],
+    metrics_port: int,
+    timeout: float,
+    proc: asyncio.subprocess.Process,
+) -> int:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=kubeconfig_path, client_configuration=configuration)
+    async with client.ApiClient(configuration) as api:
+        if real_cluster:
+            await _install_crd(api)
+        custom = client.CustomObjectsApi(api)
+        names = []
+        for manifest in manifests:
+            body = {**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}}
+            try:
+                await custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            names.append(body["metadata"]["name"])
+            print(f"agentrun.{GROUP}/{body['metadata']['name']} created", file=sys.stderr)
+        deadline = time.monotonic() + timeout
+        last = ""
+        objects: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                print(f"error: the operator exited with code {proc.returncode}", file=sys.stderr)
+                return 1
+            listing = await custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+            objects = [o for o in listing["items"] if o["metadata"]["name"] in names]
+            table = _table([_row(o) for o in objects])
+            if table != last:
+                print(table + "\n", flush=True)
+                last = table
+            if len(objects) == len(names) and all(
+                (o.get("status") or {}).get("phase") in FINISHED_PHASES for o in objects
+            ):
+                break
+            await asyncio.sleep(0.5)
+        else:
+            print(f"error: runs did not finish within {timeout:g}s", file=sys.stderr)
+            return 1
+    for obj in objects:
+        status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("kopf", "conditions")}
+        print(f"--- {obj['metadata']['name']} status")
+        print(yaml.safe_dump(status, sort_keys=False).rstrip())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r,
+    ):
+        scrape = await r.text()
+    print("--- metrics (excerpt)")
+    for line in scrape.splitlines():
+        if line.startswith(
+            ("agentrun_runs_finished_total", "agentrun_tokens_total", "agentrun_tool_calls_total")
+        ):
+            print(line)
+    ok = all((o.get("status") or {}).get("phase") == "Succeeded" for o in objects)
+    print("demo finished: all runs Succeeded" if ok else "demo finished: some runs did not succeed")
+    return 0 if ok else 1
+
+
+def main(*, kubeconfig: str | None, examples: str | None, timeout: float) -> int:
+    return asyncio.run(_demo(kubeconfig, examples, timeout))

@@ -1,0 +1,147 @@
+"""`agentrun run FILE`: one AgentRun manifest, run here, no cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import pydantic
+import yaml
+
+from agentrun.api import API_VERSION, KIND
+from agentrun.api.spec import AgentRunSpec
+from agentrun.controller.running import describe_validation_error
+from agentrun.controller.status_writing import now_rfc3339, terminal_status
+from agentrun.loop.clocks import SystemClock
+from agentrun.loop.config import LoopConfig
+from agentrun.loop.events import (
+    Event,
+    ModelRequestFinished,
+    ModelRetryScheduled,
+    RunFinished,
+    ToolCallFinished,
+)
+from agentrun.loop.running import run_loop
+from agentrun.model.messaging import ClientPool
+from agentrun.model.pricing import PriceTable
+from agentrun.tools.registry import InvalidToolSpec, build_tools
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+class ManifestError(Exception):
+    pass
+
+
+def load_manifest(path: Path) -> tuple[dict[str, Any], AgentRunSpec]:
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise ManifestError(f"{path}: {exc}") from exc
+    runs = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(runs) != 1:
+        raise ManifestError(f"{path}: expected exactly one {KIND} document, found {len(runs)}")
+    manifest = runs[0]
+    if manifest.get("apiVersion") != API_VERSION:
+        raise ManifestError(f"{path}: apiVersion must be {API_VERSION}, got {manifest.get('apiVersion')!r}")
+    try:
+        spec = AgentRunSpec.model_validate(manifest.get("spec") or {})
+    except pydantic.ValidationError as exc:
+        raise ManifestError(f"{path}: {describe_validation_error(exc)}") from exc
+    return manifest, spec
+
+
+class ProgressPrinter:
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    async def notify(self, event: Event) -> None:
+        match event:
+            case ModelRequestFinished(iteration=i, outcome="ok", duration_seconds=s, usage=u):
+                line = (
+                    f"iteration {i}: model answered in {s:.2f}s (in={u.input_tokens} out={u.output_tokens})"
+                )
+            case ModelRequestFinished(iteration=i, outcome=outcome):
+                line = f"iteration {i}: model request failed ({outcome})"
+            case ModelRetryScheduled(retry_class=rc, attempt=a, delay_seconds=d):
+                line = f"  retry {a} after {d:.1f}s ({rc})"
+            case ToolCallFinished(trace=t):
+                result = "ok" if t.ok else f"error {t.error_code}"
+                line = f"  tool {t.name}: {result} in {t.duration_seconds:.2f}s"
+            case RunFinished(outcome=o):
+                line = f"finished: {o.stop_reason.value}: {o.message}"
+            case _:
+                return
+        print(line, file=self._out, flush=True)
+
+
+async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextIO) -> int:
+    try:
+        manifest, spec = load_manifest(path)
+        tools = build_tools(spec)
+    except ManifestError as exc:
+        print(f"error: {exc}", file=stderr)
+        return EXIT_INVALID
+    except InvalidToolSpec as exc:
+        print(f"error: {path}: {exc}", file=stderr)
+        return EXIT_INVALID
+    api_key = os.environ.get("ANTHROPIC_API_KEY")
+    if not api_key:
+        print("error: set ANTHROPIC_API_KEY (Secrets are not read when running locally)", file=stderr)
+        return EXIT_INVALID
+    if spec.model.api_key_secret_ref is not None:
+        print("note: spec.model.apiKeySecretRef is ignored locally; using ANTHROPIC_API_KEY", file=stderr)
+    name = str((manifest.get("metadata") or {}).get("name", path.stem))
+    clients = ClientPool()
+    model = clients.model(
+        api_key=api_key, base_url=spec.model.base_url or os.environ.get("ANTHROPIC_BASE_URL")
+    )
+    cancel = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, cancel.set)
+    started = now_rfc3339()
+    prices = PriceTable.load(Path(p) if (p := os.environ.get("AGENTRUN_PRICE_FILE")) else None)
+    final: list[RunFinished] = []
+
+    class Keep:
+        async def notify(self, event: Event) -> None:
+            if isinstance(event, RunFinished):
+                final.append(event)
+
+    class Both:
+        async def notify(self, event: Event) -> None:
+            await ProgressPrinter(stderr).notify(event)
+            await Keep().notify(event)
+
+    try:
+        print(f"running {name} with model {spec.model.name}", file=stderr, flush=True)
+        outcome = await run_loop(
+            LoopConfig.from_spec(spec, run_id=f"local-{name}"),
+            model=model,
+            tools=tools,
+            observer=Both(),
+            clock=SystemClock(),
+            pricer=prices,
+            cancel=cancel,
+        )
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await clients.close()
+    status = terminal_status(outcome, final[-1].progress, now=now_rfc3339(), generation=None)
+    status = {"startTime": started, **{k: v for k, v in status.items() if v is not None}}
+    if output == "json":
+        print(json.dumps(status, indent=2), file=stdout)
+    else:
+        print(yaml.safe_dump(status, sort_keys=False), file=stdout, end="")
+    return EXIT_OK if status["phase"] == "Succeeded" else EXIT_FAILED
+
+
+def main(path: str, output: str) -> int:
+    return asyncio.run(run_manifest(Path(path), output=output, stdout=sys.stdout, stderr=sys.stderr))

@@ -1,0 +1,95 @@
+"""`agentrun`: operator, run, crd, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+
+from agentrun import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrun", description="Run LLM agent loops as Kubernetes resources."
+    )
+    parser.add_argument("--version", action="version", version=f"agentrun {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    op = sub.add_parser("operator", help="run the controller (Kopf) against the current cluster")
+    op.add_argument(
+        "--namespace", "-n", action="append", default=[], help="serve this namespace (repeatable)"
+    )
+    op.add_argument("--all-namespaces", "-A", action="store_true", help="serve all namespaces (the default)")
+    op.add_argument("--metrics-port", type=int, help="port of GET /metrics (default 8080)")
+    op.add_argument("--health-port", type=int, help="port of GET /healthz (default 8081)")
+    op.add_argument("--bind-address", help="address the HTTP endpoints bind to (default 0.0.0.0)")
+    op.add_argument("--log-format", choices=["json", "text"], help="log format (default json)")
+    op.add_argument("--max-concurrent-runs", type=int, help="runs executing at once (default 50)")
+
+    run = sub.add_parser("run", help="run one AgentRun manifest locally, without a cluster")
+    run.add_argument("file", help="AgentRun manifest (YAML)")
+    run.add_argument(
+        "-o", "--output", choices=["yaml", "json"], default="yaml", help="format of the final status"
+    )
+
+    sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
+
+    demo = sub.add_parser("demo", help="offline demo: emulated cluster + scripted model + the real operator")
+    demo.add_argument("--kubeconfig", help="use this real cluster instead of the emulator")
+    demo.add_argument("--examples", default=None, help="directory of AgentRun manifests (default: examples/)")
+    demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the runs to finish")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "crd":
+        from agentrun.api.crd import crd_yaml
+
+        sys.stdout.write(crd_yaml())
+        return 0
+    if args.command == "run":
+        from agentrun.cli import local
+
+        return local.main(args.file, args.output)
+    if args.command == "operator":
+        return _operator(args)
+    if args.command == "demo":
+        from agentrun.cli import demo
+
+        return demo.main(kubeconfig=args.kubeconfig, examples=args.examples, timeout=args.timeout)
+    raise AssertionError(args.command)  # pragma: no cover
+
+
+def _operator(args: argparse.Namespace) -> int:
+    import pydantic
+
+    from agentrun import logs
+    from agentrun.controller.operating import operate
+    from agentrun.settings import Settings
+
+    if args.all_namespaces and args.namespace:
+        print("error: --all-namespaces and --namespace exclude each other", file=sys.stderr)
+        return 2
+    try:
+        settings = Settings.from_env(
+            namespaces=tuple(args.namespace) or None,
+            metrics_port=args.metrics_port,
+            health_port=args.health_port,
+            bind_address=args.bind_address,
+            log_format=args.log_format,
+            max_concurrent_runs=args.max_concurrent_runs,
+        )
+    except pydantic.ValidationError as exc:
+        print(f"error: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_format, settings.log_level)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(operate(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Kopf handlers and the services behind them: the only layer that talks to Kubernetes."""

@@ -1,0 +1,61 @@
+"""Kubernetes API access for the parts Kopf does not do for us (status writes, Secrets)."""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun.api import GROUP, PLURAL, VERSION
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def connect() -> client.ApiClient:
+    """In-cluster credentials when present, else KUBECONFIG — the same order Kopf uses."""
+    configuration = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+class KubeAPI:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge patch on the status subresource (a status sent to the main object is ignored)."""
+        await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE_PATCH
+        )
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value, or None if the Secret or key is missing (the run waits for it)."""
+        try:
+            secret = await self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = secret.data or {}
+        if key not in data:
+            return None
+        return base64.b64decode(data[key]).decode()
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+
+def is_gone(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status in (404, 410)
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and (exc.status in (409, 429) or (exc.status or 0) >= 500)

@@ -1,0 +1,68 @@
+"""Running the operator: Kopf, the metrics endpoint and the run service in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry
+
+from agentrun.controller.handlers import build_registry
+from agentrun.controller.kubeapi import KubeAPI, connect
+from agentrun.controller.running import RunService
+from agentrun.metrics.observing import Metrics
+from agentrun.metrics.serving import start_metrics_server
+from agentrun.model.messaging import ClientPool
+from agentrun.model.pricing import PriceTable
+from agentrun.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Our own annotations and finalizer; Kopf's bookkeeping stays out of status.
+    settings.persistence.finalizer = "agentrun.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentrun.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="agentrun.dev", key="last-handled-configuration"
+    )
+    # Kubernetes Events are posted explicitly; handler log lines stay in the logs.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    return settings
+
+
+async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None, **kopf_kwargs: Any) -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    api_client = await connect()
+    kube = KubeAPI(api_client)
+    clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
+    service = RunService(
+        settings=settings,
+        kube=kube,
+        metrics=metrics,
+        clients=clients,
+        prices=PriceTable.load(settings.price_file),
+        slots=asyncio.Semaphore(settings.max_concurrent_runs),
+    )
+    metrics_runner = await start_metrics_server(registry, settings.bind_address, settings.metrics_port)
+    logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
+    try:
+        await kopf.operator(
+            registry=build_registry(service),
+            settings=kopf_settings(),
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            liveness_endpoint=f"http://{settings.bind_address}:{settings.health_port}/healthz",
+            stop_flag=stop_flag,
+            **kopf_kwargs,
+        )
+    finally:
+        await metrics_runner.cleanup()
+        await clients.close()
+        await kube.close()

@@ -1,0 +1,180 @@
+"""Writing run progress into status: about one merge patch per iteration plus phase changes.
+
+The writer is an observer of loop events. It never steers the loop; if the object is gone or the
+daemon is being stopped, it stops writing instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agentrun.api.conditions import bounded_result, conditions_for
+from agentrun.api.status import Phase
+from agentrun.controller.kubeapi import KubeAPI, is_gone, is_transient
+from agentrun.loop.events import Checkpoint, Event, Progress, RunFinished, RunStarted
+from agentrun.loop.stops import Outcome
+
+logger = logging.getLogger(__name__)
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def usage_status(progress: Progress) -> dict[str, Any]:
+    u = progress.usage
+    return {
+        "inputTokens": u.input_tokens,
+        "outputTokens": u.output_tokens,
+        "cacheCreationInputTokens": u.cache_creation_input_tokens,
+        "cacheReadInputTokens": u.cache_read_input_tokens,
+        "totalTokens": u.total,
+        "costUSD": None if progress.cost_usd is None else f"{progress.cost_usd:.6f}",
+        "unpricedModels": list(progress.unpriced_models),
+    }
+
+
+def progress_status(progress: Progress) -> dict[str, Any]:
+    return {
+        "iterations": progress.iterations,
+        "toolCalls": progress.tool_calls,
+        "usage": usage_status(progress),
+    }
+
+
+def terminal_status(
+    outcome: Outcome,
+    progress: Progress,
+    *,
+    now: str,
+    generation: int | None,
+    previous_conditions: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The whole terminal status for an outcome; shared by the operator and `agentrun run`."""
+    reason = outcome.stop_reason
+    if reason.succeeded:
+        phase = Phase.SUCCEEDED
+    elif reason.value == "Cancelled":
+        phase = Phase.CANCELLED
+    else:
+        phase = Phase.FAILED
+    result, truncated = bounded_result(outcome.result)
+    condition_reason = outcome.condition_reason or reason.value
+    return {
+        "phase": phase.value,
+        "stopReason": reason.value,
+        "rawStopReason": outcome.raw_stop_reason,
+        "message": outcome.message,
+        "result": result,
+        "resultTruncated": truncated or None,
+        "completionTime": now,
+        "observedGeneration": generation,
+        **progress_status(progress),
+        "conditions": conditions_for(
+            phase,
+            reason=condition_reason,
+            message=outcome.message,
+            now=now,
+            generation=generation,
+            previous=previous_conditions,
+        ),
+    }
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        kube: KubeAPI,
+        *,
+        namespace: str,
+        name: str,
+        generation: int | None,
+        status: Mapping[str, Any],
+        stopping: Callable[[], bool],
+        retries: int = 5,
+    ) -> None:
+        self._kube = kube
+        self._namespace = namespace
+        self._name = name
+        self._generation = generation
+        self._conditions: list[Mapping[str, Any]] = list(status.get("conditions") or [])
+        self._start_time = status.get("startTime")
+        self._stopping = stopping
+        self._retries = retries
+        self.gone = False
+        self.writes = 0
+
+    async def notify(self, event: Event) -> None:
+        match event:
+            case RunStarted(progress=progress):
+                now = now_rfc3339()
+                self._start_time = self._start_time or now
+                await self.write(
+                    {
+                        "phase": Phase.RUNNING.value,
+                        "startTime": self._start_time,
+                        **progress_status(progress),
+                    },
+                    Phase.RUNNING,
+                    "Running",
+                    "the agent loop is running",
+                )
+            case Checkpoint(trace=trace, progress=progress) if trace is not None:
+                await self.write(
+                    progress_status(progress),
+                    Phase.RUNNING,
+                    "Running",
+                    f"iteration {progress.iterations} done",
+                )
+            case RunFinished(outcome=outcome, progress=progress):
+                body = terminal_status(
+                    outcome,
+                    progress,
+                    now=now_rfc3339(),
+                    generation=self._generation,
+                    previous_conditions=self._conditions,
+                )
+                await self.patch(body)
+            case _:
+                pass
+
+    async def pending(self, reason: str, message: str) -> None:
+        await self.write({"phase": Phase.PENDING.value}, Phase.PENDING, reason, message)
+
+    async def write(self, fields: dict[str, Any], phase: Phase, reason: str, message: str) -> None:
+        conditions = conditions_for(
+            phase,
+            reason=reason,
+            message=message,
+            now=now_rfc3339(),
+            generation=self._generation,
+            previous=self._conditions,
+        )
+        await self.patch(
+            {**fields, "message": message, "observedGeneration": self._generation, "conditions": conditions}
+        )
+
+    async def patch(self, status: dict[str, Any]) -> None:
+        if self.gone or self._stopping():
+            return
+        for attempt in range(self._retries + 1):
+            try:
+                await self._kube.patch_run_status(self._namespace, self._name, status)
+            except Exception as exc:
+                if is_gone(exc):
+                    self.gone = True
+                    return
+                if not is_transient(exc) or attempt == self._retries:
+                    raise
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+                if self._stopping():
+                    return
+            else:
+                self.writes += 1
+                if "conditions" in status:
+                    self._conditions = list(status["conditions"])
+                return

@@ -1,0 +1,102 @@
+"""The loop's view of the outside world: the model, the tools, the clock and its observers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from agentrun.loop.events import Event
+from agentrun.loop.usage import TokenUsage
+
+Block = dict[str, Any]
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolDefinition:
+    """What the model is told about a tool; the list is fixed for the whole run (cache prefix)."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    write_key: str | None = None
+    requires_approval: bool = False
+
+    def as_api(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    model: str
+    max_tokens: int
+    messages: Sequence[Message]
+    system: str | None = None
+    tools: Sequence[ToolDefinition] = ()
+    tool_choice: Mapping[str, Any] | None = None
+    temperature: float | None = None
+    stop_sequences: Sequence[str] = ()
+    # Opaque per-run identity for the provider (Anthropic's metadata.user_id), never a secret.
+    user_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    content: list[Block]
+    stop_reason: str | None
+    usage: TokenUsage
+    model: str
+    stop_sequence: str | None = None
+    request_id: str | None = None
+    stop_details: Mapping[str, Any] | None = None
+
+
+class ModelClient(Protocol):
+    async def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool_use block to execute, with the key receivers use to de-duplicate retries."""
+
+    id: str
+    name: str
+    input: Mapping[str, Any]
+    idempotency_key: str
+    iteration: int
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    content: str
+    is_error: bool = False
+    structured: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Tool(Protocol):
+    @property
+    def definition(self) -> ToolDefinition: ...
+
+    async def call(self, call: ToolCall) -> ToolOutput: ...
+
+
+class Pricer(Protocol):
+    def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
+        """Price in USD, or None when the model has no known price (never guessed)."""
+        ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def random(self) -> float:
+        """Jitter source in [0, 1); injected so tests can make backoff deterministic."""
+        ...
+
+
+class Observer(Protocol):
+    async def notify(self, event: Event) -> None: ...

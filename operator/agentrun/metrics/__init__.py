@@ -1,0 +1,1 @@
+"""Prometheus metrics: one observer of loop events, with an injected registry."""

@@ -1,0 +1,23 @@
+"""Serving /metrics on the operator's event loop (no extra thread, injected registry)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+def metrics_app(registry: CollectorRegistry) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(metrics_app(registry), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

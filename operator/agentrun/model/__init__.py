@@ -1,0 +1,1 @@
+"""The Anthropic adapter: the only package that imports the SDK."""

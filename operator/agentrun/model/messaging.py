@@ -1,0 +1,193 @@
+"""Calling the Messages API through the real SDK, and translating its errors exactly once.
+
+Streaming is used for every request: long max_tokens values are allowed, and an overloaded error
+that arrives inside a 200 stream is seen (the SDK raises it as a plain APIStatusError).
+The SDK's own retries are off (max_retries=0): the loop owns the single retry layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import anthropic
+import httpx2
+
+from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModelError, RetryClass
+from agentrun.loop.protocols import ModelRequest, ModelResponse
+from agentrun.loop.usage import TokenUsage
+
+CONTEXT_TOO_LONG = re.compile(r"prompt is too long|context (window|length)|too many tokens", re.I)
+SPEND_LIMIT = re.compile(r"credit balance|spend(ing)? limit|billing|usage limit", re.I)
+
+
+def build_params(request: ModelRequest) -> dict[str, Any]:
+    """The request body. System prompt and tool list form the cached prefix, marked once each."""
+    params: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": list(request.messages),
+    }
+    if request.system:
+        params["system"] = [{"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}]
+    if request.tools:
+        tools = [tool.as_api() for tool in request.tools]
+        tools[-1]["cache_control"] = {"type": "ephemeral"}
+        params["tools"] = tools
+    if request.tool_choice is not None:
+        params["tool_choice"] = dict(request.tool_choice)
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    if request.stop_sequences:
+        params["stop_sequences"] = list(request.stop_sequences)
+    if request.user_id:
+        params["metadata"] = {"user_id": request.user_id}
+    return params
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            continue
+        if seconds >= 0:
+            return seconds
+    return None
+
+
+def translate(exc: Exception) -> ModelCallError:
+    """Map an SDK/transport failure to the loop's error classes. Messages never carry the key."""
+    if isinstance(exc, anthropic.APITimeoutError):
+        return RetryableModelError("the Messages API did not answer in time", retry_class=RetryClass.TIMEOUT)
+    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+        return RetryableModelError(
+            f"connection to the Messages API failed: {type(exc).__name__}", retry_class=RetryClass.CONNECTION
+        )
+    if isinstance(exc, anthropic.APIStatusError):
+        return _translate_status(exc)
+    if isinstance(exc, anthropic.APIResponseValidationError):
+        return FatalModelError(
+            f"unexpected response from the Messages API: {exc.message}", reason="ModelError"
+        )
+    return FatalModelError(f"{type(exc).__name__}: {exc}", reason="ModelError")
+
+
+def _translate_status(exc: anthropic.APIStatusError) -> ModelCallError:
+    status = exc.status_code
+    api_message = exc.api_message or exc.message
+    kind: str = exc.type or ""
+    headers = exc.response.headers
+    request_id = exc.request_id
+    should_retry = headers.get("x-should-retry")
+    retry_class: RetryClass | None = None
+    if kind == "overloaded_error" or status == 529:
+        retry_class = RetryClass.OVERLOADED
+    elif kind == "rate_limit_error" or status == 429:
+        retry_class = RetryClass.RATE_LIMITED
+    elif status == 408:
+        retry_class = RetryClass.TIMEOUT
+    elif status >= 500 or kind == "api_error" or status == 409:
+        retry_class = RetryClass.SERVER_ERROR
+    if should_retry == "false":
+        retry_class = None
+    elif should_retry == "true" and retry_class is None:
+        retry_class = RetryClass.SERVER_ERROR
+    if retry_class is not None:
+        return RetryableModelError(
+            f"{kind or 'HTTP ' + str(status)}: {api_message}",
+            retry_class=retry_class,
+            retry_after=_retry_after(headers),
+            status=status,
+            request_id=request_id,
+        )
+    if status in (401, 403) or kind in ("authentication_error", "permission_error"):
+        reason = "AuthenticationFailed"
+    elif status == 402 or kind == "billing_error" or SPEND_LIMIT.search(api_message):
+        reason = "SpendLimitReached"
+    elif status == 413 or kind == "request_too_large":
+        reason = "RequestTooLarge"
+    elif status == 404 or kind == "not_found_error":
+        reason = "ModelNotFound"
+    else:
+        reason = "InvalidModelRequest"
+    too_long = status == 400 and bool(CONTEXT_TOO_LONG.search(api_message))
+    return FatalModelError(
+        f"{kind or 'error'}: {api_message}",
+        reason=reason,
+        status=status,
+        request_id=request_id,
+        context_window_exceeded=too_long,
+    )
+
+
+def to_response(message: anthropic.types.Message) -> ModelResponse:
+    usage = message.usage
+    stop_details = message.stop_details.model_dump(mode="json") if message.stop_details else None
+    return ModelResponse(
+        content=[block.model_dump(mode="json", exclude_none=True) for block in message.content],
+        stop_reason=message.stop_reason,
+        stop_sequence=message.stop_sequence,
+        usage=TokenUsage(
+            input_tokens=usage.input_tokens or 0,
+            output_tokens=usage.output_tokens or 0,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+        ),
+        model=message.model,
+        request_id=getattr(message, "_request_id", None),
+        stop_details=stop_details,
+    )
+
+
+class AnthropicModel:
+    """A ModelClient over one AsyncAnthropic client (shared by all runs with the same key and URL)."""
+
+    def __init__(self, client: anthropic.AsyncAnthropic) -> None:
+        self._client = client
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        try:
+            async with self._client.messages.stream(**build_params(request)) as stream:
+                message = await stream.get_final_message()
+        except (anthropic.AnthropicError, httpx2.TransportError) as exc:
+            raise translate(exc) from exc
+        return to_response(message)
+
+
+class ClientPool:
+    """One SDK client per (base URL, key): connection pools are shared, keys never logged."""
+
+    def __init__(self, *, timeout_seconds: float = 600.0, max_connections: int = 2000) -> None:
+        self._clients: dict[tuple[str | None, str], anthropic.AsyncAnthropic] = {}
+        self._timeout = timeout_seconds
+        self._max_connections = max_connections
+
+    def model(self, *, api_key: str, base_url: str | None) -> AnthropicModel:
+        fingerprint = hashlib.sha256(api_key.encode()).hexdigest()
+        key = (base_url, fingerprint)
+        client = self._clients.get(key)
+        if client is None:
+            client = anthropic.AsyncAnthropic(
+                api_key=api_key,
+                base_url=base_url,
+                max_retries=0,
+                timeout=self._timeout,
+                http_client=anthropic.DefaultAsyncHttpxClient(
+                    limits=httpx2.Limits(
+                        max_connections=self._max_connections, max_keepalive_connections=200
+                    ),
+                ),
+            )
+            self._clients[key] = client
+        return AnthropicModel(client)
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()

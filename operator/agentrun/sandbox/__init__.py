@@ -1,0 +1,1 @@
+"""Stand-ins for what cannot run on a development machine: a scripted fake of the Anthropic Messages API."""

@@ -1,0 +1,522 @@
+"""Scripts for the fake Messages API: what the fake model answers at each step, and which faults come first.
+
+A script is one conversation. Its steps are indexed by the number of ``assistant`` messages already in the
+request, so the server needs no per-client state: a client that restarts and resends the history is served
+the right next step. A step is a :class:`Reply` (optionally preceded by transient faults) or a bare fault,
+which is then served on every request for that step (a permanent failure).
+
+File format (YAML or JSON; one file may hold several scripts)::
+
+    scripts:
+      - name: tool-then-answer              # optional, defaults to `match`, then `model`
+        match: "[scenario:tool-then-answer]" # substring of the first user message's text
+        model: fake-model                    # optional: select by the request's `model` instead / as well
+        steps:
+          - faults:                          # optional; served in order before the reply
+              - {kind: http_error, error_type: rate_limit_error, headers: {retry-after: "1"}, times: 2}
+            reply:
+              content:
+                - {type: text, text: "Let me look."}
+                - {type: tool_use, name: list_pods, input: {namespace: default}}   # id optional
+              stop_reason: tool_use          # optional: tool_use if there is a tool_use block, else end_turn
+              stop_sequence: null
+              stop_details: null             # e.g. {type: refusal, category: cyber, explanation: "..."}
+              usage: {input_tokens: 120, output_tokens: 30, cache_creation_input_tokens: 0,
+                      cache_read_input_tokens: 100}   # any field left out is estimated
+              delay_seconds: 0               # before the response starts
+              chunk_delay_seconds: 0         # between SSE events
+              headers: {}                    # extra response headers
+          - fault: {kind: http_error, error_type: authentication_error}   # bare: served every time
+
+Fault kinds and their fields (all take ``times``, default 1):
+
+- ``http_error``: ``error_type``, ``status`` (default from the type, e.g. 429, 529), ``message``, ``headers``
+- ``stream_error``: ``error_type`` (default ``overloaded_error``), ``message``
+- ``connection_reset``: ``during``: ``headers`` (before any byte) or ``body`` (after part of the body)
+- ``slow_response``: ``seconds`` to wait before the headers
+- ``truncated_stream``: ``mode``: ``max_tokens`` or ``cut``; ``keep``: fraction of the last block sent
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeAlias, cast, get_args
+
+import yaml
+
+StopReason: TypeAlias = Literal[
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
+    "model_context_window_exceeded",
+]
+STOP_REASONS: frozenset[str] = frozenset(get_args(StopReason))
+
+TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+#: HTTP status the real API uses for each error type; a fault that names only the type gets this status.
+ERROR_STATUS: Mapping[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+_DEFAULT_ERROR_MESSAGES: Mapping[str, str] = {
+    "invalid_request_error": "Invalid request.",
+    "authentication_error": "invalid x-api-key",
+    "billing_error": "Your credit balance is too low to access the Anthropic API.",
+    "permission_error": "Your API key does not have permission to use the specified resource.",
+    "not_found_error": "Not found.",
+    "request_too_large": "Request exceeds the maximum allowed number of bytes.",
+    "rate_limit_error": "Number of request tokens has exceeded your per-minute rate limit.",
+    "api_error": "Internal server error",
+    "timeout_error": "Request timed out",
+    "overloaded_error": "Overloaded",
+}
+
+
+def default_error_message(error_type: str) -> str:
+    """Gives faults a realistic message so logs in tests read like production logs."""
+    return _DEFAULT_ERROR_MESSAGES.get(error_type, error_type.replace("_", " "))
+
+
+def text_block(text: str) -> dict[str, Any]:
+    """Spares scripts the raw-dict boilerplate for the most common block."""
+    return {"type": "text", "text": text}
+
+
+def tool_use_block(name: str, input: Mapping[str, Any], *, id: str | None = None) -> dict[str, Any]:
+    """Leaves the id out unless given, so the server derives a realistic ``toolu_…`` id per conversation."""
+    block: dict[str, Any] = {"type": "tool_use", "name": name, "input": dict(input)}
+    if id is not None:
+        block["id"] = id
+    return block
+
+
+@dataclass(frozen=True)
+class ScriptUsage:
+    """Token counts a reply reports. ``None`` is estimated from request and reply sizes, so a script pins
+    only the numbers its test asserts on."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"usage.{f.name} must be a non-negative integer, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------- faults
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """Something that goes wrong instead of (or before) a reply.
+
+    In :attr:`Reply.faults` a fault is served ``times`` times for that step before the reply is, counted per
+    conversation and step, so an SDK or loop that retries sees fault, fault, …, success. As a bare step it is
+    served on every request for that step and ``times`` is ignored.
+    """
+
+    kind: ClassVar[str] = ""
+    times: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.times, int) or self.times < 1:
+            raise ValueError(f"{self.kind}: times must be a positive integer, got {self.times!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpError(Fault):
+    """An HTTP error response with the API's error body, e.g. 429 with ``retry-after`` or 529 overloaded."""
+
+    kind: ClassVar[str] = "http_error"
+    error_type: str = "api_error"
+    status: int | None = None
+    message: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.status is None and self.error_type not in ERROR_STATUS:
+            raise ValueError(f"http_error: give a status for the unknown error type {self.error_type!r}")
+        if self.status is not None and not 400 <= self.status <= 599:
+            raise ValueError(f"http_error: status must be 4xx or 5xx, got {self.status!r}")
+        object.__setattr__(self, "headers", {str(k).lower(): str(v) for k, v in self.headers.items()})
+
+    @property
+    def status_code(self) -> int:
+        return self.status if self.status is not None else ERROR_STATUS[self.error_type]
+
+    @property
+    def error_message(self) -> str:
+        return self.message if self.message is not None else default_error_message(self.error_type)
+
+    @classmethod
+    def rate_limit(
+        cls, *, retry_after: float | None = 1, retry_after_ms: float | None = None, times: int = 1
+    ) -> HttpError:
+        """A 429 whose retry hints are the headers the SDK and the loop read."""
+        headers: dict[str, str] = {}
+        if retry_after is not None:
+            headers["retry-after"] = _number_text(retry_after)
+        if retry_after_ms is not None:
+            headers["retry-after-ms"] = _number_text(retry_after_ms)
+        return cls(error_type="rate_limit_error", headers=headers, times=times)
+
+    @classmethod
+    def overloaded(cls, *, times: int = 1) -> HttpError:
+        """The 529 the API answers with when it sheds load."""
+        return cls(error_type="overloaded_error", times=times)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamError(Fault):
+    """An ``error`` event inside a 200 stream after the first piece of content, as the API sends when it
+    becomes overloaded mid-response. A non-streaming request gets the equivalent HTTP error instead."""
+
+    kind: ClassVar[str] = "stream_error"
+    error_type: str = "overloaded_error"
+    message: str | None = None
+
+    @property
+    def error_message(self) -> str:
+        return self.message if self.message is not None else default_error_message(self.error_type)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionReset(Fault):
+    """A TCP reset: ``during="headers"`` before any response byte, ``"body"`` after the headers and part of
+    the body (for a stream: after the first content delta)."""
+
+    kind: ClassVar[str] = "connection_reset"
+    during: Literal["headers", "body"] = "headers"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.during not in ("headers", "body"):
+            raise ValueError(f"connection_reset: during must be 'headers' or 'body', got {self.during!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowResponse(Fault):
+    """Waits ``seconds`` before sending headers (longer than the client's timeout), then serves the reply to
+    whoever is still listening."""
+
+    kind: ClassVar[str] = "slow_response"
+    seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.seconds < 0:
+            raise ValueError(f"slow_response: seconds must not be negative, got {self.seconds!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TruncatedStream(Fault):
+    """The reply's last block is cut after ``keep`` of its text or tool-input JSON.
+
+    ``mode="max_tokens"`` is what a real truncation looks like: the block is closed and ``message_delta``
+    carries ``stop_reason: max_tokens`` with ``output_tokens`` equal to the request's ``max_tokens``.
+    ``mode="cut"`` ends the body cleanly in the middle of the block, with no ``content_block_stop``,
+    ``message_delta`` or ``message_stop`` (for a non-streaming request: a JSON body cut short).
+    """
+
+    kind: ClassVar[str] = "truncated_stream"
+    mode: Literal["max_tokens", "cut"] = "max_tokens"
+    keep: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode not in ("max_tokens", "cut"):
+            raise ValueError(f"truncated_stream: mode must be 'max_tokens' or 'cut', got {self.mode!r}")
+        if not 0.0 <= self.keep < 1.0:
+            raise ValueError(f"truncated_stream: keep must be in [0, 1), got {self.keep!r}")
+
+
+FAULT_KINDS: Mapping[str, type[Fault]] = {
+    cls.kind: cls for cls in (HttpError, StreamError, ConnectionReset, SlowResponse, TruncatedStream)
+}
+
+
+# ---------------------------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One assistant message, as the fake model produces it.
+
+    Content blocks are raw API dicts (``text`` and ``tool_use``); a ``tool_use`` without an ``id`` gets one
+    derived from the conversation and step, so a resent history is answered with the same ids.
+    """
+
+    content: Sequence[Mapping[str, Any]] = ()
+    _: KW_ONLY
+    stop_reason: StopReason | None = None
+    stop_sequence: str | None = None
+    stop_details: Mapping[str, Any] | None = None
+    usage: ScriptUsage = field(default_factory=ScriptUsage)
+    delay_seconds: float = 0.0
+    chunk_delay_seconds: float = 0.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    faults: Sequence[Fault] = ()
+
+    def __post_init__(self) -> None:
+        blocks = tuple(_checked_block(block, index) for index, block in enumerate(self.content))
+        object.__setattr__(self, "content", blocks)
+        object.__setattr__(self, "faults", tuple(self.faults))
+        object.__setattr__(self, "headers", {str(k).lower(): str(v) for k, v in self.headers.items()})
+        if self.stop_details is not None:
+            object.__setattr__(self, "stop_details", copy.deepcopy(dict(self.stop_details)))
+        if self.stop_reason is not None and self.stop_reason not in STOP_REASONS:
+            raise ValueError(f"reply: unknown stop_reason {self.stop_reason!r}")
+        if self.delay_seconds < 0 or self.chunk_delay_seconds < 0:
+            raise ValueError("reply: delays must not be negative")
+        for fault in self.faults:
+            if not isinstance(fault, Fault):
+                raise TypeError(f"reply: faults must be Fault instances, got {fault!r}")
+
+    @property
+    def effective_stop_reason(self) -> StopReason:
+        """Infers the stop reason the way the model would report it, so scripts rarely need to state it."""
+        if self.stop_reason is not None:
+            return self.stop_reason
+        if self.stop_sequence is not None:
+            return "stop_sequence"
+        if any(block["type"] == "tool_use" for block in self.content):
+            return "tool_use"
+        return "end_turn"
+
+
+def _checked_block(block: Mapping[str, Any], index: int) -> dict[str, Any]:
+    where = f"reply.content.{index}"
+    if not isinstance(block, Mapping):
+        raise TypeError(f"{where}: a content block must be a mapping, got {block!r}")
+    data = copy.deepcopy(dict(block))
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: content must be JSON-serialisable: {err}") from err
+    kind = data.get("type")
+    if kind == "text":
+        if not isinstance(data.get("text"), str):
+            raise ValueError(f"{where}: a text block needs a string 'text'")
+    elif kind == "tool_use":
+        name = data.get("name")
+        if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
+            raise ValueError(f"{where}: tool_use name must match {TOOL_NAME_PATTERN.pattern}, got {name!r}")
+        if not isinstance(data.get("input", {}), dict):
+            raise ValueError(f"{where}: tool_use input must be a mapping")
+        data.setdefault("input", {})
+        if "id" in data and not isinstance(data["id"], str):
+            raise ValueError(f"{where}: tool_use id must be a string")
+    else:
+        raise ValueError(f"{where}: only 'text' and 'tool_use' blocks can be scripted, got {kind!r}")
+    return data
+
+
+Step: TypeAlias = Reply | Fault
+
+
+@dataclass(frozen=True)
+class Script:
+    """A scripted conversation, chosen by a substring of the first user message and/or the model name."""
+
+    match: str | None
+    steps: Sequence[Step]
+    _: KW_ONLY
+    model: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.match and not self.model:
+            raise ValueError("script: give a non-empty `match` or a `model` to select it by")
+        steps = tuple(self.steps)
+        for index, step in enumerate(steps):
+            if not isinstance(step, Reply | Fault):
+                raise TypeError(f"script {self.key!r}: step {index} must be a Reply or a Fault, got {step!r}")
+        object.__setattr__(self, "steps", steps)
+
+    @property
+    def key(self) -> str:
+        """The name fault counters and recorded requests use for this script."""
+        return self.name or self.match or self.model or ""
+
+    def matches(self, first_user_text: str, model: str) -> bool:
+        if self.match and self.match not in first_user_text:
+            return False
+        return not (self.model and self.model != model)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def load_scripts(path: str | Path) -> list[Script]:
+    """Reads a script file; YAML is a superset of JSON, so one loader serves both formats."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML/JSON: {err}") from err
+    try:
+        return parse_scripts(data)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: {err}") from err
+
+
+def parse_scripts(data: object) -> list[Script]:
+    """Accepts ``{scripts: [...]}``, a bare list of scripts or a single script mapping."""
+    if isinstance(data, Mapping) and "scripts" in data:
+        _reject_unknown(data, {"scripts"}, "file")
+        data = data["scripts"]
+    if isinstance(data, Mapping):
+        data = [data]
+    if not isinstance(data, list):
+        raise ValueError("expected a mapping with a `scripts` list, a list of scripts or one script")
+    return [_parse_script(item, f"scripts.{index}") for index, item in enumerate(data)]
+
+
+def _parse_script(data: object, where: str) -> Script:
+    mapping = _mapping(data, where)
+    _reject_unknown(mapping, {"name", "match", "model", "steps"}, where)
+    steps_data = mapping.get("steps")
+    if not isinstance(steps_data, list):
+        raise ValueError(f"{where}.steps: expected a list")
+    steps = [_parse_step(step, f"{where}.steps.{index}") for index, step in enumerate(steps_data)]
+    try:
+        return Script(
+            _optional_str(mapping, "match", where),
+            steps,
+            model=_optional_str(mapping, "model", where),
+            name=_optional_str(mapping, "name", where),
+        )
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+def _parse_step(data: object, where: str) -> Step:
+    mapping = _mapping(data, where)
+    if "fault" in mapping:
+        _reject_unknown(mapping, {"fault"}, where)
+        return _parse_fault(mapping["fault"], f"{where}.fault")
+    if "reply" not in mapping:
+        raise ValueError(f"{where}: a step needs `reply` (with optional `faults`) or `fault`")
+    _reject_unknown(mapping, {"reply", "faults"}, where)
+    faults_data = mapping.get("faults") or []
+    if not isinstance(faults_data, list):
+        raise ValueError(f"{where}.faults: expected a list")
+    faults = [_parse_fault(item, f"{where}.faults.{index}") for index, item in enumerate(faults_data)]
+    reply = _mapping(mapping["reply"], f"{where}.reply")
+    allowed = {f.name for f in fields(Reply)} - {"faults", "_"}
+    _reject_unknown(reply, allowed, f"{where}.reply")
+    kwargs = dict(reply)
+    if "usage" in kwargs:
+        usage = _mapping(kwargs["usage"], f"{where}.reply.usage")
+        _reject_unknown(usage, {f.name for f in fields(ScriptUsage)}, f"{where}.reply.usage")
+        kwargs["usage"] = ScriptUsage(**usage)
+    content = kwargs.pop("content", [])
+    if not isinstance(content, list):
+        raise ValueError(f"{where}.reply.content: expected a list of blocks")
+    try:
+        return Reply(content, faults=faults, **kwargs)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}.reply: {err}") from err
+
+
+def _parse_fault(data: object, where: str) -> Fault:
+    mapping = dict(_mapping(data, where))
+    kind = mapping.pop("kind", None)
+    cls = FAULT_KINDS.get(str(kind))
+    if cls is None:
+        raise ValueError(f"{where}: unknown fault kind {kind!r}; expected one of {sorted(FAULT_KINDS)}")
+    _reject_unknown(mapping, {f.name for f in fields(cls)}, where)
+    try:
+        return cls(**mapping)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+def scripts_to_data(scripts: Iterable[Script]) -> dict[str, Any]:
+    """The file form of Python scripts, so a test can hand them to a child server via ``--script``."""
+    return {"scripts": [_script_data(script) for script in scripts]}
+
+
+def _script_data(script: Script) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key in ("name", "match", "model"):
+        if getattr(script, key) is not None:
+            data[key] = getattr(script, key)
+    data["steps"] = [_step_data(step) for step in script.steps]
+    return data
+
+
+def _step_data(step: Step) -> dict[str, Any]:
+    if isinstance(step, Fault):
+        return {"fault": _fault_data(step)}
+    reply: dict[str, Any] = {"content": [copy.deepcopy(dict(block)) for block in step.content]}
+    defaults = Reply()
+    for f in fields(Reply):
+        if f.name in ("content", "faults", "_"):
+            continue
+        value = getattr(step, f.name)
+        if value == getattr(defaults, f.name):
+            continue
+        if isinstance(value, ScriptUsage):
+            value = {uf.name: getattr(value, uf.name) for uf in fields(ScriptUsage)}
+        elif isinstance(value, Mapping):
+            value = copy.deepcopy(dict(value))
+        reply[f.name] = value
+    data: dict[str, Any] = {"reply": reply}
+    if step.faults:
+        data["faults"] = [_fault_data(fault) for fault in step.faults]
+    return data
+
+
+def _fault_data(fault: Fault) -> dict[str, Any]:
+    data: dict[str, Any] = {"kind": fault.kind}
+    for f in fields(fault):
+        value = getattr(fault, f.name)
+        data[f.name] = dict(value) if isinstance(value, Mapping) else value
+    return data
+
+
+def _mapping(data: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    return cast(Mapping[str, Any], data)
+
+
+def _reject_unknown(mapping: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+
+
+def _optional_str(mapping: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = mapping.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}.{key}: expected a string")
+    return value
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

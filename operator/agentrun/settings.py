@@ -1,0 +1,59 @@
+"""The operator's one settings object: read from the environment, overridden by CLI flags."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+
+class Settings(BaseModel):
+    """Every knob, documented in README ('Operator settings'). Environment names are AGENTRUN_*."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespaces: tuple[str, ...] = Field(default=(), description="Namespaces to serve; empty = all.")
+    metrics_port: int = Field(default=8080, ge=0, le=65535, description="Port of GET /metrics.")
+    health_port: int = Field(default=8081, ge=0, le=65535, description="Port of GET /healthz.")
+    bind_address: str = Field(default="0.0.0.0", description="Address the HTTP endpoints bind to.")
+    log_format: Literal["json", "text"] = Field(default="json", description="Log line format.")
+    log_level: str = Field(default="INFO", description="Python log level.")
+    max_concurrent_runs: int = Field(default=50, ge=1, description="Runs executing at once; others queue.")
+    anthropic_api_key: SecretStr | None = Field(default=None, description="Fallback API key.")
+    anthropic_base_url: str | None = Field(default=None, description="Fallback Messages API base URL.")
+    model_timeout_seconds: float = Field(default=600.0, gt=0, description="Timeout of one model request.")
+    price_file: Path | None = Field(default=None, description="YAML file of price overrides.")
+    default_ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="TTL for finished runs that set none."
+    )
+    transcript_storage: Literal["secret", "configmap"] = Field(
+        default="secret", description="Kind of object holding transcripts."
+    )
+    secret_retry_seconds: float = Field(
+        default=10.0, gt=0, description="Recheck interval for missing Secrets."
+    )
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            key = f"AGENTRUN_{name.upper()}"
+            if key in env:
+                values[name] = env[key]
+        if env.get("ANTHROPIC_API_KEY"):
+            values["anthropic_api_key"] = env["ANTHROPIC_API_KEY"]
+        if env.get("ANTHROPIC_BASE_URL"):
+            values["anthropic_base_url"] = env["ANTHROPIC_BASE_URL"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)

@@ -1,0 +1,1 @@
+"""Tools an AgentRun may declare: built-ins, HTTP webhooks and MCP servers."""

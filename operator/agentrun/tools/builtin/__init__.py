@@ -1,0 +1,1 @@
+"""Tools implemented inside the operator."""

@@ -1,0 +1,203 @@
+"""The real operator process against the Kubernetes API emulator and the fake Messages API."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+
+from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
+from tests.support.builders import agentrun
+from tests.support.operator_process import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
+RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+API_KEY = "sk-ant-integration-secret-0123456789"
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI(
+        scripts=[
+            Script(
+                "[scenario:tool-then-answer]",
+                [
+                    Reply(
+                        [tool_use_block("calculator", {"expression": "17*23+4"}, id="toolu_calc1")],
+                        usage=ScriptUsage(120, 30, 0, 0),
+                    ),
+                    Reply([text_block("There are 395 pods.")], usage=ScriptUsage(160, 12, 0, 0)),
+                ],
+            )
+        ],
+        require_api_key=API_KEY,
+    )
+    async with api.running() as server:
+        yield server
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    process = OperatorProcess(
+        kubeconfig=Path(cluster.kubeconfig_path),
+        log_path=tmp_path / "operator.log",
+        env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url},
+    )
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.stop()
+
+
+async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
+    ):
+        body = await r.json()
+        assert r.status < 300, body
+        return body
+
+
+async def _wait_finished(cluster: KubeEmulator, name: str, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    obj: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        obj = await _request(cluster, "GET", f"{RUNS}/{name}")
+        if obj.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
+            return obj
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{name} did not finish: {obj.get('status')}")
+
+
+async def test_applied_run_calls_one_tool_then_succeeds_with_exact_status(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    manifest = agentrun(
+        "calc",
+        "[scenario:tool-then-answer] how many pods?",
+        model={"name": "claude-haiku-4-5"},
+        tools=[{"builtin": {"name": "calculator"}}],
+    )
+    await _request(cluster, "POST", RUNS, json=manifest)
+    obj = await _wait_finished(cluster, "calc")
+    status = obj["status"]
+    assert status["phase"] == "Succeeded"
+    assert status["stopReason"] == "EndTurn"
+    assert status["iterations"] == 2
+    assert status["toolCalls"] == 1
+    assert status["result"] == "There are 395 pods."
+    usage = status["usage"]
+    assert (usage["inputTokens"], usage["outputTokens"], usage["totalTokens"]) == (280, 42, 322)
+    assert usage["costUSD"] == f"{(280 * 1 + 42 * 5) / 1_000_000:.6f}"
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    assert status["startTime"] and status["completionTime"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Succeeded"]["status"], conditions["Succeeded"]["reason"]) == ("True", "EndTurn")
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Reconciling"]["status"] == "False"
+    assert conditions["Stalled"]["status"] == "False"
+    # The calculator really ran: its result went back to the model under the same id.
+    second = model.requests_for("[scenario:tool-then-answer]")[1].body["messages"][-1]["content"][0]
+    assert second["tool_use_id"] == "toolu_calc1" and '"value": 395' in second["content"]
+
+    scrape = await operator.scrape()
+    assert (
+        'agentrun_runs_finished_total{namespace="default",outcome="succeeded",stop_reason="EndTurn"} 1.0'
+        in scrape
+    )
+    assert 'agentrun_tokens_total{model="claude-haiku-4-5",namespace="default",type="input"} 280.0' in scrape
+    assert "agentrun_model_request_duration_seconds_count" in scrape
+    assert API_KEY not in scrape and API_KEY not in operator.logs() and API_KEY not in str(obj)
+
+
+async def test_finished_run_is_not_restarted_by_a_new_operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await _request(
+        cluster,
+        "POST",
+        RUNS,
+        json=agentrun(
+            "once",
+            "[scenario:tool-then-answer] x",
+            model={"name": "claude-haiku-4-5"},
+            tools=[{"builtin": {"name": "calculator"}}],
+        ),
+    )
+    await _wait_finished(cluster, "once")
+    before = len(model.requests)
+    await operator.stop()
+    await operator.start()
+    await asyncio.sleep(3)
+    assert len(model.requests) == before
+
+
+async def test_invalid_tool_ends_in_invalid_spec_naming_the_field(
+    cluster: KubeEmulator, operator: OperatorProcess
+) -> None:
+    manifest = agentrun("bad-tool", "x", tools=[{"builtin": {"name": "no_such_tool"}}])
+    await _request(cluster, "POST", RUNS, json=manifest)
+    status = (await _wait_finished(cluster, "bad-tool"))["status"]
+    assert (status["phase"], status["stopReason"]) == ("Failed", "InvalidSpec")
+    assert "spec.tools[0].builtin.name" in status["message"]
+
+
+async def test_missing_api_key_secret_keeps_the_run_pending_until_it_appears(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+) -> None:
+    process = OperatorProcess(
+        kubeconfig=Path(cluster.kubeconfig_path),
+        log_path=tmp_path / "operator.log",
+        env={"ANTHROPIC_BASE_URL": model.url, "AGENTRUN_SECRET_RETRY_SECONDS": "0.5"},
+    )
+    await process.start()
+    try:
+        manifest = agentrun(
+            "needs-key",
+            "[scenario:tool-then-answer] x",
+            model={"name": "claude-haiku-4-5", "apiKeySecretRef": {"name": "anthropic"}},
+            tools=[{"builtin": {"name": "calculator"}}],
+        )
+        await _request(cluster, "POST", RUNS, json=manifest)
+        deadline = time.monotonic() + 15
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            status = (await _request(cluster, "GET", f"{RUNS}/needs-key")).get("status", {})
+            if status.get("phase") == "Pending":
+                break
+            await asyncio.sleep(0.2)
+        assert status.get("phase") == "Pending"
+        reasons = {c["type"]: c["reason"] for c in status["conditions"]}
+        assert reasons["Succeeded"] == "SecretNotFound"
+        assert "anthropic" in status["message"]
+        import base64
+
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "anthropic", "namespace": "default"},
+            "data": {"api-key": base64.b64encode(API_KEY.encode()).decode()},
+        }
+        await _request(cluster, "POST", "/api/v1/namespaces/default/secrets", json=secret)
+        final = (await _wait_finished(cluster, "needs-key"))["status"]
+        assert final["phase"] == "Succeeded"
+    finally:
+        await process.stop()

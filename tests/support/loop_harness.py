@@ -1,0 +1,114 @@
+"""Running the pure loop through the real SDK and adapter against the fake Messages API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.loop.clocks import SystemClock
+from agentrun.loop.config import LoopConfig, RetryPolicy
+from agentrun.loop.events import Checkpoint, Event, RunFinished
+from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
+from agentrun.loop.running import run_loop
+from agentrun.loop.stops import Outcome
+from agentrun.model.messaging import AnthropicModel
+from agentrun.model.pricing import PriceTable
+from agentrun.sandbox.messages_api import FakeMessagesAPI, RecordedRequest
+from agentrun.sandbox.messages_script import Script, Step
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def notify(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """The conversation as the checkpoints persisted it, in order."""
+        messages: list[dict[str, Any]] = []
+        for checkpoint in self.of(Checkpoint):
+            messages.extend(checkpoint.new_messages)
+        return messages
+
+
+@dataclass
+class FakeTool:
+    """A tool whose behaviour each test sets: a fixed answer, an error, a delay."""
+
+    name: str
+    answer: str = "ok"
+    error: Exception | None = None
+    delay: float = 0.0
+    write_key: str | None = None
+    calls: list[ToolCall] = field(default_factory=list)
+
+    @property
+    def definition(self) -> ToolDefinition:
+        return ToolDefinition(
+            name=self.name,
+            description=f"test tool {self.name}",
+            input_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+            write_key=self.write_key,
+        )
+
+    async def call(self, call: ToolCall) -> ToolOutput:
+        self.calls.append(call)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
+        return ToolOutput(self.answer)
+
+
+@dataclass
+class LoopRun:
+    outcome: Outcome
+    recorder: Recorder
+    requests: list[RecordedRequest]
+
+    @property
+    def finished(self) -> RunFinished:
+        finished: RunFinished = self.recorder.of(RunFinished)[-1]
+        return finished
+
+
+FAST_RETRIES = RetryPolicy(max_retries=3, base_seconds=0.01, max_seconds=0.05)
+
+
+async def run_scripted(
+    steps: Sequence[Step],
+    *,
+    tools: Sequence[FakeTool] = (),
+    spec: Mapping[str, Any] | None = None,
+    cancel: asyncio.Event | None = None,
+    retry: RetryPolicy = FAST_RETRIES,
+    marker: str = "[scenario:test]",
+) -> LoopRun:
+    raw_spec = {"task": f"{marker} do the thing", **(spec or {})}
+    parsed = AgentRunSpec.model_validate(raw_spec)
+    api = FakeMessagesAPI(scripts=[Script(marker, steps)], demo_brain=False)
+    recorder = Recorder()
+    async with api.running() as server:
+        client = anthropic.AsyncAnthropic(api_key="sk-test", base_url=server.url, max_retries=0, timeout=30)
+        try:
+            outcome = await run_loop(
+                LoopConfig.from_spec(parsed, run_id="run-uid", retry=retry),
+                model=AnthropicModel(client),
+                tools={t.name: t for t in tools},
+                observer=recorder,
+                clock=SystemClock(),
+                pricer=PriceTable(),
+                cancel=cancel or asyncio.Event(),
+            )
+        finally:
+            await client.close()
+        return LoopRun(outcome, recorder, list(server.requests))

@@ -1,0 +1,103 @@
+"""The CRD is generated from the models; these tests keep it structural, explained and committed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+
+from agentrun.api.crd import crd, crd_yaml
+from agentrun.api.spec import AgentRunSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _walk(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, schema)]
+    for name, prop in schema.get("properties", {}).items():
+        found += _walk(prop, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        found += _walk(schema["items"], f"{path}[]")
+    return found
+
+
+def _openapi() -> dict[str, Any]:
+    schema: dict[str, Any] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_committed_crd_equals_generated_output() -> None:
+    committed = (ROOT / "crds" / "agentruns.agentrun.dev.yaml").read_text()
+    assert committed == crd_yaml(), "crds/ is stale: run `make crds`"
+
+
+def test_chart_crd_copy_equals_generated_output() -> None:
+    copy = (ROOT / "charts" / "agentrun-operator" / "crds" / "agentruns.agentrun.dev.yaml").read_text()
+    assert copy == crd_yaml(), "the chart's CRD copy is stale: run `make crds`"
+
+
+def test_every_field_has_a_description_for_kubectl_explain() -> None:
+    missing = [path for path, node in _walk(_openapi()) if path and not node.get("description")]
+    items = [p for p in missing if p.endswith("[]")]  # array items are described by their array
+    assert sorted(set(missing) - set(items)) == []
+
+
+def test_schema_is_structural() -> None:
+    for path, node in _walk(_openapi()):
+        assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        if "properties" in node:
+            assert "additionalProperties" not in node, path
+
+
+def test_kopf_bookkeeping_in_status_survives_pruning() -> None:
+    kopf_field = _openapi()["properties"]["status"]["properties"]["kopf"]
+    assert kopf_field["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_names_printer_columns_and_status_subresource() -> None:
+    spec = crd()["spec"]
+    assert spec["names"]["shortNames"] == ["ar"]
+    assert spec["names"]["categories"] == ["agents"]
+    version = spec["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Stop Reason", "Iterations", "Tokens", "Cost", "Age"]
+
+
+def test_limits_defaults_are_applied_by_the_api_server() -> None:
+    limits = _openapi()["properties"]["spec"]["properties"]["limits"]
+    assert limits["default"] == {}
+    assert limits["properties"]["maxIterations"]["default"] == 20
+    assert limits["properties"]["toolConcurrency"]["default"] == 8
+
+
+def test_spec_fields_except_cancel_and_approvals_are_immutable() -> None:
+    props = _openapi()["properties"]["spec"]["properties"]
+    immutable = {name for name, p in props.items() if p.get("x-kubernetes-validations")}
+    assert {"cancel", "approvals", "ttlSecondsAfterFinished"}.isdisjoint(immutable)
+    assert {"task", "model", "tools", "limits"} <= immutable
+
+
+def test_generated_yaml_parses_back_to_the_same_object() -> None:
+    text = crd_yaml()
+    assert yaml.safe_load(text) == crd()
+
+
+def test_models_reject_unknown_fields_with_the_field_named() -> None:
+    with pytest.raises(pydantic.ValidationError, match="maxIteration"):
+        AgentRunSpec.model_validate({"task": "x", "limits": {"maxIteration": 3}})
+
+
+def test_tool_entry_needs_exactly_one_kind() -> None:
+    with pytest.raises(pydantic.ValidationError, match="exactly one of builtin, http, mcp"):
+        AgentRunSpec.model_validate({"task": "x", "tools": [{}]})
+
+
+def test_defaults_match_the_documented_ones() -> None:
+    spec = AgentRunSpec.model_validate({"task": "x"})
+    assert spec.limits.max_iterations == 20
+    assert spec.limits.tool_concurrency == 8
