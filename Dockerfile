@@ -3,7 +3,7 @@
 #
 # Two stages: the builder turns the project and its dependencies into wheels and installs them into
 # a virtual environment; the final image gets only that environment, on the same Python base (the
-# venv's interpreter links to it), with no compilers, pip or build tools, running as UID 65532.
+# venv's interpreter links to it): no compilers or build tools, no pip in the venv, UID 65532.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -22,6 +22,7 @@ RUN pip wheel --wheel-dir /wheels . \
  && /opt/agentrun/bin/agentrun --help >/dev/null
 
 FROM ${PYTHON_IMAGE}
+ARG PYTHON_IMAGE
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG CREATED=unknown
@@ -33,7 +34,7 @@ LABEL org.opencontainers.image.title="agentrun-operator" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/agentrun-dev/agentrun-operator" \
       org.opencontainers.image.documentation="https://github.com/agentrun-dev/agentrun-operator#readme" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim"
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 COPY --from=builder /opt/agentrun /opt/agentrun
 # HOME and TMPDIR point at /tmp, the only writable path when the root filesystem is read-only
 # (the chart mounts an emptyDir there).

@@ -106,8 +106,21 @@ async def _model() -> AsyncIterator[tuple[str, str | None]]:
         yield key, os.environ.get("ANTHROPIC_BASE_URL")
         return
     from agentrun.sandbox.messages_api import FakeMessagesAPI
+    from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
 
-    async with FakeMessagesAPI().running() as api:
+    # The calculator example gets a scripted conversation; any other manifest meets the demo brain,
+    # which calls the offered tools with inputs made up from their schemas, then summarises.
+    calculator = Script(
+        "How many pods run in total?",
+        [
+            Reply(
+                [text_block("Let me compute that."), tool_use_block("calculator", {"expression": "17*23+4"})]
+            ),
+            Reply([text_block("17 nodes × 23 pods + 4 system pods = 395 pods run in total.")]),
+        ],
+        name="demo-calculator",
+    )
+    async with FakeMessagesAPI(scripts=[calculator]).running() as api:
         print(f"scripted Messages API on {api.url} (set ANTHROPIC_API_KEY for the real one)", file=sys.stderr)
         yield "demo-key", api.url
 
@@ -115,7 +128,7 @@ async def _model() -> AsyncIterator[tuple[str, str | None]]:
 async def _install_crd(custom: client.ApiClient) -> None:
     ext = client.ApiextensionsV1Api(custom)
     try:
-        await ext.create_custom_resource_definition(crd())
+        await ext.create_custom_resource_definition(crd())  # type: ignore[arg-type]
     except ApiException as exc:
         if exc.status != 409:
             raise

@@ -51,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(crd_yaml())
         return 0
     if args.command == "run":
-        from agentrun.cli import local
+        from agentrun.cli.local import main as run_main
 
-        return local.main(args.file, args.output)
+        return run_main(args.file, args.output)
     if args.command == "operator":
         return _operator(args)
     if args.command == "demo":
-        from agentrun.cli import demo
+        from agentrun.cli.demo import main as demo_main
 
-        return demo.main(kubeconfig=args.kubeconfig, examples=args.examples, timeout=args.timeout)
+        return demo_main(kubeconfig=args.kubeconfig, examples=args.examples, timeout=args.timeout)
     raise AssertionError(args.command)  # pragma: no cover
 
 

@@ -32,6 +32,12 @@ def _plain(value: Any) -> Any:
 def build_registry(service: RunService) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """In-cluster service account first, then KUBECONFIG: our registry has no default login."""
+        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+        return info or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.daemon(  # type: ignore[arg-type]
         GROUP,
         VERSION,

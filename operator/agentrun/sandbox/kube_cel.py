@@ -54,7 +54,7 @@ def _tokenize(source: str) -> list[tuple[str, Any]]:
     while pos < len(source):
         match = _TOKEN_RE.match(source, pos)
         if match is None or match.end() == pos:
-            raise CelUnsupported(f"unexpected character at {pos}: {source[pos:pos + 10]!r}")
+            raise CelUnsupported(f"unexpected character at {pos}: {source[pos : pos + 10]!r}")
         pos = match.end()
         kind = match.lastgroup
         text = match.group(kind) if kind else ""

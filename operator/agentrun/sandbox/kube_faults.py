@@ -150,9 +150,21 @@ class Faults:
     ) -> Fault:
         if status == 429 and retry_after is None:
             retry_after = 1
-        fault = Fault(method=method, path=path, verb=verb, resource=resource, subresource=subresource,
-                      namespace=namespace, name=name, status=status, reason=reason, message=message,
-                      retry_after=retry_after, delay=delay, times=times)  # fmt: skip
+        fault = Fault(
+            method=method,
+            path=path,
+            verb=verb,
+            resource=resource,
+            subresource=subresource,
+            namespace=namespace,
+            name=name,
+            status=status,
+            reason=reason,
+            message=message,
+            retry_after=retry_after,
+            delay=delay,
+            times=times,
+        )
         self.rules.append(fault)
         return fault
 
@@ -169,8 +181,16 @@ class Faults:
     ) -> WatchDrop:
         if after_events is None and after_seconds is None:
             raise ValueError("drop_watch() needs after_events or after_seconds")
-        drop = WatchDrop(path=path, resource=resource, namespace=namespace, verb="watch",
-                         after_events=after_events, after_seconds=after_seconds, expire=expire, times=times)  # fmt: skip
+        drop = WatchDrop(
+            path=path,
+            resource=resource,
+            namespace=namespace,
+            verb="watch",
+            after_events=after_events,
+            after_seconds=after_seconds,
+            expire=expire,
+            times=times,
+        )
         self.rules.append(drop)
         return drop
 

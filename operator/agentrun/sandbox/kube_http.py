@@ -56,7 +56,11 @@ def parse_path(path: str) -> ApiRoute:
     if not rest:
         return ApiRoute("discovery", group=group, version=version)
     namespace: str | None = None
-    if rest[0] == "namespaces" and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in NAMESPACE_SUBRESOURCES):
+    if (
+        rest[0] == "namespaces"
+        and len(rest) >= 3
+        and not (len(rest) == 3 and rest[2] in NAMESPACE_SUBRESOURCES)
+    ):
         namespace, rest = rest[1], rest[2:]
     plural = rest[0]
     name = rest[1] if len(rest) > 1 else None
@@ -119,7 +123,9 @@ class RequestRecord:
         return (self.group, self.rbac_resource, self.verb)
 
 
-def status_body(code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def status_body(
+    code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -152,7 +158,9 @@ class ApiError(Exception):
     @classmethod
     def not_found(cls, group: str, plural: str, name: str) -> ApiError:
         qualified = f"{plural}.{group}" if group else plural
-        return cls(404, "NotFound", f'{qualified} "{name}" not found', {"name": name, "group": group, "kind": plural})
+        return cls(
+            404, "NotFound", f'{qualified} "{name}" not found', {"name": name, "group": group, "kind": plural}
+        )
 
     @classmethod
     def no_route(cls) -> ApiError:
@@ -161,22 +169,37 @@ class ApiError(Exception):
     @classmethod
     def already_exists(cls, group: str, plural: str, name: str) -> ApiError:
         qualified = f"{plural}.{group}" if group else plural
-        return cls(409, "AlreadyExists", f'{qualified} "{name}" already exists',
-                   {"name": name, "group": group, "kind": plural})  # fmt: skip
+        return cls(
+            409,
+            "AlreadyExists",
+            f'{qualified} "{name}" already exists',
+            {"name": name, "group": group, "kind": plural},
+        )
 
     @classmethod
     def conflict(cls, group: str, plural: str, name: str, why: str | None = None) -> ApiError:
         qualified = f"{plural}.{group}" if group else plural
-        why = why or "the object has been modified; please apply your changes to the latest version and try again"
-        return cls(409, "Conflict", f'Operation cannot be fulfilled on {qualified} "{name}": {why}',
-                   {"name": name, "group": group, "kind": plural})  # fmt: skip
+        why = (
+            why
+            or "the object has been modified; please apply your changes to the latest version and try again"
+        )
+        return cls(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {qualified} "{name}": {why}',
+            {"name": name, "group": group, "kind": plural},
+        )
 
     @classmethod
     def invalid(cls, group: str, kind: str, name: str, errors: list[FieldError]) -> ApiError:
         qualified_kind = f"{kind}.{group}" if group else kind
         causes = [error.cause() for error in errors]
-        return cls(422, "Invalid", invalid_message(qualified_kind, name, errors),
-                   {"name": name, "group": group, "kind": kind, "causes": causes})  # fmt: skip
+        return cls(
+            422,
+            "Invalid",
+            invalid_message(qualified_kind, name, errors),
+            {"name": name, "group": group, "kind": kind, "causes": causes},
+        )
 
     @classmethod
     def bad_request(cls, message: str) -> ApiError:

@@ -18,9 +18,12 @@ SUBRESOURCE_VERBS = {"status": ("get", "patch", "update"), "log": ("get",), "fin
 CRD_CLEANUP_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ResourceType:
-    """One group/version/plural as served; ``key`` identifies the storage shared by all its versions."""
+    """One group/version/plural as served; ``key`` identifies the storage shared by all its versions.
+
+    Compared by identity: the schema inside is a plain (unhashable) dict.
+    """
 
     group: str
     version: str
@@ -101,25 +104,67 @@ class ResourceType:
 
 
 def _core(plural: str, kind: str, *, namespaced: bool = True, **kwargs: Any) -> ResourceType:
-    return ResourceType(group="", version="v1", plural=plural, kind=kind, namespaced=namespaced,
-                        strategic_merge=True, **kwargs)  # fmt: skip
+    return ResourceType(
+        group="",
+        version="v1",
+        plural=plural,
+        kind=kind,
+        namespaced=namespaced,
+        strategic_merge=True,
+        **kwargs,
+    )
 
 
 BUILTIN_TYPES: tuple[ResourceType, ...] = (
-    _core("namespaces", "Namespace", namespaced=False, short_names=("ns",), subresources=frozenset({"status", "finalize"})),
+    _core(
+        "namespaces",
+        "Namespace",
+        namespaced=False,
+        short_names=("ns",),
+        subresources=frozenset({"status", "finalize"}),
+    ),
     _core("configmaps", "ConfigMap", short_names=("cm",), returns_deleted=False),
     _core("secrets", "Secret", returns_deleted=False),
     _core("serviceaccounts", "ServiceAccount", short_names=("sa",), returns_deleted=False),
     _core("events", "Event", short_names=("ev",), returns_deleted=False),
-    _core("pods", "Pod", short_names=("po",), categories=("all",), generation=True, subresources=frozenset({"status", "log"})),
-    ResourceType(group="events.k8s.io", version="v1", plural="events", kind="Event", namespaced=True,
-                 short_names=("ev",), returns_deleted=False),
-    ResourceType(group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True,
-                 returns_deleted=False, strategic_merge=True),
-    ResourceType(group="apiextensions.k8s.io", version="v1", plural="customresourcedefinitions",
-                 kind="CustomResourceDefinition", namespaced=False, short_names=("crd", "crds"),
-                 categories=("api-extensions",), subresources=frozenset({"status"}), generation=True),
-)  # fmt: skip
+    _core(
+        "pods",
+        "Pod",
+        short_names=("po",),
+        categories=("all",),
+        generation=True,
+        subresources=frozenset({"status", "log"}),
+    ),
+    ResourceType(
+        group="events.k8s.io",
+        version="v1",
+        plural="events",
+        kind="Event",
+        namespaced=True,
+        short_names=("ev",),
+        returns_deleted=False,
+    ),
+    ResourceType(
+        group="coordination.k8s.io",
+        version="v1",
+        plural="leases",
+        kind="Lease",
+        namespaced=True,
+        returns_deleted=False,
+        strategic_merge=True,
+    ),
+    ResourceType(
+        group="apiextensions.k8s.io",
+        version="v1",
+        plural="customresourcedefinitions",
+        kind="CustomResourceDefinition",
+        namespaced=False,
+        short_names=("crd", "crds"),
+        categories=("api-extensions",),
+        subresources=frozenset({"status"}),
+        generation=True,
+    ),
+)
 
 BUILTIN_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
@@ -167,31 +212,65 @@ def crd_problems(crd: Mapping[str, Any]) -> list[FieldError]:
     spec = crd.get("spec")
     if not isinstance(spec, Mapping):
         return [FieldError("FieldValueRequired", "spec")]
-    names = spec.get("names") if isinstance(spec.get("names"), Mapping) else {}
+    raw_names = spec.get("names")
+    names: Mapping[str, Any] = raw_names if isinstance(raw_names, Mapping) else {}
     group = spec.get("group")
     if not isinstance(group, str) or "." not in group:
-        errors.append(FieldError("FieldValueInvalid", "spec.group", group or "", "should be a domain with at least one dot"))
+        errors.append(
+            FieldError(
+                "FieldValueInvalid", "spec.group", group or "", "should be a domain with at least one dot"
+            )
+        )
     for key in ("plural", "kind"):
         if not isinstance(names.get(key), str) or not names.get(key):
             errors.append(FieldError("FieldValueRequired", f"spec.names.{key}"))
     if spec.get("scope") not in ("Namespaced", "Cluster"):
-        errors.append(FieldError("FieldValueNotSupported", "spec.scope", spec.get("scope") or "",
-                                 'supported values: "Cluster", "Namespaced"'))  # fmt: skip
+        errors.append(
+            FieldError(
+                "FieldValueNotSupported",
+                "spec.scope",
+                spec.get("scope") or "",
+                'supported values: "Cluster", "Namespaced"',
+            )
+        )
     versions = spec.get("versions")
     if not isinstance(versions, list) or not versions:
-        errors.append(FieldError("FieldValueInvalid", "spec.versions", versions or [], "must have exactly one version marked as storage version"))
+        errors.append(
+            FieldError(
+                "FieldValueInvalid",
+                "spec.versions",
+                versions or [],
+                "must have exactly one version marked as storage version",
+            )
+        )
         return errors
     if sum(1 for v in versions if isinstance(v, Mapping) and v.get("storage")) != 1:
-        errors.append(FieldError("FieldValueInvalid", "spec.versions", versions, "must have exactly one version marked as storage version"))
+        errors.append(
+            FieldError(
+                "FieldValueInvalid",
+                "spec.versions",
+                versions,
+                "must have exactly one version marked as storage version",
+            )
+        )
     for index, version in enumerate(versions):
         if not isinstance(version, Mapping) or not version.get("name"):
             errors.append(FieldError("FieldValueRequired", f"spec.versions[{index}].name"))
             continue
         if not ((version.get("schema") or {}).get("openAPIV3Schema")):
-            errors.append(FieldError("FieldValueRequired", f"spec.versions[{index}].schema.openAPIV3Schema",
-                                     detail="schemas are required"))  # fmt: skip
+            errors.append(
+                FieldError(
+                    "FieldValueRequired",
+                    f"spec.versions[{index}].schema.openAPIV3Schema",
+                    detail="schemas are required",
+                )
+            )
     expected = f"{names.get('plural')}.{group}"
     name = (crd.get("metadata") or {}).get("name")
     if not errors and name != expected:
-        errors.append(FieldError("FieldValueInvalid", "metadata.name", name or "", f"must be spec.names.plural+\".\"+spec.group"))
+        errors.append(
+            FieldError(
+                "FieldValueInvalid", "metadata.name", name or "", 'must be spec.names.plural+"."+spec.group'
+            )
+        )
     return errors

@@ -36,11 +36,23 @@ _MISSING: Any = kube_cel._MISSING
 #: ObjectMeta fields; anything else under ``metadata`` is dropped like an unknown field of a Go struct.
 OBJECT_META_FIELDS = frozenset(
     {
-        "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
-        "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
-        "ownerReferences", "finalizers", "managedFields",
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
     }
-)  # fmt: skip
+)
 
 _ROOT_FIELDS = ("apiVersion", "kind", "metadata")
 
@@ -211,7 +223,9 @@ def _compiled(rule: str) -> kube_cel.CelRule | None:
             _COMPILED[rule] = None
             if rule not in _UNSUPPORTED_LOGGED:
                 _UNSUPPORTED_LOGGED.add(rule)
-                logger.warning("kube emulator: ignoring a CEL rule outside the supported subset (%s): %s", exc, rule)
+                logger.warning(
+                    "kube emulator: ignoring a CEL rule outside the supported subset (%s): %s", exc, rule
+                )
     return _COMPILED[rule]
 
 
@@ -257,18 +271,28 @@ class _Validator:
             if schema.get("nullable") or not (schema.get("type") or schema.get("x-kubernetes-int-or-string")):
                 return True
             expected = "integer,string" if schema.get("x-kubernetes-int-or-string") else schema["type"]
-            self.add("FieldValueTypeInvalid", path, None, f'{path} in body must be of type {expected}: "null"')
+            self.add(
+                "FieldValueTypeInvalid", path, None, f'{path} in body must be of type {expected}: "null"'
+            )
             return False
         if schema.get("x-kubernetes-int-or-string"):
             if isinstance(value, str) or _type_name(value) == "integer":
                 return True
             self.add(
-                "FieldValueTypeInvalid", path, value, f'{path} in body must be of type integer,string: "{_type_name(value)}"'
+                "FieldValueTypeInvalid",
+                path,
+                value,
+                f'{path} in body must be of type integer,string: "{_type_name(value)}"',
             )
             return False
         expected = schema.get("type")
         if expected and not _type_ok(value, expected):
-            self.add("FieldValueTypeInvalid", path, value, f'{path} in body must be of type {expected}: "{_type_name(value)}"')
+            self.add(
+                "FieldValueTypeInvalid",
+                path,
+                value,
+                f'{path} in body must be of type {expected}: "{_type_name(value)}"',
+            )
             return False
         return True
 
@@ -330,7 +354,9 @@ class _Validator:
                 old_item = old_by_key.get(_map_key(item, keys), _MISSING) if old_by_key else _MISSING
                 self.check(item, items, item_path, old_item)
 
-    def _check_object(self, value: dict[str, Any], schema: Schema, path: str, old: Any, *, root: bool) -> None:
+    def _check_object(
+        self, value: dict[str, Any], schema: Schema, path: str, old: Any, *, root: bool
+    ) -> None:
         props: Mapping[str, Any] = schema.get("properties") or {}
         for name in schema.get("required") or []:
             if name not in value:
@@ -354,12 +380,12 @@ class _Validator:
     def _check_junctors(self, value: Any, schema: Schema, path: str) -> None:
         for sub in schema.get("allOf") or []:
             self.check(value, sub, path, _MISSING)
-        if any_of := schema.get("anyOf"):
-            if not any(_passes(value, sub, path) for sub in any_of):
-                self.invalid(path, value, "must validate at least one schema (anyOf)")
-        if one_of := schema.get("oneOf"):
-            if sum(_passes(value, sub, path) for sub in one_of) != 1:
-                self.invalid(path, value, "must validate one and only one schema (oneOf)")
+        any_of = schema.get("anyOf")
+        if any_of and not any(_passes(value, sub, path) for sub in any_of):
+            self.invalid(path, value, "must validate at least one schema (anyOf)")
+        one_of = schema.get("oneOf")
+        if one_of and sum(_passes(value, sub, path) for sub in one_of) != 1:
+            self.invalid(path, value, "must validate one and only one schema (oneOf)")
         if (negated := schema.get("not")) is not None and _passes(value, negated, path):
             self.invalid(path, value, "must not validate the schema (not)")
 

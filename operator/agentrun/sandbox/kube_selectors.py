@@ -113,14 +113,21 @@ def _parse_requirement(part: str) -> Requirement:
     if match := _SET_RE.match(part):
         values = tuple(_check_value(v.strip()) for v in match["values"].split(","))
         if not any(values):
-            raise SelectorError("unable to parse requirement: for 'in', 'notin' operators, values set can't be empty")
+            raise SelectorError(
+                "unable to parse requirement: for 'in', 'notin' operators, values set can't be empty"
+            )
         return Requirement(_check_key(match["key"]), match["op"], tuple(sorted(set(values))))
     if match := _CMP_RE.match(part):
         op = {"==": "=", ">": "gt", "<": "lt"}.get(match["op"], match["op"])
         value = match["value"]
         if op in ("gt", "lt") and not re.fullmatch(r"-?\d+", value):
-            raise SelectorError(f"unable to parse requirement: for 'gt', 'lt' operators, the value must be an integer: {value!r}")
-        return Requirement(_check_key(match["key"]), op, (_check_value(value) if op in ("=", "!=") else value,))
+            raise SelectorError(
+                "unable to parse requirement: for 'gt', 'lt' operators, "
+                f"the value must be an integer: {value!r}"
+            )
+        return Requirement(
+            _check_key(match["key"]), op, (_check_value(value) if op in ("=", "!=") else value,)
+        )
     if re.fullmatch(r"[^\s!=<>(),]+", part):
         return Requirement(_check_key(part), "exists")
     raise SelectorError(f"unable to parse requirement: {part!r}")
@@ -160,7 +167,9 @@ class FieldSelector:
         return None
 
     @classmethod
-    def parse(cls, text: str | None, allowed: Collection[str] | Callable[[str], bool] | None = None) -> FieldSelector:
+    def parse(
+        cls, text: str | None, allowed: Collection[str] | Callable[[str], bool] | None = None
+    ) -> FieldSelector:
         """Parse ``text``; ``allowed`` lists the supported field paths (``None`` accepts any path)."""
         if not text or not text.strip():
             return cls()
@@ -186,9 +195,21 @@ def label_problems(labels: Any, path: str) -> list[tuple[str, Any, str]]:
         return problems
     for key, value in labels.items():
         if not isinstance(key, str) or not _KEY_RE.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
-            problems.append((path, key, "name part must consist of alphanumeric characters, '-', '_' or '.', "
-                             "and must start and end with an alphanumeric character"))
+            problems.append(
+                (
+                    path,
+                    key,
+                    "name part must consist of alphanumeric characters, '-', '_' or '.', "
+                    "and must start and end with an alphanumeric character",
+                )
+            )
         if not isinstance(value, str) or not _VALUE_RE.match(value) or len(value) > 63:
-            problems.append((f"{path}", value, "a valid label must be an empty string or consist of alphanumeric "
-                             "characters, '-', '_' or '.', and must start and end with an alphanumeric character"))
+            problems.append(
+                (
+                    f"{path}",
+                    value,
+                    "a valid label must be an empty string or consist of alphanumeric "
+                    "characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                )
+            )
     return problems

@@ -15,7 +15,9 @@ from typing import Any
 
 from agentrun.sandbox.kube_registry import ResourceType
 
-_STEP_RE = re.compile(r"""\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_\-.]+)\s*==\s*["']([^"']*)["']\)\]""")
+_STEP_RE = re.compile(
+    r"""\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_\-.]+)\s*==\s*["']([^"']*)["']\)\]"""
+)
 
 
 def json_path(obj: Any, path: str) -> Any:
@@ -89,7 +91,13 @@ def _age(timestamp: Any, now: datetime.datetime) -> str | None:
 
 
 def _columns(rtype: ResourceType) -> list[dict[str, Any]]:
-    name = {"name": "Name", "type": "string", "format": "name", "description": "Name of the object", "priority": 0}
+    name = {
+        "name": "Name",
+        "type": "string",
+        "format": "name",
+        "description": "Name of the object",
+        "priority": 0,
+    }
     if rtype.custom and rtype.printer_columns:
         columns = [name]
         for column in rtype.printer_columns:
@@ -104,9 +112,23 @@ def _columns(rtype: ResourceType) -> list[dict[str, Any]]:
                 }
             )
         return columns
-    age = {"name": "Age", "type": "date", "format": "", "description": "", "priority": 0, "jsonPath": ".metadata.creationTimestamp"}
+    age = {
+        "name": "Age",
+        "type": "date",
+        "format": "",
+        "description": "",
+        "priority": 0,
+        "jsonPath": ".metadata.creationTimestamp",
+    }
     if rtype.plural == "namespaces" and not rtype.group:
-        status = {"name": "Status", "type": "string", "format": "", "description": "", "priority": 0, "jsonPath": ".status.phase"}
+        status = {
+            "name": "Status",
+            "type": "string",
+            "format": "",
+            "description": "",
+            "priority": 0,
+            "jsonPath": ".status.phase",
+        }
         return [name, status, age]
     return [name, age]
 
@@ -126,7 +148,11 @@ def _cell(column: Mapping[str, Any], value: Any, now: datetime.datetime) -> Any:
 
 
 def as_table(
-    rtype: ResourceType, objects: Iterable[Mapping[str, Any]], resource_version: str, *, include_object: str = "Metadata"
+    rtype: ResourceType,
+    objects: Iterable[Mapping[str, Any]],
+    resource_version: str,
+    *,
+    include_object: str = "Metadata",
 ) -> dict[str, Any]:
     now = datetime.datetime.now(tz=datetime.UTC)
     columns = _columns(rtype)
@@ -139,7 +165,11 @@ def as_table(
         elif include_object == "None":
             embedded = None
         else:
-            embedded = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}
+            embedded = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj.get("metadata", {}),
+            }
         rows.append({"cells": cells, "object": embedded})
     definitions = [{k: v for k, v in col.items() if k != "jsonPath"} for col in columns]
     return {

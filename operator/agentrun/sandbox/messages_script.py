@@ -35,6 +35,8 @@ Fault kinds and their fields (all take ``times``, default 1):
 - ``connection_reset``: ``during``: ``headers`` (before any byte) or ``body`` (after part of the body)
 - ``slow_response``: ``seconds`` to wait before the headers
 - ``truncated_stream``: ``mode``: ``max_tokens`` or ``cut``; ``keep``: fraction of the last block sent
+
+Python scripts reach a child server through a file: ``yaml.safe_dump(scripts_to_data(scripts))``.
 """
 
 from __future__ import annotations
@@ -133,8 +135,9 @@ class Fault:
     """Something that goes wrong instead of (or before) a reply.
 
     In :attr:`Reply.faults` a fault is served ``times`` times for that step before the reply is, counted per
-    conversation and step, so an SDK or loop that retries sees fault, fault, …, success. As a bare step it is
-    served on every request for that step and ``times`` is ignored.
+    (script, conversation, step) where a conversation is the exact text of the first user message, so an SDK
+    or loop that retries sees fault, fault, …, success while runs with other tasks keep their own counts. As
+    a bare step it is served on every request for that step and ``times`` is ignored.
     """
 
     kind: ClassVar[str] = ""
@@ -147,7 +150,12 @@ class Fault:
 
 @dataclass(frozen=True, kw_only=True)
 class HttpError(Fault):
-    """An HTTP error response with the API's error body, e.g. 429 with ``retry-after`` or 529 overloaded."""
+    """An HTTP error response with the API's error body, e.g. 429 with ``retry-after`` or 529 overloaded.
+
+    The SDK (anthropic 2.12) raises the class its status maps to (``RateLimitError``, ``OverloadedError``,
+    ``InternalServerError``, …) with the headers on ``err.response``; with retries enabled it retries
+    408/409/429/5xx itself, honouring ``retry-after-ms``/``retry-after`` and ``x-should-retry``.
+    """
 
     kind: ClassVar[str] = "http_error"
     error_type: str = "api_error"
@@ -192,7 +200,11 @@ class HttpError(Fault):
 @dataclass(frozen=True, kw_only=True)
 class StreamError(Fault):
     """An ``error`` event inside a 200 stream after the first piece of content, as the API sends when it
-    becomes overloaded mid-response. A non-streaming request gets the equivalent HTTP error instead."""
+    becomes overloaded mid-response. A non-streaming request gets the equivalent HTTP error instead.
+
+    The SDK raises a plain ``APIStatusError`` (not ``OverloadedError``) with ``status_code == 200`` and
+    ``err.type == "overloaded_error"``; it never retries it.
+    """
 
     kind: ClassVar[str] = "stream_error"
     error_type: str = "overloaded_error"
@@ -206,7 +218,11 @@ class StreamError(Fault):
 @dataclass(frozen=True, kw_only=True)
 class ConnectionReset(Fault):
     """A TCP reset: ``during="headers"`` before any response byte, ``"body"`` after the headers and part of
-    the body (for a stream: after the first content delta)."""
+    the body (for a stream: after the first content delta).
+
+    The SDK raises ``APIConnectionError`` for a reset before the headers and for a reset inside a JSON body,
+    but a reset inside a stream escapes as a raw ``httpx2.ReadError``, which is not an ``anthropic.APIError``.
+    """
 
     kind: ClassVar[str] = "connection_reset"
     during: Literal["headers", "body"] = "headers"
@@ -220,7 +236,7 @@ class ConnectionReset(Fault):
 @dataclass(frozen=True, kw_only=True)
 class SlowResponse(Fault):
     """Waits ``seconds`` before sending headers (longer than the client's timeout), then serves the reply to
-    whoever is still listening."""
+    whoever is still listening. The SDK raises ``APITimeoutError`` (a subclass of ``APIConnectionError``)."""
 
     kind: ClassVar[str] = "slow_response"
     seconds: float = 30.0
@@ -239,6 +255,12 @@ class TruncatedStream(Fault):
     carries ``stop_reason: max_tokens`` with ``output_tokens`` equal to the request's ``max_tokens``.
     ``mode="cut"`` ends the body cleanly in the middle of the block, with no ``content_block_stop``,
     ``message_delta`` or ``message_stop`` (for a non-streaming request: a JSON body cut short).
+
+    What the SDK makes of it: with ``max_tokens`` the final message holds the tool_use with only the
+    properties complete before the cut (a cut string value is dropped, so the input can look valid) and
+    ``stop_reason == "max_tokens"``; a non-streaming reply carries the same. With ``cut`` a stream yields a
+    final message with ``stop_reason is None`` and ``output_tokens`` from ``message_start`` (no error at
+    all), while a cut JSON body raises ``APIConnectionError``.
     """
 
     kind: ClassVar[str] = "truncated_stream"

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import anthropic
@@ -64,9 +64,15 @@ TOOL_THEN_ANSWER = Script(
     "[scenario:tool-then-answer]",
     [
         Reply(
-            [text_block("Let me look at the pods in the cluster first."), tool_use_block("list_pods", POD_INPUT)],
+            [
+                text_block("Let me look at the pods in the cluster first."),
+                tool_use_block("list_pods", POD_INPUT),
+            ],
             usage=ScriptUsage(
-                input_tokens=120, output_tokens=40, cache_creation_input_tokens=30, cache_read_input_tokens=900
+                input_tokens=120,
+                output_tokens=40,
+                cache_creation_input_tokens=30,
+                cache_read_input_tokens=900,
             ),
         ),
         Reply([text_block("All 3 pods are running.")]),
@@ -85,7 +91,10 @@ def answer(message: anthropic.types.Message, output: str = "pod-a Running") -> l
         for block in message.content
         if block.type == "tool_use"
     ]
-    return [{"role": "assistant", "content": [b.to_dict() for b in message.content]}, {"role": "user", "content": results}]
+    return [
+        {"role": "assistant", "content": [b.to_dict() for b in message.content]},
+        {"role": "user", "content": results},
+    ]
 
 
 @pytest.fixture
@@ -100,13 +109,17 @@ async def client(api: FakeMessagesAPI) -> AsyncIterator[anthropic.AsyncAnthropic
         yield sdk
 
 
-async def streamed(client: anthropic.AsyncAnthropic, messages: Sequence[Any], **kwargs: Any) -> anthropic.types.Message:
+async def streamed(
+    client: anthropic.AsyncAnthropic, messages: Sequence[Any], **kwargs: Any
+) -> anthropic.types.Message:
     kwargs.setdefault("max_tokens", 1024)
     async with client.messages.stream(model=MODEL, messages=messages, **kwargs) as stream:
         return await stream.get_final_message()
 
 
-async def created(client: anthropic.AsyncAnthropic, messages: Sequence[Any], **kwargs: Any) -> anthropic.types.Message:
+async def created(
+    client: anthropic.AsyncAnthropic, messages: Sequence[Any], **kwargs: Any
+) -> anthropic.types.Message:
     kwargs.setdefault("max_tokens", 1024)
     return await client.messages.create(model=MODEL, messages=messages, **kwargs)
 
@@ -152,7 +165,9 @@ async def test_usage_reports_the_scripted_token_and_cache_counts_in_both_modes(
         assert message.usage.cache_read_input_tokens == 900
 
 
-async def test_stream_sends_tool_input_as_several_partial_json_chunks(client: anthropic.AsyncAnthropic) -> None:
+async def test_stream_sends_tool_input_as_several_partial_json_chunks(
+    client: anthropic.AsyncAnthropic,
+) -> None:
     stream = await client.messages.create(
         model=MODEL, max_tokens=1024, messages=[user("[scenario:tool-then-answer]")], stream=True
     )
@@ -249,8 +264,10 @@ async def test_script_can_be_selected_by_model_name() -> None:
         FakeMessagesAPI([script]).running() as api,
         anthropic.AsyncAnthropic(api_key=KEY, base_url=api.url, max_retries=0) as client,
     ):
-        chosen = await client.messages.create(model="fake-model-a", max_tokens=10, messages=[user("anything")])
-        other = await client.messages.create(model="fake-model-b", max_tokens=10, messages=[user("anything")])
+        chosen = await client.messages.create(
+            model="fake-model-a", max_tokens=10, messages=[user("anything")]
+        )
+        await client.messages.create(model="fake-model-b", max_tokens=10, messages=[user("anything")])
 
     assert chosen.content[0].type == "text"
     assert chosen.content[0].text == "chosen by model"
@@ -302,7 +319,9 @@ async def test_fault_is_served_twice_then_the_reply_for_the_same_conversation(
 
 
 @pytest.mark.parametrize(
-    "faulty_api", [(HttpError(error_type="overloaded_error", headers={"retry-after-ms": "10"}, times=2),)], indirect=True
+    "faulty_api",
+    [(HttpError(error_type="overloaded_error", headers={"retry-after-ms": "10"}, times=2),)],
+    indirect=True,
 )
 async def test_sdk_retries_through_transient_faults_when_its_retries_are_enabled(
     faulty_api: FakeMessagesAPI,
@@ -314,7 +333,24 @@ async def test_sdk_retries_through_transient_faults_when_its_retries_are_enabled
     assert [r.headers["x-stainless-retry-count"] for r in faulty_api.requests] == ["0", "1", "2"]
 
 
-@pytest.mark.parametrize("faulty_api", [(HttpError.rate_limit(retry_after=7, retry_after_ms=7000),)], indirect=True)
+@pytest.mark.parametrize(
+    "faulty_api",
+    [(HttpError(error_type="overloaded_error", headers={"x-should-retry": "false"}),)],
+    indirect=True,
+)
+async def test_sdk_does_not_retry_when_the_response_says_x_should_retry_false(
+    faulty_api: FakeMessagesAPI,
+) -> None:
+    async with anthropic.AsyncAnthropic(api_key=KEY, base_url=faulty_api.url, max_retries=2) as client:
+        with pytest.raises(anthropic.OverloadedError):
+            await created(client, [user("[scenario:faulty]")])
+
+    assert len(faulty_api.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "faulty_api", [(HttpError.rate_limit(retry_after=7, retry_after_ms=7000),)], indirect=True
+)
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
 async def test_rate_limit_error_exposes_retry_after_headers_on_the_response(
     faulty_api: FakeMessagesAPI, stream: bool
@@ -368,10 +404,16 @@ async def test_overloaded_error_event_inside_a_200_stream_is_a_plain_api_status_
 ) -> None:
     received: list[str] = []
     async with anthropic.AsyncAnthropic(api_key=KEY, base_url=faulty_api.url, max_retries=0) as client:
-        with pytest.raises(anthropic.APIStatusError) as caught:
-            async with client.messages.stream(model=MODEL, max_tokens=10, messages=[user("[scenario:faulty]")]) as s:
-                async for text in s.text_stream:
+
+        async def read_text() -> None:
+            async with client.messages.stream(
+                model=MODEL, max_tokens=10, messages=[user("[scenario:faulty]")]
+            ) as stream:
+                async for text in stream.text_stream:
                     received.append(text)
+
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            await read_text()
 
     error = caught.value
     assert type(error) is anthropic.APIStatusError
@@ -419,7 +461,9 @@ async def test_connection_reset_during_a_stream_escapes_the_sdk_as_a_raw_httpx_r
 
 
 @pytest.mark.parametrize("faulty_api", [(ConnectionReset(during="body"),)], indirect=True)
-async def test_connection_reset_during_a_json_body_is_an_api_connection_error(faulty_api: FakeMessagesAPI) -> None:
+async def test_connection_reset_during_a_json_body_is_an_api_connection_error(
+    faulty_api: FakeMessagesAPI,
+) -> None:
     async with anthropic.AsyncAnthropic(api_key=KEY, base_url=faulty_api.url, max_retries=0) as client:
         with pytest.raises(anthropic.APIConnectionError):
             await created(client, [user("[scenario:faulty]")])
@@ -430,7 +474,9 @@ async def test_connection_reset_during_a_json_body_is_an_api_connection_error(fa
 async def test_slow_response_is_an_api_timeout_error_and_the_retry_is_answered(
     faulty_api: FakeMessagesAPI, stream: bool
 ) -> None:
-    async with anthropic.AsyncAnthropic(api_key=KEY, base_url=faulty_api.url, max_retries=0, timeout=0.3) as client:
+    async with anthropic.AsyncAnthropic(
+        api_key=KEY, base_url=faulty_api.url, max_retries=0, timeout=0.3
+    ) as client:
         with pytest.raises(anthropic.APITimeoutError):
             await (streamed if stream else created)(client, [user("[scenario:faulty]")])
         message = await (streamed if stream else created)(client, [user("[scenario:faulty]")])
@@ -438,13 +484,13 @@ async def test_slow_response_is_an_api_timeout_error_and_the_retry_is_answered(
     assert message.stop_reason == "end_turn"
 
 
-def truncating(mode: str) -> Script:
+def truncating(mode: Literal["max_tokens", "cut"]) -> Script:
     return Script(
         "[scenario:truncated]",
         [
             Reply(
                 [text_block("Writing the report."), tool_use_block("write_file", FILE_INPUT)],
-                faults=[TruncatedStream(mode=mode)],  # type: ignore[arg-type]
+                faults=[TruncatedStream(mode=mode)],
             )
         ],
     )
@@ -577,7 +623,7 @@ async def test_recorded_requests_keep_headers_and_body_and_redact_secrets_on_req
     assert request.model == MODEL
     assert request.stream is False
     assert request.arrived_at <= time.time()
-    redacted = [r for r in api.redacted_requests() if r.script][0]
+    redacted = next(r for r in api.redacted_requests() if r.script)
     assert redacted.headers["authorization"] == "<redacted>"
     assert redacted.body == request.body
     assert len(api.requests_for(MODEL)) == 2
@@ -646,7 +692,9 @@ async def test_demo_brain_calls_up_to_two_offered_tools_then_summarises_their_re
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{}, {"tools": BRAIN_TOOLS, "tool_choice": {"type": "none"}}], ids=["no-tools", "tool-choice-none"]
+    "kwargs",
+    [{}, {"tools": BRAIN_TOOLS, "tool_choice": {"type": "none"}}],
+    ids=["no-tools", "tool-choice-none"],
 )
 async def test_demo_brain_answers_with_text_when_it_may_not_call_tools(
     client: anthropic.AsyncAnthropic, kwargs: dict[str, Any]
@@ -657,7 +705,9 @@ async def test_demo_brain_answers_with_text_when_it_may_not_call_tools(
     assert [block.type for block in message.content] == ["text"]
 
 
-async def test_demo_brain_calls_only_the_tool_a_forced_tool_choice_names(client: anthropic.AsyncAnthropic) -> None:
+async def test_demo_brain_calls_only_the_tool_a_forced_tool_choice_names(
+    client: anthropic.AsyncAnthropic,
+) -> None:
     message = await created(
         client, [user("Go.")], tools=BRAIN_TOOLS, tool_choice={"type": "tool", "name": "never_called"}
     )
@@ -759,7 +809,10 @@ async def test_a_thousand_concurrent_requests_all_wait_out_the_latency_together(
 async def test_child_process_prints_ready_then_serves_scripts_until_sigterm(tmp_path: Path) -> None:
     path = tmp_path / "scripts.yaml"
     path.write_text(yaml.safe_dump(scripts_to_data([TOOL_THEN_ANSWER])))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")])),
+    }
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

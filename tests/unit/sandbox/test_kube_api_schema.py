@@ -1,0 +1,235 @@
+"""CRD schema defaulting, pruning and validation with the real server's messages."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentrun.sandbox.kube_api import KubeAPI
+from tests.support.kube_client import Answer, KubeClient
+from tests.support.kube_testing import WIDGETS, WIDGETS_CRD, widget
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeAPI]:
+    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
+    async with KubeClient(kube.url) as client:
+        yield client
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+GADGETS = "/apis/test.agentrun.dev/v1/gadgets"
+
+
+def gadgets_crd(spec_schema: dict[str, Any]) -> dict[str, Any]:
+    """A cluster-scoped CRD created through the API in a test."""
+    schema = {"type": "object", "properties": {"spec": spec_schema}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gadgets.test.agentrun.dev"},
+        "spec": {
+            "group": "test.agentrun.dev",
+            "scope": "Cluster",
+            "names": {"plural": "gadgets", "kind": "Gadget"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}],
+        },
+    }
+
+
+def causes(answer: Answer) -> list[dict[str, str]]:
+    assert answer.status == 422, answer.body
+    assert answer.body["reason"] == "Invalid"
+    result: list[dict[str, str]] = answer.body["details"]["causes"]
+    return result
+
+
+async def test_invalid_values_are_rejected_with_the_servers_422_message(client: KubeClient) -> None:
+    answer = await client.post(WIDGETS, widget("w1", size=0))
+    assert causes(answer) == [
+        {
+            "reason": "FieldValueInvalid",
+            "message": "Invalid value: 0: spec.size in body should be greater than or equal to 1",
+            "field": "spec.size",
+        }
+    ]
+    assert answer.body["message"] == (
+        'Widget.test.agentrun.dev "w1" is invalid: '
+        "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"
+    )
+    assert answer.body["details"]["kind"] == "Widget"
+    assert answer.body["details"]["group"] == "test.agentrun.dev"
+
+
+async def test_several_problems_are_listed_in_one_message(client: KubeClient) -> None:
+    answer = await client.post(WIDGETS, widget("w1", size=11, mode="turbo"))
+    assert [c["field"] for c in causes(answer)] == ["spec.size", "spec.mode"]
+    assert answer.body["message"] == (
+        'Widget.test.agentrun.dev "w1" is invalid: ['
+        "spec.size: Invalid value: 11: spec.size in body should be less than or equal to 10, "
+        'spec.mode: Unsupported value: "turbo": supported values: "fast", "slow"]'
+    )
+
+
+async def test_a_missing_required_field_is_reported_as_required(client: KubeClient) -> None:
+    body = widget("w1")
+    del body["spec"]["task"]  # type: ignore[attr-defined]
+    answer = await client.post(WIDGETS, body)
+    assert causes(answer) == [{"reason": "FieldValueRequired", "message": "Required value", "field": "spec.task"}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "message"),
+    [
+        ({"size": "big"}, "spec.size", 'Invalid value: "big": spec.size in body must be of type integer: "string"'),
+        ({"task": ""}, "spec.task", 'Invalid value: "": spec.task in body should be at least 1 chars long'),
+        ({"task": "x" * 41}, "spec.task", "Too long: may not be longer than 40"),
+        ({"label": "ABC"}, "spec.label", "Invalid value: \"ABC\": spec.label in body should match '^[a-z]+$'"),
+        ({"ratio": 0}, "spec.ratio", "Invalid value: 0: spec.ratio in body should be greater than 0"),
+        ({"tags": ["a", "b", "c", "d"]}, "spec.tags", "Too many: 4: must have at most 3 items"),
+        ({"tags": ["a", "a"]}, "spec.tags[1]", 'Duplicate value: "a"'),
+        ({"env": {"A": "1", "B": "2", "C": "3"}}, "spec.env", "Too many: 3: must have at most 2 items"),
+        ({"env": {"A": 1}}, "spec.env.A", 'Invalid value: 1: spec.env.A in body must be of type string: "integer"'),
+        ({"port": True}, "spec.port", 'Invalid value: true: spec.port in body must be of type integer,string: "boolean"'),
+        ({"size": 5, "limit": 2}, "spec", 'Invalid value: "object": limit must not be below size'),
+    ],
+)
+async def test_schema_keywords_are_enforced(client: KubeClient, spec: dict[str, Any], field: str, message: str) -> None:
+    answer = await client.post(WIDGETS, widget("w1", **spec))
+    assert {"field": field, "message": message} in [{k: c[k] for k in ("field", "message")} for c in causes(answer)]
+
+
+@pytest.mark.parametrize("port", [8080, "http"])
+async def test_int_or_string_fields_accept_both(client: KubeClient, port: object) -> None:
+    assert (await client.post(WIDGETS, widget("w1", port=port))).status == 201
+
+
+async def test_integers_written_as_whole_floats_are_integers(client: KubeClient) -> None:
+    assert (await client.post(WIDGETS, widget("w1", size=4.0))).status == 201
+
+
+async def test_defaults_are_applied_on_create_including_nested_ones(client: KubeClient) -> None:
+    answer = await client.post(WIDGETS, widget("w1"))
+    spec = answer.body["spec"]
+    assert spec["size"] == 3
+    assert spec["mode"] == "fast"
+    assert spec["options"] == {"retries": 2}
+
+
+async def test_defaults_are_applied_on_update_when_a_field_is_removed(client: KubeClient) -> None:
+    await client.post(WIDGETS, widget("w1", size=7))
+    answer = await client.patch(f"{WIDGETS}/w1", {"spec": {"size": None}})
+    assert answer.body["spec"]["size"] == 3
+
+
+async def test_null_for_a_non_nullable_field_is_dropped_then_defaulted(client: KubeClient) -> None:
+    answer = await client.post(WIDGETS, widget("w1", mode=None))
+    assert answer.body["spec"]["mode"] == "fast"
+
+
+async def test_null_for_a_nullable_field_is_kept(client: KubeClient) -> None:
+    answer = await client.post(WIDGETS, widget("w1", note=None))
+    assert answer.body["spec"]["note"] is None
+
+
+async def test_unknown_fields_are_pruned_with_a_warning_header(client: KubeClient) -> None:
+    body = widget("w1", colour="red")
+    body["topLevel"] = 1
+    body["metadata"]["unknownMeta"] = "x"  # type: ignore[index]
+    answer = await client.post(WIDGETS, body)
+    assert answer.status == 201
+    assert "colour" not in answer.body["spec"]
+    assert "topLevel" not in answer.body
+    assert "unknownMeta" not in answer.body["metadata"]
+    assert sorted(answer.warnings) == sorted(
+        [
+            '299 - "unknown field \\"metadata.unknownMeta\\""',
+            '299 - "unknown field \\"spec.colour\\""',
+            '299 - "unknown field \\"topLevel\\""',
+        ]
+    )
+
+
+async def test_undeclared_status_fields_are_pruned_silently_on_status_writes(client: KubeClient) -> None:
+    await client.post(WIDGETS, widget("w1"))
+    answer = await client.patch(f"{WIDGETS}/w1/status", {"status": {"phase": "Running", "kopf": {"progress": {}}}})
+    assert answer.status == 200
+    assert answer.body["status"] == {"phase": "Running"}
+    assert answer.warnings == ['299 - "unknown field \\"status.kopf\\""']
+
+
+async def test_preserve_unknown_fields_keeps_anything_below_it(client: KubeClient) -> None:
+    answer = await client.post(WIDGETS, widget("w1", extra={"any": {"nested": [1, {"deep": True}]}}))
+    assert answer.body["spec"]["extra"] == {"any": {"nested": [1, {"deep": True}]}}
+    status = await client.patch(f"{WIDGETS}/w1/status", {"status": {"details": {"free": "form"}}})
+    assert status.body["status"]["details"] == {"free": "form"}
+
+
+async def test_status_is_validated_against_the_status_schema(client: KubeClient) -> None:
+    await client.post(WIDGETS, widget("w1"))
+    answer = await client.patch(f"{WIDGETS}/w1/status", {"status": {"conditions": [{"type": "Ready"}]}})
+    assert causes(answer) == [
+        {"reason": "FieldValueRequired", "message": "Required value", "field": "status.conditions[0].status"}
+    ]
+
+
+async def test_strict_field_validation_turns_unknown_fields_into_a_bad_request(client: KubeClient) -> None:
+    answer = await client.post(WIDGETS, widget("w1", colour="red"), params={"fieldValidation": "Strict"})
+    assert answer.status == 400
+    assert 'unknown field "spec.colour"' in answer.body["message"]
+
+
+async def test_cel_immutability_rules_reject_changes_of_the_field(client: KubeClient) -> None:
+    await client.post(WIDGETS, widget("w1"))
+    answer = await client.patch(f"{WIDGETS}/w1", {"spec": {"task": "other"}})
+    assert causes(answer) == [
+        {"reason": "FieldValueInvalid", "message": 'Invalid value: "string": task is immutable', "field": "spec.task"}
+    ]
+    assert (await client.patch(f"{WIDGETS}/w1", {"spec": {"size": 4}})).status == 200
+
+
+async def test_cel_rules_outside_the_supported_subset_are_ignored_with_one_log_line(
+    client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    rule = "self.items.exists_one(i, i == 'only-in-this-test')"
+    crd = gadgets_crd({"type": "object", "x-kubernetes-validations": [{"rule": rule}],
+                       "properties": {"items": {"type": "array", "items": {"type": "string"}}}})  # fmt: skip
+    assert (await client.post(CRDS, crd)).status == 201
+    with caplog.at_level(logging.WARNING, logger="agentrun.sandbox.kube_schema"):
+        for name in ("g1", "g2"):
+            answer = await client.post(GADGETS, {"metadata": {"name": name}, "spec": {"items": []}})
+            assert answer.status == 201  # a real server would refuse: exists_one() finds nothing
+    assert len([r for r in caplog.records if rule in r.getMessage()]) == 1
+
+
+async def test_a_crd_created_through_the_api_is_served_and_validated(client: KubeClient) -> None:
+    created = await client.post(CRDS, gadgets_crd({"type": "object", "properties": {"n": {"type": "integer"}}}))
+    assert created.status == 201
+    conditions = {c["type"]: c["status"] for c in created.body["status"]["conditions"]}
+    assert conditions["Established"] == "True"
+    assert (await client.post(GADGETS, {"metadata": {"name": "g1"}, "spec": {"n": "x"}})).status == 422
+    assert (await client.post(GADGETS, {"metadata": {"name": "g1"}, "spec": {"n": 1}})).status == 201
+    assert [i["metadata"]["name"] for i in (await client.get(GADGETS)).body["items"]] == ["g1"]
+
+
+async def test_a_crd_whose_name_does_not_match_its_names_is_rejected(client: KubeClient) -> None:
+    crd = {
+        "metadata": {"name": "wrong.test.agentrun.dev"},
+        "spec": {
+            "group": "test.agentrun.dev",
+            "scope": "Namespaced",
+            "names": {"plural": "things", "kind": "Thing"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {"type": "object"}}}],
+        },
+    }
+    answer = await client.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    assert answer.status == 422
+    assert answer.body["details"]["causes"][0]["field"] == "metadata.name"
