@@ -41,6 +41,9 @@ typecheck: $(STAMP)
 test: $(STAMP) tools lint typecheck
 	$(BIN)/python -m pytest
 
+chart-test: $(STAMP) tools
+	$(BIN)/python -m pytest tests/chart
+
 crds: $(STAMP)
 	$(BIN)/agentrun crd > crds/agentruns.agentrun.dev.yaml
 	cp crds/agentruns.agentrun.dev.yaml charts/agentrun-operator/crds/agentruns.agentrun.dev.yaml

@@ -10,7 +10,6 @@ import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
@@ -113,8 +112,12 @@ class KubeClient:
         headers: Mapping[str, str] | None = None,
     ) -> Answer:
         payload = data if data is not None else (json.dumps(json_body) if json_body is not None else None)
-        all_headers = {"Content-Type": content_type, **(headers or {})} if payload is not None else dict(headers or {})
-        async with self.session.request(method, path, data=payload, params=params, headers=all_headers) as response:
+        all_headers = (
+            {"Content-Type": content_type, **(headers or {})} if payload is not None else dict(headers or {})
+        )
+        async with self.session.request(
+            method, path, data=payload, params=params, headers=all_headers
+        ) as response:
             text = await response.text()
             try:
                 body: Any = json.loads(text) if text else None
@@ -143,7 +146,9 @@ class KubeClient:
     async def watch(self, path: str, params: Mapping[str, str] | None = None, **headers: str) -> WatchStream:
         """Open ``?watch=true`` on ``path``; the stream closes with the client."""
         query = {"watch": "true", **(params or {})}
-        response = await self.session.get(path, params=query, headers=headers, timeout=aiohttp.ClientTimeout(total=None))
+        response = await self.session.get(
+            path, params=query, headers=headers, timeout=aiohttp.ClientTimeout(total=None)
+        )
         self._open.append(response)
         assert response.status == 200, await response.text()
         return WatchStream(response)

@@ -17,7 +17,7 @@ from agentrun.api.spec import IMMUTABLE_SPEC_FIELDS, AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 
 _DROP = {"title", "$defs", "discriminator"}
-IMMUTABLE_MESSAGE = "is immutable once the AgentRun is created (only cancel, approvals and ttlSecondsAfterFinished may change)"
+IMMUTABLE_MESSAGE = "is immutable once created (only cancel, approvals and ttlSecondsAfterFinished change)"
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
+from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, eventually, widget
 
 
 @pytest.fixture
@@ -22,12 +22,6 @@ async def kube() -> AsyncIterator[KubeAPI]:
 async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
     async with KubeClient(kube.url) as client:
         yield client
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 3.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.01)
 
 
 async def gone(client: KubeClient, path: str) -> bool:
@@ -133,7 +127,9 @@ async def test_a_dependent_with_another_living_owner_survives_and_loses_the_dang
     await eventually(reference_dropped)
 
 
-async def test_orphan_propagation_keeps_dependents_and_strips_their_owner_references(client: KubeClient) -> None:
+async def test_orphan_propagation_keeps_dependents_and_strips_their_owner_references(
+    client: KubeClient,
+) -> None:
     owner = (await client.post(WIDGETS, widget("w1"))).body
     await client.post(CONFIGMAPS, owned_by(owner, "child"))
     await client.delete(f"{WIDGETS}/w1", {"propagationPolicy": "Orphan"})

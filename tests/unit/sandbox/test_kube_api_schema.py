@@ -40,7 +40,9 @@ def gadgets_crd(spec_schema: dict[str, Any]) -> dict[str, Any]:
             "group": "test.agentrun.dev",
             "scope": "Cluster",
             "names": {"plural": "gadgets", "kind": "Gadget"},
-            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}],
+            "versions": [
+                {"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}
+            ],
         },
     }
 
@@ -83,28 +85,50 @@ async def test_a_missing_required_field_is_reported_as_required(client: KubeClie
     body = widget("w1")
     del body["spec"]["task"]  # type: ignore[attr-defined]
     answer = await client.post(WIDGETS, body)
-    assert causes(answer) == [{"reason": "FieldValueRequired", "message": "Required value", "field": "spec.task"}]
+    assert causes(answer) == [
+        {"reason": "FieldValueRequired", "message": "Required value", "field": "spec.task"}
+    ]
 
 
 @pytest.mark.parametrize(
     ("spec", "field", "message"),
     [
-        ({"size": "big"}, "spec.size", 'Invalid value: "big": spec.size in body must be of type integer: "string"'),
+        (
+            {"size": "big"},
+            "spec.size",
+            'Invalid value: "big": spec.size in body must be of type integer: "string"',
+        ),
         ({"task": ""}, "spec.task", 'Invalid value: "": spec.task in body should be at least 1 chars long'),
         ({"task": "x" * 41}, "spec.task", "Too long: may not be longer than 40"),
-        ({"label": "ABC"}, "spec.label", "Invalid value: \"ABC\": spec.label in body should match '^[a-z]+$'"),
+        (
+            {"label": "ABC"},
+            "spec.label",
+            "Invalid value: \"ABC\": spec.label in body should match '^[a-z]+$'",
+        ),
         ({"ratio": 0}, "spec.ratio", "Invalid value: 0: spec.ratio in body should be greater than 0"),
         ({"tags": ["a", "b", "c", "d"]}, "spec.tags", "Too many: 4: must have at most 3 items"),
         ({"tags": ["a", "a"]}, "spec.tags[1]", 'Duplicate value: "a"'),
         ({"env": {"A": "1", "B": "2", "C": "3"}}, "spec.env", "Too many: 3: must have at most 2 items"),
-        ({"env": {"A": 1}}, "spec.env.A", 'Invalid value: 1: spec.env.A in body must be of type string: "integer"'),
-        ({"port": True}, "spec.port", 'Invalid value: true: spec.port in body must be of type integer,string: "boolean"'),
+        (
+            {"env": {"A": 1}},
+            "spec.env.A",
+            'Invalid value: 1: spec.env.A in body must be of type string: "integer"',
+        ),
+        (
+            {"port": True},
+            "spec.port",
+            'Invalid value: true: spec.port in body must be of type integer,string: "boolean"',
+        ),
         ({"size": 5, "limit": 2}, "spec", 'Invalid value: "object": limit must not be below size'),
     ],
 )
-async def test_schema_keywords_are_enforced(client: KubeClient, spec: dict[str, Any], field: str, message: str) -> None:
+async def test_schema_keywords_are_enforced(
+    client: KubeClient, spec: dict[str, Any], field: str, message: str
+) -> None:
     answer = await client.post(WIDGETS, widget("w1", **spec))
-    assert {"field": field, "message": message} in [{k: c[k] for k in ("field", "message")} for c in causes(answer)]
+    assert {"field": field, "message": message} in [
+        {k: c[k] for k in ("field", "message")} for c in causes(answer)
+    ]
 
 
 @pytest.mark.parametrize("port", [8080, "http"])
@@ -160,7 +184,9 @@ async def test_unknown_fields_are_pruned_with_a_warning_header(client: KubeClien
 
 async def test_undeclared_status_fields_are_pruned_silently_on_status_writes(client: KubeClient) -> None:
     await client.post(WIDGETS, widget("w1"))
-    answer = await client.patch(f"{WIDGETS}/w1/status", {"status": {"phase": "Running", "kopf": {"progress": {}}}})
+    answer = await client.patch(
+        f"{WIDGETS}/w1/status", {"status": {"phase": "Running", "kopf": {"progress": {}}}}
+    )
     assert answer.status == 200
     assert answer.body["status"] == {"phase": "Running"}
     assert answer.warnings == ['299 - "unknown field \\"status.kopf\\""']
@@ -191,7 +217,11 @@ async def test_cel_immutability_rules_reject_changes_of_the_field(client: KubeCl
     await client.post(WIDGETS, widget("w1"))
     answer = await client.patch(f"{WIDGETS}/w1", {"spec": {"task": "other"}})
     assert causes(answer) == [
-        {"reason": "FieldValueInvalid", "message": 'Invalid value: "string": task is immutable', "field": "spec.task"}
+        {
+            "reason": "FieldValueInvalid",
+            "message": 'Invalid value: "string": task is immutable',
+            "field": "spec.task",
+        }
     ]
     assert (await client.patch(f"{WIDGETS}/w1", {"spec": {"size": 4}})).status == 200
 
@@ -200,8 +230,13 @@ async def test_cel_rules_outside_the_supported_subset_are_ignored_with_one_log_l
     client: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     rule = "self.items.exists_one(i, i == 'only-in-this-test')"
-    crd = gadgets_crd({"type": "object", "x-kubernetes-validations": [{"rule": rule}],
-                       "properties": {"items": {"type": "array", "items": {"type": "string"}}}})  # fmt: skip
+    crd = gadgets_crd(
+        {
+            "type": "object",
+            "x-kubernetes-validations": [{"rule": rule}],
+            "properties": {"items": {"type": "array", "items": {"type": "string"}}},
+        }
+    )
     assert (await client.post(CRDS, crd)).status == 201
     with caplog.at_level(logging.WARNING, logger="agentrun.sandbox.kube_schema"):
         for name in ("g1", "g2"):
@@ -211,7 +246,9 @@ async def test_cel_rules_outside_the_supported_subset_are_ignored_with_one_log_l
 
 
 async def test_a_crd_created_through_the_api_is_served_and_validated(client: KubeClient) -> None:
-    created = await client.post(CRDS, gadgets_crd({"type": "object", "properties": {"n": {"type": "integer"}}}))
+    created = await client.post(
+        CRDS, gadgets_crd({"type": "object", "properties": {"n": {"type": "integer"}}})
+    )
     assert created.status == 201
     conditions = {c["type"]: c["status"] for c in created.body["status"]["conditions"]}
     assert conditions["Established"] == "True"
@@ -227,7 +264,14 @@ async def test_a_crd_whose_name_does_not_match_its_names_is_rejected(client: Kub
             "group": "test.agentrun.dev",
             "scope": "Namespaced",
             "names": {"plural": "things", "kind": "Thing"},
-            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {"type": "object"}}}],
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object"}},
+                }
+            ],
         },
     }
     answer = await client.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)

@@ -10,12 +10,14 @@ import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI, KubeEmulator
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import ALL_WIDGETS, CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
+from tests.support.kube_testing import ALL_WIDGETS, CONFIGMAPS, WIDGETS, WIDGETS_CRD, eventually, widget
 
 
 @pytest.fixture
 async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD], emulator=KubeEmulator(watch_history_limit=20)) as kube:
+    async with KubeAPI.running(
+        crd_paths=[WIDGETS_CRD], emulator=KubeEmulator(watch_history_limit=20)
+    ) as kube:
         yield kube
 
 
@@ -91,7 +93,9 @@ async def test_lists_page_with_limit_and_continue(client: KubeClient) -> None:
     first = await client.get(CONFIGMAPS, params={"limit": "3"})
     assert [i["metadata"]["name"] for i in first.body["items"]] == ["a", "b", "c"]
     assert first.body["metadata"]["remainingItemCount"] == 1
-    second = await client.get(CONFIGMAPS, params={"limit": "3", "continue": first.body["metadata"]["continue"]})
+    second = await client.get(
+        CONFIGMAPS, params={"limit": "3", "continue": first.body["metadata"]["continue"]}
+    )
     assert [i["metadata"]["name"] for i in second.body["items"]] == ["d"]
     assert "continue" not in second.body["metadata"]
 
@@ -115,7 +119,10 @@ async def test_a_watch_from_a_resource_version_streams_only_newer_events(client:
     await client.patch(f"{WIDGETS}/w1", {"spec": {"size": 5}})
     stream = await client.watch(WIDGETS, {"resourceVersion": listed.rv})
     events = await stream.take(2)
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "w2"), ("MODIFIED", "w1")]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "w2"),
+        ("MODIFIED", "w1"),
+    ]
     assert int(events[0]["object"]["metadata"]["resourceVersion"]) > int(listed.rv)
 
 
@@ -132,7 +139,9 @@ async def test_a_watch_from_a_compacted_resource_version_gets_410_expired(client
     assert await stream.next() is None
 
 
-async def test_watch_selectors_turn_objects_leaving_the_selection_into_deleted_events(client: KubeClient) -> None:
+async def test_watch_selectors_turn_objects_leaving_the_selection_into_deleted_events(
+    client: KubeClient,
+) -> None:
     stream = await client.watch(CONFIGMAPS, {"labelSelector": "app=web"})
     await client.post(CONFIGMAPS, {"metadata": {"name": "c1", "labels": {"app": "db"}}})
     await client.patch(f"{CONFIGMAPS}/c1", {"metadata": {"labels": {"app": "web"}}})
@@ -170,7 +179,8 @@ async def test_a_watch_ends_after_timeout_seconds(client: KubeClient) -> None:
 async def test_send_initial_events_ends_the_initial_state_with_a_bookmark(client: KubeClient) -> None:
     await client.post(WIDGETS, widget("w1"))
     stream = await client.watch(
-        WIDGETS, {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true"}
+        WIDGETS,
+        {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true"},
     )
     added, bookmark = await stream.take(2)
     assert added["type"] == "ADDED"
@@ -190,6 +200,8 @@ async def test_closing_the_client_side_of_a_watch_releases_the_server_side(kube:
     async with KubeClient(kube.url) as client:
         await client.watch(CONFIGMAPS, {"resourceVersion": "1"})
         assert sum(len(w) for w in kube.emulator._watchers.values()) == 1
-    async with asyncio.timeout(3):
-        while sum(len(w) for w in kube.emulator._watchers.values()):
-            await asyncio.sleep(0.01)
+
+    async def released() -> bool:
+        return not any(kube.emulator._watchers.values())
+
+    await eventually(released, what="the watcher to be released")

@@ -1,0 +1,245 @@
+"""Discovery, the request log, pod logs, and real clients (kubectl, kubernetes_asyncio) on the emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from agentrun.sandbox.kube_api import KubeAPI
+from tests.support.kube_client import KubeClient
+from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeAPI]:
+    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
+    async with KubeClient(kube.url) as client:
+        yield client
+
+
+def resource(listing: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(r for r in listing["resources"] if r["name"] == name)
+    return found
+
+
+async def test_core_discovery_lists_namespaces_as_cluster_scoped_and_the_rest_as_namespaced(
+    client: KubeClient,
+) -> None:
+    assert (await client.get("/api")).body["versions"] == ["v1"]
+    core = (await client.get("/api/v1")).body
+    assert core["kind"] == "APIResourceList"
+    namespaces = resource(core, "namespaces")
+    assert namespaces["namespaced"] is False
+    assert namespaces["kind"] == "Namespace"
+    assert namespaces["shortNames"] == ["ns"]
+    for name in ("configmaps", "secrets", "events", "pods", "serviceaccounts"):
+        assert resource(core, name)["namespaced"] is True
+    assert resource(core, "pods/log")["verbs"] == ["get"]
+    assert set(resource(core, "configmaps")["verbs"]) == {
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    }
+
+
+async def test_group_discovery_lists_builtin_groups_and_crd_groups_with_the_preferred_version_first(
+    client: KubeClient,
+) -> None:
+    groups = {g["name"]: g for g in (await client.get("/apis")).body["groups"]}
+    assert {"apiextensions.k8s.io", "coordination.k8s.io", "events.k8s.io", "test.agentrun.dev"} <= set(
+        groups
+    )
+    widgets = groups["test.agentrun.dev"]
+    assert [v["version"] for v in widgets["versions"]] == ["v1", "v1beta1"]
+    assert widgets["preferredVersion"]["version"] == "v1"
+    assert (await client.get("/apis/test.agentrun.dev")).body["name"] == "test.agentrun.dev"
+
+
+async def test_crd_resources_are_discoverable_with_kind_scope_names_categories_and_subresources(
+    client: KubeClient,
+) -> None:
+    listing = (await client.get("/apis/test.agentrun.dev/v1")).body
+    widgets = resource(listing, "widgets")
+    assert widgets["kind"] == "Widget"
+    assert widgets["singularName"] == "widget"
+    assert widgets["namespaced"] is True
+    assert widgets["shortNames"] == ["wg"]
+    assert widgets["categories"] == ["testing"]
+    assert resource(listing, "widgets/status")["verbs"] == ["get", "patch", "update"]
+    crds = resource((await client.get("/apis/apiextensions.k8s.io/v1")).body, "customresourcedefinitions")
+    assert crds["namespaced"] is False
+    leases = resource((await client.get("/apis/coordination.k8s.io/v1")).body, "leases")
+    assert leases["namespaced"] is True
+
+
+async def test_unknown_groups_and_paths_answer_404_statuses(client: KubeClient) -> None:
+    assert (await client.get("/apis/nothing.example.com/v1")).status == 404
+    answer = await client.get("/api/v1/namespaces/default/gizmos")
+    assert answer.status == 404
+    assert answer.body["reason"] == "NotFound"
+
+
+async def test_the_request_log_records_verbs_resources_and_identities(
+    kube: KubeAPI, client: KubeClient
+) -> None:
+    impersonation = {"Impersonate-User": "system:serviceaccount:default:runner"}
+    await client.post(WIDGETS, widget("w1"), headers=impersonation)
+    await client.patch(f"{WIDGETS}/w1/status", {"status": {"phase": "Running"}})
+    await client.get(WIDGETS, params={"labelSelector": "a=b"})
+    await client.get(f"{WIDGETS}/w1")
+    await client.put(f"{WIDGETS}/w1", widget("w1"))
+    await client.delete(f"{WIDGETS}/w1")
+    stream = await client.watch("/api/v1/namespaces", {"timeoutSeconds": "1"})
+    await stream.take(1)
+    await client.get("/version")
+    log = kube.emulator.request_log
+    assert [(r.verb, r.group, r.resource, r.subresource) for r in log] == [
+        ("create", "test.agentrun.dev", "widgets", None),
+        ("patch", "test.agentrun.dev", "widgets", "status"),
+        ("list", "test.agentrun.dev", "widgets", None),
+        ("get", "test.agentrun.dev", "widgets", None),
+        ("update", "test.agentrun.dev", "widgets", None),
+        ("delete", "test.agentrun.dev", "widgets", None),
+        ("watch", "", "namespaces", None),
+        ("get", None, None, None),
+    ]
+    first = log[0]
+    assert (first.method, first.namespace, first.name) == ("POST", "default", None)
+    assert first.impersonate_user == "system:serviceaccount:default:runner"
+    assert first.authorization == "Bearer kube-emulator-token"
+    assert first.content_type == "application/json"
+    assert first.status == 201
+    assert log[1].content_type == "application/merge-patch+json"
+    assert log[2].query == {"labelSelector": "a=b"}
+    assert kube.emulator.rbac_usage() >= {
+        ("test.agentrun.dev", "widgets/status", "patch"),
+        ("", "namespaces", "watch"),
+    }
+
+
+async def test_pod_logs_serve_the_configured_text(kube: KubeAPI, client: KubeClient) -> None:
+    await client.post(
+        "/api/v1/namespaces/default/pods", {"metadata": {"name": "p1"}, "spec": {"containers": []}}
+    )
+    kube.emulator.set_pod_log("default", "p1", "line 1\nline 2\nline 3\n")
+    answer = await client.get("/api/v1/namespaces/default/pods/p1/log")
+    assert answer.status == 200
+    assert answer.headers["Content-Type"].startswith("text/plain")
+    assert answer.body == "line 1\nline 2\nline 3\n"
+    tail = await client.get("/api/v1/namespaces/default/pods/p1/log", params={"tailLines": "1"})
+    assert tail.body == "line 3\n"
+    assert (await client.get("/api/v1/namespaces/default/pods/ghost/log")).status == 404
+
+
+async def test_kubernetes_asyncio_works_through_the_kubeconfig(kube: KubeAPI) -> None:
+    api_client = await k8s_config.new_client_from_config(config_file=str(kube.kubeconfig_path))
+    async with api_client:
+        core = k8s_client.CoreV1Api(api_client)
+        namespaces = await core.list_namespace()
+        assert "default" in [ns.metadata.name for ns in namespaces.items]
+        custom = k8s_client.CustomObjectsApi(api_client)
+        await custom.create_namespaced_custom_object(
+            "test.agentrun.dev", "v1", "default", "widgets", widget("w1")
+        )
+        # The stubs do not declare _content_type, but the generated client honours it; without it,
+        # the client sends a JSON patch, which a dict body cannot be (400).
+        patched = await custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+            "test.agentrun.dev",
+            "v1",
+            "default",
+            "widgets",
+            "w1",
+            {"status": {"phase": "Running"}},
+            _content_type="application/merge-patch+json",
+        )
+        assert patched["status"] == {"phase": "Running"}
+
+
+kubectl_missing = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+
+
+async def kubectl(kube: KubeAPI, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        "kubectl",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KUBECONFIG": str(kube.kubeconfig_path)},
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode() if stdin else None), 20)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+@kubectl_missing
+async def test_kubectl_gets_namespaces_and_custom_resources_with_printer_columns(
+    kube: KubeAPI, client: KubeClient
+) -> None:
+    await client.post(WIDGETS, widget("w1", size=4))
+    await client.patch(
+        f"{WIDGETS}/w1/status",
+        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+    )
+    code, out, err = await kubectl(kube, "get", "ns")
+    assert code == 0, err
+    assert "default" in out and "Active" in out
+    code, out, err = await kubectl(kube, "get", "widgets")
+    assert code == 0, err
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "PHASE", "SIZE", "READY", "AGE"]
+    assert row.split()[:4] == ["w1", "Running", "4", "True"]
+    code, out, err = await kubectl(kube, "get", "wg", "w1", "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["spec"]["size"] == 4
+
+
+@kubectl_missing
+async def test_kubectl_creates_patches_waits_for_and_deletes_custom_resources(
+    kube: KubeAPI, client: KubeClient
+) -> None:
+    manifest = json.dumps(widget("w1"))
+    code, _, err = await kubectl(kube, "create", "--validate=false", "-f", "-", stdin=manifest)
+    assert code == 0, err
+    code, _, err = await kubectl(kube, "patch", "widget", "w1", "--type=merge", "-p", '{"spec":{"size":6}}')
+    assert code == 0, err
+    await client.patch(
+        f"{WIDGETS}/w1/status", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    )
+    code, _, err = await kubectl(kube, "wait", "--for=condition=Ready", "widget/w1", "--timeout=5s")
+    assert code == 0, err
+    code, _, err = await kubectl(kube, "delete", "widget", "w1", "--timeout=5s")
+    assert code == 0, err
+    assert (await client.get(f"{WIDGETS}/w1")).status == 404
+
+
+@kubectl_missing
+async def test_kubectl_apply_works_with_validation_turned_off(kube: KubeAPI, client: KubeClient) -> None:
+    manifest = json.dumps(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1"}, "data": {"a": "1"}}
+    )
+    code, _, err = await kubectl(kube, "apply", "--validate=false", "-f", "-", stdin=manifest)
+    assert code == 0, err
+    code, _, err = await kubectl(
+        kube, "apply", "--validate=false", "-f", "-", stdin=manifest.replace('"1"', '"2"')
+    )
+    assert code == 0, err
+    assert (await client.get(f"{CONFIGMAPS}/c1")).body["data"] == {"a": "2"}

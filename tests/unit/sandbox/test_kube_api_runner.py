@@ -1,0 +1,82 @@
+"""Both ways to run the emulator: in-process and as a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+import agentrun
+from agentrun.sandbox.kube_api import KubeAPI, KubeEmulator
+from tests.support.kube_client import KubeClient
+from tests.support.kube_testing import WIDGETS, WIDGETS_CRD, widget
+
+
+async def test_the_in_process_runner_serves_on_a_free_port_and_writes_a_kubeconfig() -> None:
+    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
+        assert kube.url.startswith("http://127.0.0.1:")
+        config = yaml.safe_load(kube.kubeconfig_path.read_text())
+        assert config["current-context"] == "kube-emulator"
+        assert config["clusters"][0]["cluster"] == {"server": kube.url, "insecure-skip-tls-verify": True}
+        assert config["users"][0]["user"]["token"] == kube.token
+        async with KubeClient(kube.url) as client:
+            assert (await client.post(WIDGETS, widget("w1"))).status == 201
+        assert kube.emulator.get_object("widgets", "default", "w1") is not None
+    assert not kube.kubeconfig_path.exists()  # the temporary kubeconfig is cleaned up
+
+
+async def test_objects_can_be_seeded_and_inspected_without_http() -> None:
+    emulator = KubeEmulator()
+    emulator.load_crd(WIDGETS_CRD)
+    emulator.load_crd(WIDGETS_CRD)  # loading again replaces the CRD instead of failing
+    created = emulator.create_object("widgets", widget("w1"), namespace="default")
+    assert created["metadata"]["uid"]
+    emulator.patch_object("widgets", "default", "w1", {"status": {"phase": "Done"}}, subresource="status")
+    assert [w["status"]["phase"] for w in emulator.list_objects("widgets")] == ["Done"]
+    emulator.delete_object("widgets", "default", "w1")
+    assert emulator.get_object("widgets", "default", "w1") is None
+    async with KubeAPI.running(emulator=emulator) as kube, KubeClient(kube.url) as client:
+        assert (await client.get("/apis/test.agentrun.dev/v1")).status == 200
+
+
+async def test_the_command_line_prints_ready_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kube.yaml"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(agentrun.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agentrun.sandbox.kube_api",
+        "--port",
+        "0",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--crd",
+        str(WIDGETS_CRD),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode().strip()
+        assert line.startswith("READY http://127.0.0.1:")
+        url = line.split()[1]
+        assert yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"] == url
+        async with KubeClient(url) as client:
+            assert (await client.post(WIDGETS, widget("w1"))).status == 201
+            assert (await client.get(f"{WIDGETS}/w1")).body["spec"]["size"] == 3
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
