@@ -31,8 +31,8 @@ tools:
 	bash scripts/install-tools.sh $(TOOLS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator tests
+	$(BIN)/ruff format --check operator tests
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)

@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
