@@ -39,11 +39,14 @@ too naive for a real operator (see design.md, "Kopf against a real API server"),
   any state change, and a request log (:attr:`KubeEmulator.request_log`) with the RBAC view of each call.
 
 Not emulated: authentication and RBAC (every request is allowed; identities are only recorded),
-admission webhooks, server-side apply (415), OpenAPI documents (so ``kubectl apply`` needs
-``--validate=false`` and ``kubectl explain`` does not work), validation ratcheting, multi-version
+admission webhooks, server-side apply (415), protobuf and CBOR bodies (415, so typed kubectl generators
+such as ``kubectl create namespace x`` fail; ``kubectl create -f`` / ``apply -f`` work), OpenAPI v2 and
+the built-in kinds' schemas (a minimal OpenAPI v3 is published: enough for kubectl's validation
+handshake and for ``kubectl explain`` on custom resources), validation ratcheting, multi-version
 conversion beyond rewriting ``apiVersion``, periodic watch bookmarks, ``managedFields``, the real
-per-type field selectors of built-ins (any dotted path is accepted), events.k8s.io and core events
-sharing storage (they are separate here), kubelets (pods never run).
+per-type field selectors of built-ins (any dotted path is accepted), shared storage of core and
+events.k8s.io events (they are separate here), ``Foreground`` deletion (treated as background),
+kubelets (pods never run).
 
 Running it:
 
@@ -60,8 +63,17 @@ Running it:
 
    prints one line ``READY http://127.0.0.1:PORT`` once it listens and runs until SIGTERM/SIGINT.
 
-User reactions added through kmock's DSL (``emulator['get /version'] << {...}``) take precedence and
-replace the emulator's behaviour for the requests they match (no state change happens for those).
+   ``--auto-namespaces`` lets objects be created in namespaces that do not exist.
+
+Without HTTP, ``create_object``, ``get_object``, ``list_objects``, ``patch_object``, ``delete_object``
+and ``load_crd`` seed and inspect state with the same semantics (errors raise :class:`ApiError`).
+
+Memory stays bounded for long benchmark runs: ``history_limit`` versions per object in ``objects``,
+``watch_history_limit`` events per resource, ``kmock_request_limit`` raw requests (and, if set,
+``request_log_limit`` records). User reactions added through kmock's DSL
+(``emulator['get /version'] << {...}``) take precedence and replace the emulator's behaviour for the
+requests they match (no state change happens for those); kmock matches them by scanning every earlier
+request, so keep them for small tests.
 """
 
 from __future__ import annotations
@@ -90,7 +102,7 @@ import attrs
 import kmock
 import yaml
 
-from agentrun.sandbox import kube_patch, kube_schema, kube_tables
+from agentrun.sandbox import kube_openapi, kube_patch, kube_schema, kube_tables
 from agentrun.sandbox.kube_faults import Faults
 from agentrun.sandbox.kube_http import (
     ApiError,
@@ -135,7 +147,6 @@ _SYSTEM_META = (
 _MERGE = "application/merge-patch+json"
 _JSON_PATCH = "application/json-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
-_APPLY = "application/apply-patch+yaml"
 _INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _ACTIONS = {
     "get": kmock.action.FETCH,
@@ -208,8 +219,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     history_limit: int | None = 100
     #: Watch events kept per resource for ``resourceVersion`` resumption; older ones answer 410.
     watch_history_limit: int = 10_000
-    #: Requests kept in :attr:`request_log` and kmock's own list (None: unbounded).
+    #: Records kept in :attr:`request_log` (None: unbounded; a record is small).
     request_log_limit: int | None = None
+    #: Requests kept in kmock's own list for its DSL assertions; each holds the raw request (~8 KiB).
+    kmock_request_limit: int | None = 2_000
     #: Refuse namespaced objects in namespaces that do not exist, as the real server does.
     require_namespaces: bool = True
     server_version: str = "v1.33.0"
@@ -233,6 +246,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _server_address: str = attrs.field(default="127.0.0.1:0", init=False)
     _pending: set[asyncio.Handle] = attrs.field(factory=set, init=False)
     _kmock_resources: dict[tuple[str, str, str], kmock.resource] = attrs.field(factory=dict, init=False)
+    _served: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         # Deliberately not calling super(): kmock's fallbacks would serve its naive store. Every Kubernetes
@@ -316,7 +330,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return candidates[0]
 
     # ----------------------------------------------------------------------------------------------------
-    # Public helpers for tests, benchmarks and the demo (no HTTP involved, same semantics).
+    # Public helpers for tests, benchmarks and the demo: no HTTP involved, the same semantics (they raise
+    # ApiError where the server would answer an error) and private copies of the objects.
 
     def load_crd(self, source: Mapping[str, Any] | str | pathlib.Path) -> list[ResourceType]:
         """Create CRDs from a dict or a YAML file (all CRD documents in it); returns the served types."""
@@ -346,18 +361,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         rtype = self.resolve(resource)
         namespace = (namespace or _meta(body).get("namespace")) if rtype.namespaced else None
         reply = self._op_create(rtype, namespace, dict(body), {})
-        return dict(reply.body)
+        return dict(kube_patch.clone(reply.body))
 
     def get_object(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         rtype = self.resolve(resource)
         obj = self._live.get(rtype.key, {}).get((namespace if rtype.namespaced else None, name))
-        return None if obj is None else self._present(rtype, obj)
+        return None if obj is None else dict(kube_patch.clone(self._present(rtype, obj)))
 
     def list_objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         rtype = self.resolve(resource)
         objs = self._live.get(rtype.key, {})
         return [
-            self._present(rtype, o)
+            dict(kube_patch.clone(self._present(rtype, o)))
             for k, o in sorted(objs.items(), key=_sort_key)
             if namespace in (None, k[0])
         ]
@@ -368,7 +383,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """Merge-patch (a dict) or JSON-patch (a list) an object, e.g. to play a controller in a test."""
         rtype = self.resolve(resource)
         content_type = _MERGE if isinstance(patch, Mapping) else _JSON_PATCH
-        return dict(self._op_patch(rtype, namespace, name, patch, content_type, subresource, {}).body)
+        reply = self._op_patch(rtype, namespace, name, patch, content_type, subresource, {})
+        return dict(kube_patch.clone(reply.body))
 
     def delete_object(self, resource: str, namespace: str | None, name: str) -> None:
         rtype = self.resolve(resource)
@@ -404,7 +420,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         ``errors`` (re-raised on exit when ``strict``), as kmock does.
         """
         try:
-            if self.limit is not None and len(self._requests) >= self.limit:
+            self._served += 1
+            if self.limit is not None and self._served > self.limit:
                 raise RuntimeError("Too many requests have been served so far.")
             request = await self._parse_request(raw_request)
             self._requests.append(request)
@@ -427,11 +444,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         query = dict(raw.query)
         resource = None
         if route.kind == "resource":
-            resource = kmock.resource(group=route.group, version=route.version, plural=route.plural)
+            key = (route.group or "", route.version or "", route.plural or "")
+            resource = self._kmock_resources.get(key) or self._kmock_resources.setdefault(
+                key, kmock.resource(*key)
+            )
         verb = rbac_verb(raw.method, route, query)
         action = _ACTIONS.get(verb) if route.kind == "resource" else None
         return kmock.Request(
-            id=len(self._requests),
+            id=self._served - 1,
             raw_request=raw,
             method=raw.method,
             url=raw.url,
@@ -502,13 +522,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             route=route,
         )
         self.request_log.append(record)
-        if self.request_log_limit is not None:
-            excess = len(self.request_log) - self.request_log_limit
-            if excess > 0:
-                del self.request_log[:excess]
-            excess = len(self._requests) - self.request_log_limit
-            if excess > 0:
-                del self._requests[:excess]
+        # Trim in chunks: deleting from the head of a list is linear in its length.
+        if self.request_log_limit is not None and len(self.request_log) > self.request_log_limit * 1.1 + 10:
+            del self.request_log[: len(self.request_log) - self.request_log_limit]
+        if self.kmock_request_limit is not None and len(self._requests) > self.kmock_request_limit * 1.1 + 10:
+            del self._requests[: len(self._requests) - self.kmock_request_limit]
         return record
 
     def _respond(self, record: RequestRecord, reply: Reply) -> aiohttp.web.Response:
@@ -550,9 +568,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         content_type = _header(headers, "Content-Type")
         allowed = {"status": {"get", "update", "patch"}, "log": {"get"}, "finalize": {"update"}}
         if (sub is not None and verb not in allowed.get(sub, set())) or verb not in rtype.verbs:
-            raise ApiError(
-                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
-            )
+            raise ApiError.method_not_allowed()
         namespace, name = route.namespace, route.name
         match verb:
             case "get" if sub == "log":
@@ -570,11 +586,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return self._plan_watch(rtype, namespace, name, query, table=kube_tables.wants_table(accept))
             case "create":
                 if name is not None:
-                    raise ApiError(
-                        405,
-                        "MethodNotAllowed",
-                        "the server does not allow this method on the requested resource",
-                    )
+                    raise ApiError.method_not_allowed()
                 return self._op_create(rtype, namespace, decode_body(body, content_type), query)
             case "update":
                 return self._op_update(
@@ -582,13 +594,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
             case "patch":
                 patch_type = (content_type or "").split(";")[0].strip().lower()
-                if patch_type in (_APPLY, "application/apply-patch+cbor") or patch_type not in (
-                    _MERGE,
-                    _JSON_PATCH,
-                    _STRATEGIC,
-                ):
-                    raise _unsupported_media(rtype, patch_type)
-                if patch_type == _STRATEGIC and not rtype.strategic_merge:
+                accepted = (
+                    (_MERGE, _JSON_PATCH, _STRATEGIC) if rtype.strategic_merge else (_MERGE, _JSON_PATCH)
+                )
+                if patch_type not in accepted:  # server-side apply included
                     raise _unsupported_media(rtype, patch_type)
                 return self._op_patch(
                     rtype, namespace, name or "", decode_body(body, None), patch_type, sub, query
@@ -603,9 +612,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return self._op_delete_collection(
                     rtype, namespace, options if isinstance(options, dict) else {}, query
                 )
-        raise ApiError(
-            405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
-        )
+        raise ApiError.method_not_allowed()
 
     def _serve_other(self, route: ApiRoute, record: RequestRecord) -> Reply:
         path = record.path.rstrip("/") or "/"
@@ -627,6 +634,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
         if path in ("/healthz", "/livez", "/readyz"):
             return Reply(200, text="ok")
+        if path == "/openapi/v3":
+            return Reply(200, kube_openapi.index(t for t in self._types.values() if t.served))
+        if path.startswith("/openapi/v3/"):
+            doc_path = path.removeprefix("/openapi/v3/")
+            members = [t for t in self._types.values() if t.served and kube_openapi._doc_path(t) == doc_path]
+            if members:
+                return Reply(200, kube_openapi.document(members))
         if path == "/":
             paths = {"/api", "/api/v1", "/apis", "/version", "/healthz", "/livez", "/readyz"}
             paths |= {f"/apis/{t.group}" for t in self._types.values() if t.group}

@@ -202,6 +202,10 @@ class ApiError(Exception):
         )
 
     @classmethod
+    def method_not_allowed(cls) -> ApiError:
+        return cls(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    @classmethod
     def bad_request(cls, message: str) -> ApiError:
         return cls(400, "BadRequest", message)
 
@@ -210,6 +214,14 @@ def decode_body(body: bytes, content_type: str | None) -> Any:
     """JSON (or YAML, which kubectl can send) request bodies; 400 on garbage like the real server."""
     if not body.strip():
         return None
+    if content_type and ("protobuf" in content_type or "cbor" in content_type):
+        # Typed Go clients (e.g. `kubectl create namespace`) send protobuf; decoding it needs the
+        # Kubernetes protobuf schemas, which the emulator does not carry.
+        raise ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the kube emulator accepts only JSON and YAML bodies, not {content_type}",
+        )
     if content_type and "yaml" in content_type:
         import yaml  # only for the rare YAML bodies
 

@@ -15,7 +15,7 @@ from kubernetes_asyncio import config as k8s_config
 
 from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
+from tests.support.kube_testing import WIDGETS, WIDGETS_CRD, widget
 
 
 @pytest.fixture
@@ -100,7 +100,10 @@ async def test_unknown_groups_and_paths_answer_404_statuses(client: KubeClient) 
 async def test_the_request_log_records_verbs_resources_and_identities(
     kube: KubeAPI, client: KubeClient
 ) -> None:
-    impersonation = {"Impersonate-User": "system:serviceaccount:default:runner"}
+    impersonation = {
+        "Impersonate-User": "system:serviceaccount:default:runner",
+        "Impersonate-Group": "runners",
+    }
     await client.post(WIDGETS, widget("w1"), headers=impersonation)
     await client.patch(f"{WIDGETS}/w1/status", {"status": {"phase": "Running"}})
     await client.get(WIDGETS, params={"labelSelector": "a=b"})
@@ -124,6 +127,7 @@ async def test_the_request_log_records_verbs_resources_and_identities(
     first = log[0]
     assert (first.method, first.namespace, first.name) == ("POST", "default", None)
     assert first.impersonate_user == "system:serviceaccount:default:runner"
+    assert first.impersonate_groups == ("runners",)
     assert first.authorization == "Bearer kube-emulator-token"
     assert first.content_type == "application/json"
     assert first.status == 201
@@ -216,8 +220,7 @@ async def test_kubectl_gets_namespaces_and_custom_resources_with_printer_columns
 async def test_kubectl_creates_patches_waits_for_and_deletes_custom_resources(
     kube: KubeAPI, client: KubeClient
 ) -> None:
-    manifest = json.dumps(widget("w1"))
-    code, _, err = await kubectl(kube, "create", "--validate=false", "-f", "-", stdin=manifest)
+    code, _, err = await kubectl(kube, "create", "-f", "-", stdin=json.dumps(widget("w1")))
     assert code == 0, err
     code, _, err = await kubectl(kube, "patch", "widget", "w1", "--type=merge", "-p", '{"spec":{"size":6}}')
     assert code == 0, err
@@ -232,14 +235,33 @@ async def test_kubectl_creates_patches_waits_for_and_deletes_custom_resources(
 
 
 @kubectl_missing
-async def test_kubectl_apply_works_with_validation_turned_off(kube: KubeAPI, client: KubeClient) -> None:
-    manifest = json.dumps(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1"}, "data": {"a": "1"}}
-    )
-    code, _, err = await kubectl(kube, "apply", "--validate=false", "-f", "-", stdin=manifest)
+async def test_kubectl_apply_validates_on_the_server_and_updates_objects(
+    kube: KubeAPI, client: KubeClient
+) -> None:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1", "namespace": "team"}}
+    manifests = [namespace, config_map | {"data": {"a": "1"}}]
+    code, _, err = await kubectl(kube, "apply", "-f", "-", stdin="\n".join(json.dumps(m) for m in manifests))
     assert code == 0, err
     code, _, err = await kubectl(
-        kube, "apply", "--validate=false", "-f", "-", stdin=manifest.replace('"1"', '"2"')
+        kube, "apply", "-f", "-", stdin=json.dumps(config_map | {"data": {"a": "2"}})
     )
     assert code == 0, err
-    assert (await client.get(f"{CONFIGMAPS}/c1")).body["data"] == {"a": "2"}
+    assert (await client.get("/api/v1/namespaces/team/configmaps/c1")).body["data"] == {"a": "2"}
+    code, _, err = await kubectl(kube, "apply", "-f", "-", stdin=json.dumps(widget("w1", colour="red")))
+    assert code != 0
+    assert 'unknown field "spec.colour"' in err
+
+
+@kubectl_missing
+async def test_kubectl_explain_shows_the_crd_schema(kube: KubeAPI) -> None:
+    code, out, err = await kubectl(kube, "explain", "widgets.spec.task")
+    assert code == 0, err
+    assert "FIELD: task <string>" in out
+
+
+@kubectl_missing
+async def test_kubectl_generators_that_send_protobuf_are_refused_with_415(kube: KubeAPI) -> None:
+    code, _, err = await kubectl(kube, "create", "namespace", "team")
+    assert code != 0
+    assert "UnsupportedMediaType" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -223,3 +224,15 @@ async def test_objects_and_their_history_are_visible_through_kmock_objects(
     assert stored >= {"spec": {"size": 7}}
     assert len(stored.history) == 2
     assert kube.emulator.get_object("widgets", "default", "w1") == dict(stored)
+
+
+async def test_concurrent_writers_get_unique_increasing_resource_versions(client: KubeClient) -> None:
+    created = await asyncio.gather(
+        *(client.post(CONFIGMAPS, {"metadata": {"name": f"c{i}"}}) for i in range(50))
+    )
+    patched = await asyncio.gather(
+        *(client.patch(f"{CONFIGMAPS}/c{i}", {"data": {"n": str(i)}}) for i in range(50))
+    )
+    versions = [int(answer.rv) for answer in created + patched]
+    assert len(set(versions)) == 100
+    assert all(int(p.rv) > int(c.rv) for c, p in zip(created, patched, strict=True))

@@ -80,3 +80,11 @@ async def test_the_command_line_prints_ready_serves_and_stops_on_sigterm(tmp_pat
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_reactions_added_with_the_kmock_dsl_take_precedence_over_the_emulator() -> None:
+    async with KubeAPI.running() as kube, KubeClient(kube.url) as client:
+        kube.emulator["get /version"] << {"gitVersion": "v9.9.9"}
+        assert (await client.get("/version")).body == {"gitVersion": "v9.9.9"}
+        assert (await client.get("/api/v1/namespaces/default")).status == 200
+        assert kube.emulator.request_log[0].status == 200
