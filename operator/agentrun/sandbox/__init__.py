@@ -1,1 +1,1 @@
-"""Stand-ins for what cannot run here: a scripted Messages API and a Kubernetes API emulator (tests, demo, bench)."""
+"""Stand-ins for what cannot run here: a scripted Messages API and a Kubernetes API emulator."""
