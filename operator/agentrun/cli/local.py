@@ -15,7 +15,7 @@ import yaml
 
 from agentrun.api import API_VERSION, KIND
 from agentrun.api.spec import AgentRunSpec
-from agentrun.controller.running import describe_validation_error
+from agentrun.controller.running import Fanout, describe_validation_error
 from agentrun.controller.status_writing import now_rfc3339, terminal_status
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig
@@ -80,6 +80,15 @@ class ProgressPrinter:
         print(line, file=self._out, flush=True)
 
 
+class FinishedKeeper:
+    def __init__(self) -> None:
+        self.event: RunFinished | None = None
+
+    async def notify(self, event: Event) -> None:
+        if isinstance(event, RunFinished):
+            self.event = event
+
+
 async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextIO) -> int:
     try:
         manifest, spec = load_manifest(path)
@@ -107,17 +116,7 @@ async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextI
         loop.add_signal_handler(sig, cancel.set)
     started = now_rfc3339()
     prices = PriceTable.load(Path(p) if (p := os.environ.get("AGENTRUN_PRICE_FILE")) else None)
-    final: list[RunFinished] = []
-
-    class Keep:
-        async def notify(self, event: Event) -> None:
-            if isinstance(event, RunFinished):
-                final.append(event)
-
-    class Both:
-        async def notify(self, event: Event) -> None:
-            await ProgressPrinter(stderr).notify(event)
-            await Keep().notify(event)
+    final = FinishedKeeper()
 
     try:
         print(f"running {name} with model {spec.model.name}", file=stderr, flush=True)
@@ -125,7 +124,7 @@ async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextI
             LoopConfig.from_spec(spec, run_id=f"local-{name}"),
             model=model,
             tools=tools,
-            observer=Both(),
+            observer=Fanout(ProgressPrinter(stderr), final),
             clock=SystemClock(),
             pricer=prices,
             cancel=cancel,
@@ -134,7 +133,8 @@ async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextI
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await clients.close()
-    status = terminal_status(outcome, final[-1].progress, now=now_rfc3339(), generation=None)
+    assert final.event is not None  # run_loop always ends with RunFinished
+    status = terminal_status(outcome, final.event.progress, now=now_rfc3339(), generation=None)
     status = {"startTime": started, **{k: v for k, v in status.items() if v is not None}}
     if output == "json":
         print(json.dumps(status, indent=2), file=stdout)

@@ -3,25 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
-
-from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, eventually, widget
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
-async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
-    async with KubeClient(kube.url) as client:
-        yield client
+from tests.support.kube_testing import CONFIGMAPS, WIDGETS, eventually, widget
 
 
 async def gone(client: KubeClient, path: str) -> bool:
@@ -125,6 +109,7 @@ async def test_a_dependent_with_another_living_owner_survives_and_loses_the_dang
         return [r["name"] for r in refs] == ["w2"]
 
     await eventually(reference_dropped)
+    assert (await client.get(f"{CONFIGMAPS}/child")).status == 200
 
 
 async def test_orphan_propagation_keeps_dependents_and_strips_their_owner_references(

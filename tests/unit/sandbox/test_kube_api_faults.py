@@ -10,13 +10,7 @@ import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
-        yield kube
+from tests.support.kube_testing import CONFIGMAPS, WIDGETS, widget
 
 
 @pytest.fixture

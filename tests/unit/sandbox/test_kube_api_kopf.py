@@ -14,7 +14,7 @@ import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import WIDGETS, WIDGETS_CRD, eventually, widget
+from tests.support.kube_testing import WIDGETS, eventually, widget
 
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
@@ -53,12 +53,6 @@ OPERATOR = textwrap.dedent(
             logger.info("daemon for %s stopped after %d iterations", name, iterations)
     """
 )
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
-        yield kube
 
 
 @pytest.fixture

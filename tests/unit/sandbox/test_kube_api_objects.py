@@ -5,25 +5,10 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator
-
-import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
-async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
-    async with KubeClient(kube.url) as client:
-        yield client
+from tests.support.kube_testing import CONFIGMAPS, WIDGETS, widget
 
 
 async def test_create_assigns_uid_timestamp_version_generation_and_namespace_from_url(

@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import Answer, KubeClient
-from tests.support.kube_testing import WIDGETS, WIDGETS_CRD, widget
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
-async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
-    async with KubeClient(kube.url) as client:
-        yield client
-
+from tests.support.kube_testing import WIDGETS, widget
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 GADGETS = "/apis/test.agentrun.dev/v1/gadgets"

@@ -21,12 +21,6 @@ async def kube() -> AsyncIterator[KubeAPI]:
         yield kube
 
 
-@pytest.fixture
-async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
-    async with KubeClient(kube.url) as client:
-        yield client
-
-
 async def make_config_maps(client: KubeClient) -> None:
     for name, labels in [
         ("a", {"app": "web", "tier": "front"}),

@@ -147,7 +147,8 @@ def test_invalid_requests_are_rejected_with_a_message_naming_the_problem(
 
 
 def test_final_assistant_prefill_may_be_empty() -> None:
-    validate_request(request([{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]))
+    body = request([{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}])
+    assert validate_request(body) == body
 
 
 def test_readers_find_the_first_user_text_the_step_and_named_tool_results() -> None:
