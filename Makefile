@@ -15,6 +15,7 @@ help:
 	@echo "make bench  - benchmark harness; prints a table and writes bench/RESULTS.md"
 	@echo "make crds   - regenerate crds/ and the chart's copy from the pydantic models"
 	@echo "make e2e    - the integration scenarios against the cluster KUBECONFIG points at"
+	@echo "make e2e-kind - make e2e plus the chart and the examples on a throwaway kind cluster (Docker)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +32,8 @@ tools:
 	bash scripts/install-tools.sh $(TOOLS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
@@ -48,8 +49,13 @@ crds: $(STAMP)
 	$(BIN)/agentrun crd > crds/agentruns.agentrun.dev.yaml
 	cp crds/agentruns.agentrun.dev.yaml charts/agentrun-operator/crds/agentruns.agentrun.dev.yaml
 
-bench: $(STAMP)
-	$(BIN)/python -m bench
+$(VENV)/.bench-installed: $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet --group bench
+	touch $@
+
+# BENCH_ARGS="--quick" or "--only loop" for a partial run (see python -m bench --help).
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 e2e: $(STAMP)
 	$(BIN)/python -m pytest -m e2e tests/e2e

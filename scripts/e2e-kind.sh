@@ -3,14 +3,21 @@
 #
 #   1. creates a kind cluster (its kubeconfig in a temporary file, yours is left alone);
 #   2. runs the e2e tests (pytest -m e2e tests/e2e) against it;
-#   3. builds the operator image, loads it into kind, installs the chart in "namespaces" scope,
-#      waits for the operator to become ready, checks its RBAC with `kubectl auth can-i` and
-#      scrapes its metrics through the API server proxy;
+#   3. builds the operator image, loads it into kind, installs the chart in "namespaces" scope
+#      (watching agentrun-examples, the namespace of examples/kustomization.yaml), waits for the
+#      operator to become ready, checks its RBAC with `kubectl auth can-i`, applies the examples
+#      with `kubectl apply -k examples/`, waits for `condition=Succeeded`, checks that applying
+#      them again changes nothing, and scrapes the metrics through the API server proxy;
 #   4. deletes the cluster.
+#
+# The model: with ANTHROPIC_API_KEY set, the real Anthropic API (every example must succeed).
+# Without it, the scripted fake Messages API runs in the cluster from the same image
+# (`python -m agentrun.sandbox.messages_api`); its stand-in model answers what-time correctly but
+# cannot be relied on for calculator's required tool, so only what-time is waited for.
 #
 # Environment: KIND_CLUSTER_NAME (default agentrun-e2e), KIND_NODE_IMAGE (kindest/node image to
 # use), KEEP_CLUSTER=1 (keep the cluster for debugging), E2E_CHART=0 (skip step 3),
-# PYTEST_ARGS (extra pytest arguments).
+# PYTEST_ARGS (extra pytest arguments), ANTHROPIC_API_KEY (optional, see above).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +27,7 @@ E2E_CHART=${E2E_CHART:-1}
 IMAGE=agentrun-operator:e2e
 RELEASE=agentrun-operator
 OPERATOR_NS=agentrun-system
-WATCHED_NS=agentrun-smoke
+WATCHED_NS=agentrun-examples # the namespace examples/kustomization.yaml puts the examples in
 PYTHON=${PYTHON:-.venv/bin/python}
 export PATH="$PWD/.tools/bin:$PATH"
 
@@ -73,6 +80,47 @@ kind load docker-image "$IMAGE" --name "$CLUSTER"
 log "installing the chart (scope namespaces, watching $WATCHED_NS)"
 kubectl create namespace "$OPERATOR_NS" --dry-run=client -o yaml | kubectl apply -f -
 kubectl create namespace "$WATCHED_NS" --dry-run=client -o yaml | kubectl apply -f -
+model_args=()
+if [[ -n ${ANTHROPIC_API_KEY:-} ]]; then
+    kubectl -n "$OPERATOR_NS" create secret generic anthropic --from-literal=api-key="$ANTHROPIC_API_KEY" \
+        --dry-run=client -o yaml | kubectl apply -f -
+    EXPECTED_RUNS=(calculator what-time)
+else
+    log "no ANTHROPIC_API_KEY: serving the scripted fake Messages API in the cluster"
+    kubectl -n "$OPERATOR_NS" create secret generic anthropic --from-literal=api-key=offline-e2e \
+        --dry-run=client -o yaml | kubectl apply -f -
+    kubectl -n "$OPERATOR_NS" apply -f - <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: fake-messages-api}
+spec:
+  selector: {matchLabels: {app: fake-messages-api}}
+  template:
+    metadata: {labels: {app: fake-messages-api}}
+    spec:
+      securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: api
+          image: $IMAGE
+          imagePullPolicy: Never
+          command: [python, -m, agentrun.sandbox.messages_api, --host, 0.0.0.0, --port, "8080"]
+          ports: [{containerPort: 8080}]
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {drop: [ALL]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: fake-messages-api}
+spec:
+  selector: {app: fake-messages-api}
+  ports: [{port: 8080, targetPort: 8080}]
+EOF
+    kubectl -n "$OPERATOR_NS" rollout status deployment/fake-messages-api --timeout=120s
+    model_args=(--set "operator.anthropicBaseURL=http://fake-messages-api.$OPERATOR_NS.svc:8080")
+    EXPECTED_RUNS=(what-time)
+fi
 helm upgrade --install "$RELEASE" charts/agentrun-operator \
     --namespace "$OPERATOR_NS" \
     --set image.repository="${IMAGE%%:*}" \
@@ -80,6 +128,8 @@ helm upgrade --install "$RELEASE" charts/agentrun-operator \
     --set image.pullPolicy=Never \
     --set rbac.scope=namespaces \
     --set "watchNamespaces={$WATCHED_NS}" \
+    --set apiKey.existingSecret=anthropic \
+    "${model_args[@]}" \
     --wait --timeout 180s
 kubectl -n "$OPERATOR_NS" rollout status "deployment/$RELEASE" --timeout=120s
 kubectl wait --for=condition=Established crd/agentruns.agentrun.dev --timeout=60s
@@ -104,6 +154,18 @@ expect_can no patch agentruns.agentrun.dev -n default
 expect_can no impersonate users
 expect_can no impersonate groups
 expect_can no impersonate serviceaccounts -n kube-system
+
+log "applying the examples with kustomize and waiting for condition=Succeeded"
+kubectl apply -k examples/
+for run in "${EXPECTED_RUNS[@]}"; do
+    kubectl -n "$WATCHED_NS" wait --for=condition=Succeeded "agentrun/$run" --timeout=300s ||
+        die "agentrun/$run did not succeed: $(kubectl -n "$WATCHED_NS" get agentrun "$run" -o jsonpath='{.status}')"
+done
+kubectl -n "$WATCHED_NS" get agentruns
+reapplied=$(kubectl apply -k examples/)
+if grep -qv ' unchanged$' <<<"$reapplied"; then
+    die "re-applying the examples changed something: $reapplied"
+fi
 
 log "scraping the operator's metrics through the API server proxy"
 metrics=$(kubectl get --raw "/api/v1/namespaces/$OPERATOR_NS/services/$RELEASE-metrics:http-metrics/proxy/metrics")

@@ -32,9 +32,24 @@ class Settings(BaseModel):
     transcript_storage: Literal["secret", "configmap"] = Field(
         default="secret", description="Kind of object holding transcripts."
     )
+    transcript_flush_seconds: float = Field(
+        default=3.0,
+        ge=0,
+        description="Tool phases at least this long are persisted on their own (else with the next write).",
+    )
     secret_retry_seconds: float = Field(
         default=10.0, gt=0, description="Recheck interval for missing Secrets."
     )
+    approval_timeout_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long a call of a requiresApproval tool waits for spec.approvals, unless "
+        "the run sets limits.approvalTimeoutSeconds; then it is denied ('approval timed out').",
+    )
+    heartbeat_seconds: float = Field(
+        default=15.0, gt=0, description="Interval of agentrun_operator_heartbeat_timestamp_seconds."
+    )
+    otel_enabled: bool = Field(default=False, description="Export OpenTelemetry traces (OTLP/HTTP).")
 
     @field_validator("namespaces", mode="before")
     @classmethod

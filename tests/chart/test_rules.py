@@ -9,21 +9,59 @@ from typing import Any
 
 import yaml
 
-from tests.chart.tooling import CHART, Tool
+from tests.chart.tooling import CHART, MONITORING_API, REPO, Renderer, Tool, one
 
 RULES = CHART / "rules" / "agentrun.rules.yaml"
 RULE_TESTS = Path(__file__).parent / "promtool" / "agentrun.rules.test.yaml"
 DASHBOARD = CHART / "dashboards" / "agentrun.json"
+ALERTS_DOC = REPO / "docs" / "alerts.md"
 METRICS = [
     "agentrun_runs_started_total",
     "agentrun_runs_finished_total",
     "agentrun_runs_active",
     "agentrun_runs_queued",
+    "agentrun_oldest_running_run_age_seconds",
     "agentrun_run_iterations_bucket",
+    "agentrun_run_duration_seconds_bucket",
+    "agentrun_model_requests_total",
+    "agentrun_model_retries_total",
     "agentrun_model_request_duration_seconds_bucket",
     "agentrun_tokens_total",
     "agentrun_cost_usd_total",
+    "agentrun_tool_calls_total",
+    "agentrun_tool_call_duration_seconds_bucket",
+    "agentrun_loop_detections_total",
+    "agentrun_tool_calls_recovered_from_text_total",
+    "agentrun_approvals_pending",
+    "agentrun_approvals_decided_total",
+    "agentrun_operator_heartbeat_timestamp_seconds",
+    "agentrun_build_info",
 ]
+EXPECTED_ALERTS = {
+    "AgentRunOperatorDown",
+    "AgentRunOperatorHeartbeatStale",
+    "AgentRunHighLoopRate",
+    "AgentRunToolErrorRateHigh",
+    "AgentRunModelErrorRateHigh",
+    "AgentRunCostBurnHigh",
+    "AgentRunStuck",
+    "AgentRunModelLatencyHigh",
+}
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def doc_anchors() -> set[str]:
+    """GitHub's anchors of the `##`/`###` headings of docs/alerts.md."""
+    anchors = set()
+    for line in ALERTS_DOC.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^a-z0-9 _-]", "", title).replace(" ", "-"))
+    return anchors
 
 
 def dashboard_panels() -> list[dict[str, Any]]:
@@ -36,9 +74,71 @@ def test_promtool_check_rules_accepts_the_rules_file(promtool: Tool) -> None:
     assert "SUCCESS" in proc.stdout
 
 
-def test_operator_down_alert_fires_only_when_no_operator_target_is_up(promtool: Tool) -> None:
+def test_promtool_unit_tests_of_every_alert_pass(promtool: Tool) -> None:
     proc = promtool.run("test", "rules", RULE_TESTS)
     assert "SUCCESS" in proc.stdout
+
+
+def test_the_rules_cover_loops_tools_model_errors_cost_stuck_runs_operator_health_and_latency() -> None:
+    assert {rule["alert"] for rule in alert_rules()} == EXPECTED_ALERTS
+
+
+def test_every_alert_has_a_promtool_case_that_fires_and_one_that_does_not() -> None:
+    firing: set[str] = set()
+    quiet: set[str] = set()
+    for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+        for check in case.get("alert_rule_test", []):
+            (firing if check["exp_alerts"] else quiet).add(check["alertname"])
+    assert firing == EXPECTED_ALERTS, EXPECTED_ALERTS - firing
+    assert quiet == EXPECTED_ALERTS, EXPECTED_ALERTS - quiet
+
+
+def test_every_alert_has_a_summary_a_description_and_a_runbook_section_in_docs_alerts_md() -> None:
+    anchors = doc_anchors()
+    for rule in alert_rules():
+        annotations = rule["annotations"]
+        assert annotations["summary"].strip() and annotations["description"].strip(), rule["alert"]
+        url = annotations["runbook_url"]
+        assert url.startswith("https://") and "/docs/alerts.md#" in url, url
+        anchor = url.rpartition("#")[2]
+        assert anchor == rule["alert"].lower(), url
+        assert anchor in anchors, f"docs/alerts.md has no section for {rule['alert']}"
+        assert rule["labels"]["severity"] in ("warning", "critical")
+
+
+def test_alert_thresholds_from_values_reach_the_rendered_prometheus_rule(renderer: Renderer) -> None:
+    thresholds = {
+        "loopRate": 0.35,
+        "toolErrorRate": 0.75,
+        "modelErrorRate": 0.05,
+        "costUSDPerHour": 2.5,
+        "stuckRunSeconds": 900,
+        "heartbeatStaleSeconds": 300,
+        "modelLatencyP95Seconds": 20,
+    }
+    values = {"metrics": {"prometheusRule": {"enabled": True, "thresholds": thresholds}}}
+    rule = one(renderer.render(values, api_versions=[MONITORING_API]), "PrometheusRule")
+    recorded = {
+        r["record"]: r["expr"] for group in rule["spec"]["groups"] for r in group["rules"] if "record" in r
+    }
+    assert recorded == {
+        "agentrun:alert_threshold:loop_rate": "vector(0.35)",
+        "agentrun:alert_threshold:tool_error_rate": "vector(0.75)",
+        "agentrun:alert_threshold:model_error_rate": "vector(0.05)",
+        "agentrun:alert_threshold:cost_usd_per_hour": "vector(2.5)",
+        "agentrun:alert_threshold:stuck_run_seconds": "vector(900)",
+        "agentrun:alert_threshold:heartbeat_stale_seconds": "vector(300)",
+        "agentrun:alert_threshold:model_latency_p95_seconds": "vector(20)",
+    }
+    alerts = [r for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r]
+    assert alerts == alert_rules()
+
+
+def test_a_threshold_outside_its_range_is_rejected_at_install_time(renderer: Renderer) -> None:
+    values = {"metrics": {"prometheusRule": {"thresholds": {"loopRate": 1.5}}}}
+    proc = renderer.template(values, check=False)
+    assert proc.returncode != 0
+    assert "loopRate" in proc.stderr
 
 
 def test_every_dashboard_query_is_valid_promql(promtool: Tool, tmp_path: Path) -> None:

@@ -7,6 +7,9 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
+
+from aiohttp import web
 
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import HttpError, Script
@@ -69,3 +72,145 @@ async def test_invalid_manifest_exits_2_naming_the_field(tmp_path: Path) -> None
     code, out, err = await _agentrun_run(manifest, {"ANTHROPIC_API_KEY": "k"})
     assert code == 2
     assert "spec.limits.maxIterations" in err and out == ""
+
+
+class ThirdPartyMessagesAPI:
+    """A Messages API written independently of the project's fake: hand-rolled SSE, one conversation.
+
+    Step 0 asks for the calculator; step 1 first sends a stream cut before message_stop, then the
+    answer. Every request body is kept so the test can check what the operator sent.
+    """
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.cut_served = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        step = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        events: list[tuple[str, dict[str, Any]]] = [
+            (
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": f"msg_{len(self.bodies)}",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": body["model"],
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {"input_tokens": 50, "output_tokens": 1},
+                    },
+                },
+            ),
+        ]
+        if step == 0:
+            events += [
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {
+                            "type": "tool_use",
+                            "id": "call_7f3A",
+                            "name": "calculator",
+                            "input": {},
+                        },
+                    },
+                ),
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "input_json_delta", "partial_json": '{"expression": "6 * 7"}'},
+                    },
+                ),
+                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                (
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                        "usage": {"output_tokens": 9},
+                    },
+                ),
+                ("message_stop", {"type": "message_stop"}),
+            ]
+        else:
+            events += [
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                ),
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": "It is 42"},
+                    },
+                ),
+            ]
+            if self.cut_served:
+                events += [
+                    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                    (
+                        "message_delta",
+                        {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                            "usage": {"output_tokens": 4},
+                        },
+                    ),
+                    ("message_stop", {"type": "message_stop"}),
+                ]
+            self.cut_served = True
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for name, data in events:
+            await response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+
+async def test_a_run_against_another_messages_api_server_uses_the_manifests_base_url(tmp_path: Path) -> None:
+    server = ThirdPartyMessagesAPI()
+    app = web.Application()
+    app.router.add_post("/v1/messages", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    manifest = tmp_path / "calc.yaml"
+    manifest.write_text(
+        "apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: calc}\n"
+        "spec:\n  task: what is six times seven?\n"
+        f"  model: {{name: claude-haiku-4-5, baseURL: '{base_url}'}}\n"
+        "  tools: [{builtin: {name: calculator}}]\n"
+        "  toolChoice: {type: tool, name: calculator}\n"
+    )
+    try:
+        code, out, err = await _agentrun_run(manifest, {"ANTHROPIC_API_KEY": "k"})
+    finally:
+        await runner.cleanup()
+    assert code == 0, err
+    status = json.loads(out)
+    assert (status["stopReason"], status["iterations"], status["result"]) == ("EndTurn", 2, "It is 42")
+    assert "retry 1" in err and "(connection)" in err
+    first, *answers = server.bodies
+    assert len(answers) == 2  # the cut stream, then its retry
+    assert first["tool_choice"] == {"type": "tool", "name": "calculator"}
+    for body in answers:
+        assert "tool_choice" not in body
+        result = body["messages"][-1]["content"][0]
+        assert (result["type"], result["tool_use_id"]) == ("tool_result", "call_7f3A")
+        assert "42" in result["content"] and not result.get("is_error")

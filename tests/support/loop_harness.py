@@ -13,7 +13,7 @@ from agentrun.api.spec import AgentRunSpec
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig, RetryPolicy
 from agentrun.loop.events import Checkpoint, Event, RunFinished
-from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
+from agentrun.loop.protocols import Clock, Observer, ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
 from agentrun.loop.stops import Outcome
 from agentrun.model.messaging import AnthropicModel
@@ -40,9 +40,38 @@ class Recorder:
         return messages
 
 
+class FakeClock:
+    """Virtual time: sleeps return at once and move the clock, so backoff costs no wall time.
+
+    `jitter` is what `random()` returns; 0.5 makes the backoff exactly base * 2**(attempt-1).
+    Only sleeps move time, so the run's deadline is reached only by sleeping (or by real waits
+    on I/O that the loop bounds with the remaining time).
+    """
+
+    def __init__(self, *, start: float = 1000.0, jitter: float = 0.5) -> None:
+        self.now = start
+        self.jitter = jitter
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
+
+    def random(self) -> float:
+        return self.jitter
+
+
 @dataclass
 class FakeTool:
-    """A tool whose behaviour each test sets: a fixed answer, an error, a delay."""
+    """A tool whose behaviour each test sets: a fixed answer, an error, a delay.
+
+    With a shared `journal`, each call appends ("start", id) and ("end", id) around `steps`
+    yields to the event loop, so a test sees from the order alone whether calls overlapped.
+    """
 
     name: str
     answer: str = "ok"
@@ -50,6 +79,8 @@ class FakeTool:
     delay: float = 0.0
     write_key: str | None = None
     calls: list[ToolCall] = field(default_factory=list)
+    journal: list[tuple[str, str]] | None = None
+    steps: int = 5
 
     @property
     def definition(self) -> ToolDefinition:
@@ -62,11 +93,25 @@ class FakeTool:
 
     async def call(self, call: ToolCall) -> ToolOutput:
         self.calls.append(call)
+        if self.journal is not None:
+            self.journal.append(("start", call.id))
+            for _ in range(self.steps):
+                await asyncio.sleep(0)
+            self.journal.append(("end", call.id))
         if self.delay:
             await asyncio.sleep(self.delay)
         if self.error is not None:
             raise self.error
         return ToolOutput(self.answer)
+
+
+class Fanout:
+    def __init__(self, *observers: Observer) -> None:
+        self._observers = observers
+
+    async def notify(self, event: Event) -> None:
+        for observer in self._observers:
+            await observer.notify(event)
 
 
 @dataclass
@@ -92,6 +137,8 @@ async def run_scripted(
     cancel: asyncio.Event | None = None,
     retry: RetryPolicy = FAST_RETRIES,
     marker: str = "[scenario:test]",
+    clock: Clock | None = None,
+    observers: Sequence[Observer] = (),
 ) -> LoopRun:
     raw_spec = {"task": f"{marker} do the thing", **(spec or {})}
     parsed = AgentRunSpec.model_validate(raw_spec)
@@ -104,8 +151,8 @@ async def run_scripted(
                 LoopConfig.from_spec(parsed, run_id="run-uid", retry=retry),
                 model=AnthropicModel(client),
                 tools={t.name: t for t in tools},
-                observer=recorder,
-                clock=SystemClock(),
+                observer=Fanout(recorder, *observers),
+                clock=clock or SystemClock(),
                 pricer=PriceTable(),
                 cancel=cancel or asyncio.Event(),
             )

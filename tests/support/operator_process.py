@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.support import leaks
 from tests.support.ports import free_port
 
 
@@ -82,12 +83,30 @@ class OperatorProcess:
         proc = self.process
         if proc is None or proc.returncode is not None:
             return proc.returncode if proc and proc.returncode is not None else 0
+        evidence = await self._keep_evidence()
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
             return await asyncio.wait_for(proc.wait(), timeout)
         except TimeoutError:
             proc.kill()
             return await proc.wait()
+        finally:
+            evidence.texts["operator log"] = self.logs()
+
+    async def _keep_evidence(self) -> leaks.Evidence:
+        """For the session's secret-leak scan (tests/test_secrets_never_leak.py)."""
+        evidence = leaks.Evidence(source=str(self.log_path))
+        key = self.env.get("ANTHROPIC_API_KEY")
+        if key:
+            evidence.secrets.add(key)
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            evidence.texts["metrics scrape"] = await self.scrape()
+        with contextlib.suppress(aiohttp.ClientError, OSError, KeyError, IndexError):
+            texts, secrets = await leaks.snapshot_cluster(self.kubeconfig)
+            evidence.texts.update(texts)
+            evidence.secrets.update(secrets)
+        leaks.record(evidence)
+        return evidence
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

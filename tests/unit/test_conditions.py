@@ -18,6 +18,16 @@ def test_running_run_is_reconciling_and_succeeded_unknown() -> None:
     assert c["Stalled"]["status"] == "False"
 
 
+def test_run_awaiting_approval_is_reconciling_not_stalled_with_reason_awaiting_approval() -> None:
+    c = _by_type(
+        conditions_for(Phase.AWAITING_APPROVAL, reason="Running", message="m", now="t1", generation=1)
+    )
+    assert (c["Reconciling"]["status"], c["Reconciling"]["reason"]) == ("True", "AwaitingApproval")
+    assert (c["Succeeded"]["status"], c["Succeeded"]["reason"]) == ("Unknown", "AwaitingApproval")
+    assert c["Ready"]["status"] == "False"
+    assert c["Stalled"]["status"] == "False"
+
+
 def test_succeeded_run_is_ready_and_not_reconciling() -> None:
     c = _by_type(conditions_for(Phase.SUCCEEDED, reason="EndTurn", message="m", now="t1", generation=2))
     assert (c["Succeeded"]["status"], c["Succeeded"]["reason"]) == ("True", "EndTurn")

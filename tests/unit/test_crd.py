@@ -77,9 +77,17 @@ def test_limits_defaults_are_applied_by_the_api_server() -> None:
 
 def test_spec_fields_except_cancel_and_approvals_are_immutable() -> None:
     props = _openapi()["properties"]["spec"]["properties"]
-    immutable = {name for name, p in props.items() if p.get("x-kubernetes-validations")}
+    immutable = {
+        name
+        for name, p in props.items()
+        if any(v["rule"] == "self == oldSelf" for v in p.get("x-kubernetes-validations", []))
+    }
     assert {"cancel", "approvals", "ttlSecondsAfterFinished"}.isdisjoint(immutable)
     assert {"task", "model", "tools", "limits"} <= immutable
+    # Decisions may be added while the run waits, never taken back.
+    assert [v["rule"] for v in props["approvals"]["x-kubernetes-validations"]] == [
+        "size(self) >= size(oldSelf)"
+    ]
 
 
 def test_generated_yaml_parses_back_to_the_same_object() -> None:

@@ -92,35 +92,34 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 "cluster" scope and by the Role in each watched namespace in "namespaces" scope.
 */}}
 {{- define "agentrun-operator.namespacedRules" -}}
-# The AgentRuns themselves: Kopf watches them and patches finalizers and annotations.
+# The AgentRuns themselves: Kopf lists and watches them and patches finalizers and annotations;
+# finished runs are deleted after spec.ttlSecondsAfterFinished.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentruns"]
-  verbs: ["get", "list", "watch", "patch", "update"]
-# Status is written through the status subresource only.
+  verbs: ["list", "watch", "patch", "delete"]
+# Status is written through the status subresource only, as merge patches.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentruns/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 # Transcripts and run keys are owned by their AgentRun with blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin allows only with update on finalizers.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentruns/finalizers"]
   verbs: ["update"]
-# Kubernetes events on the runs (Kopf posts core/v1 events; events.k8s.io for newer clients).
+# Kubernetes Events on the runs (core/v1; a repeated event patches its count).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-# Run API keys and transcripts, stored as Secrets owned by the run.
+# Run API keys (read) and transcripts, stored as Secrets owned by the run. No watch: a run waiting
+# for its key Secret re-reads it.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 {{- if eq .Values.operator.transcriptStorage "configmap" }}
 # Transcripts stored as ConfigMaps owned by the run (operator.transcriptStorage: configmap).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 {{- end }}
 {{- if .Values.rbac.impersonateServiceAccounts }}
 # The agent's Kubernetes tools act as the run's spec.serviceAccountName. Service accounts only:
@@ -136,14 +135,16 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 {{- end }}
 
 {{/*
-RBAC rules for what Kopf needs cluster-wide whatever the scope: discovering the CRD and the
-namespaces. Nothing namespaced belongs here.
+RBAC rules for what Kopf needs cluster-wide: discovering the CRD and, when it serves a list of
+namespaces, watching which of them exist. Nothing namespaced belongs here.
 */}}
 {{- define "agentrun-operator.clusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- if eq .Values.rbac.scope "namespaces" }}
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
+{{- end }}
 {{- end }}

@@ -2,6 +2,9 @@
 
 Conditions follow the API conventions plus the kstatus trio, so Flux and Argo CD read health:
 running → Reconciling=True; succeeded → Ready=True; failed or cancelled → Stalled=True.
+
+A run waiting for a human approval is still progressing, not stalled: Reconciling=True with
+reason AwaitingApproval. Stalled=True would make Flux give up on a run that is only waiting.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 from agentrun.api.status import Phase
 
 RESULT_LIMIT = 32 * 1024
+AWAITING_APPROVAL = "AwaitingApproval"
 
 
 def _condition(
@@ -68,12 +72,29 @@ def conditions_for(
             cond("Stalled", "True", reason, message),
         ]
     # Pending, Running, AwaitingApproval: in progress.
+    if phase is Phase.AWAITING_APPROVAL:
+        reason = AWAITING_APPROVAL
     return [
         cond("Succeeded", "Unknown", reason, message),
         cond("Ready", "False", reason, message),
         cond("Reconciling", "True", reason, message),
         cond("Stalled", "False", reason, message),
     ]
+
+
+def observed_generation_patch(status: Mapping[str, Any], generation: int | None) -> dict[str, Any] | None:
+    """The status patch that marks a finished run's latest generation observed, or None if it is.
+
+    A finished run's spec can still change (cancel, approvals, ttlSecondsAfterFinished); without
+    this, kstatus (Flux) reads `observedGeneration != generation` as "in progress" forever.
+    """
+    if generation is None or status.get("observedGeneration") in (None, generation):
+        return None
+    conditions = [
+        {**c, "observedGeneration": generation} if isinstance(c, Mapping) else c
+        for c in status.get("conditions") or ()
+    ]
+    return {"observedGeneration": generation, "conditions": conditions}
 
 
 def bounded_result(text: str | None) -> tuple[str | None, bool]:

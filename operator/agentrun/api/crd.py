@@ -89,9 +89,9 @@ def spec_schema() -> dict[str, Any]:
     schema = _schema_of(AgentRunSpec)
     _default_nested_objects(schema)
     for name in IMMUTABLE_SPEC_FIELDS:
-        schema["properties"][name]["x-kubernetes-validations"] = [
+        schema["properties"][name].setdefault("x-kubernetes-validations", []).append(
             {"rule": "self == oldSelf", "message": f"spec.{name} {IMMUTABLE_MESSAGE}"}
-        ]
+        )
     optional = [n for n in IMMUTABLE_SPEC_FIELDS if n not in schema.get("required", [])]
     schema["x-kubernetes-validations"] = [
         {

@@ -147,7 +147,19 @@ class HTTPTool(_Model):
         description="Secret key whose value is a JSON object of extra request headers.",
     )
     timeout_seconds: float = Field(
-        default=30.0, alias="timeoutSeconds", gt=0, le=3600, description="Per-call timeout."
+        default=30.0,
+        alias="timeoutSeconds",
+        gt=0,
+        le=3600,
+        description="Timeout of one request; a timeout is a tool error the model sees (not retried).",
+    )
+    auth_errors_recoverable: bool = Field(
+        default=False,
+        alias="authErrorsRecoverable",
+        description=(
+            "Treat 401/403 answers as recoverable tool errors the model sees, instead of ending the "
+            "run with FatalToolError (the default: a credential problem cannot be fixed by the model)."
+        ),
     )
 
 
@@ -170,6 +182,18 @@ class MCPServer(_Model):
 
 class ToolSpec(_Model):
     """One entry of spec.tools: exactly one of builtin, http or mcp."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0)"
+                    " + (has(self.mcp) ? 1 : 0) == 1",
+                    "message": "a tool needs exactly one of builtin, http, mcp",
+                }
+            ]
+        }
+    )
 
     builtin: BuiltinTool | None = Field(default=None, description="A built-in tool.")
     http: HTTPTool | None = Field(default=None, description="A webhook tool.")
@@ -196,6 +220,17 @@ class ToolSpec(_Model):
 
 class ToolChoice(_Model):
     """How the first turn chooses tools; later turns always use auto."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(self.type == 'tool') == has(self.name)",
+                    "message": "toolChoice.name is required when type is tool, and only then",
+                }
+            ]
+        }
+    )
 
     type: Literal["auto", "any", "tool", "none"] = Field(
         default="auto", description="auto, any (some tool), tool (the named one) or none."
@@ -282,6 +317,17 @@ class Limits(_Model):
         alias="loopDetection",
         description="Repetition detection settings.",
     )
+    approval_timeout_seconds: int | None = Field(
+        default=None,
+        alias="approvalTimeoutSeconds",
+        ge=1,
+        le=7 * 24 * 3600,
+        description=(
+            "How long a call of a tool with requiresApproval waits for a decision in spec.approvals; "
+            "then it is denied with reason 'approval timed out'. Defaults to the operator's "
+            "AGENTRUN_APPROVAL_TIMEOUT_SECONDS. timeoutSeconds and cancel still apply while waiting."
+        ),
+    )
 
 
 class Approval(_Model):
@@ -350,7 +396,20 @@ class AgentRunSpec(_Model):
         description="Delete the AgentRun this many seconds after it finished.",
     )
     approvals: list[Approval] = Field(
-        default_factory=list, max_length=1024, description="Decisions on calls awaiting approval."
+        default_factory=list,
+        max_length=1024,
+        description=(
+            "Decisions on calls awaiting approval (status.pendingApprovals), appended by people or "
+            "`kubectl agentrun approve|deny`. Append-only; the first decision for a toolUseId counts."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "size(self) >= size(oldSelf)",
+                    "message": "spec.approvals is append-only: decisions cannot be removed",
+                }
+            ]
+        },
     )
 
     def tool_names(self) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,8 +16,10 @@ import yaml
 
 from agentrun.api import API_VERSION, KIND
 from agentrun.api.spec import AgentRunSpec
+from agentrun.controller.kubeapi import KubeAPI, connect
 from agentrun.controller.running import Fanout, describe_validation_error
 from agentrun.controller.status_writing import now_rfc3339, terminal_status
+from agentrun.controller.tool_environment import RunToolEnvironment
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import (
@@ -29,7 +32,15 @@ from agentrun.loop.events import (
 from agentrun.loop.running import run_loop
 from agentrun.model.messaging import ClientPool
 from agentrun.model.pricing import PriceTable
-from agentrun.tools.registry import InvalidToolSpec, build_tools
+from agentrun.tools.builtin.kubernetes import KUBERNETES_TOOLS
+from agentrun.tools.registry import (
+    InvalidToolSpec,
+    SecretMissing,
+    ToolStartError,
+    check_tools,
+    open_tools,
+    secret_uses,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -89,10 +100,54 @@ class FinishedKeeper:
             self.event = event
 
 
-async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextIO) -> int:
+def cluster_needs(spec: AgentRunSpec) -> list[str]:
+    """The fields that make this run need a cluster locally: header Secrets and Kubernetes tools."""
+    needs = [use.field for use in secret_uses(spec)]
+    for index, entry in enumerate(spec.tools):
+        if entry.builtin is not None and entry.builtin.name in KUBERNETES_TOOLS:
+            needs.append(f"spec.tools[{index}].builtin ({entry.builtin.name})")
+    return needs
+
+
+def _kubeconfig() -> str | None:
+    """Where the cluster configuration comes from, or None when there is none."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        return "in-cluster service account"
+    paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return paths if any(os.path.isfile(p) for p in paths.split(os.pathsep) if p) else None
+
+
+async def local_tool_environment(
+    spec: AgentRunSpec, namespace: str, run_id: str, stack: contextlib.AsyncExitStack
+) -> RunToolEnvironment:
+    """Secrets and Kubernetes tools use the cluster KUBECONFIG points at; others need none."""
+    needs = cluster_needs(spec)
+    kube: KubeAPI | None = None
+    if needs:
+        kubeconfig = _kubeconfig()
+        if kubeconfig is None:
+            raise ManifestError(
+                f"{', '.join(needs)} need a Kubernetes cluster, and none is configured "
+                "(set KUBECONFIG to a kubeconfig file)"
+            )
+        try:
+            kube = KubeAPI(await connect())
+        except Exception as exc:
+            raise ManifestError(f"cannot load the cluster configuration ({kubeconfig}): {exc}") from exc
+        stack.push_async_callback(kube.close)
+    env = RunToolEnvironment(kube, namespace, run_id, spec.service_account_name)
+    missing = await env.first_missing(secret_uses(spec))
+    if missing is not None:
+        raise ManifestError(str(missing).replace("yet; the run starts once it does", "in the cluster"))
+    return env
+
+
+async def run_manifest(
+    path: Path, *, output: str, stdout: TextIO, stderr: TextIO, namespace: str | None = None
+) -> int:
     try:
         manifest, spec = load_manifest(path)
-        tools = build_tools(spec)
+        check_tools(spec)
     except ManifestError as exc:
         print(f"error: {exc}", file=stderr)
         return EXIT_INVALID
@@ -106,6 +161,20 @@ async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextI
     if spec.model.api_key_secret_ref is not None:
         print("note: spec.model.apiKeySecretRef is ignored locally; using ANTHROPIC_API_KEY", file=stderr)
     name = str((manifest.get("metadata") or {}).get("name", path.stem))
+    namespace = namespace or str((manifest.get("metadata") or {}).get("namespace") or "default")
+    run_id = f"local-{name}"
+    tools_open = contextlib.AsyncExitStack()
+    try:
+        env = await local_tool_environment(spec, namespace, run_id, tools_open)
+        tools = await tools_open.enter_async_context(open_tools(spec, env))
+    except (ManifestError, InvalidToolSpec, SecretMissing) as exc:
+        await tools_open.aclose()
+        print(f"error: {path}: {exc}", file=stderr)
+        return EXIT_INVALID
+    except ToolStartError as exc:
+        await tools_open.aclose()
+        print(f"error: {path}: {exc}", file=stderr)
+        return EXIT_FAILED
     clients = ClientPool()
     model = clients.model(
         api_key=api_key, base_url=spec.model.base_url or os.environ.get("ANTHROPIC_BASE_URL")
@@ -121,7 +190,7 @@ async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextI
     try:
         print(f"running {name} with model {spec.model.name}", file=stderr, flush=True)
         outcome = await run_loop(
-            LoopConfig.from_spec(spec, run_id=f"local-{name}"),
+            LoopConfig.from_spec(spec, run_id=run_id),
             model=model,
             tools=tools,
             observer=Fanout(ProgressPrinter(stderr), final),
@@ -133,6 +202,7 @@ async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextI
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await clients.close()
+        await tools_open.aclose()
     assert final.event is not None  # run_loop always ends with RunFinished
     status = terminal_status(outcome, final.event.progress, now=now_rfc3339(), generation=None)
     status = {"startTime": started, **{k: v for k, v in status.items() if v is not None}}
@@ -143,5 +213,7 @@ async def run_manifest(path: Path, *, output: str, stdout: TextIO, stderr: TextI
     return EXIT_OK if status["phase"] == "Succeeded" else EXIT_FAILED
 
 
-def main(path: str, output: str) -> int:
-    return asyncio.run(run_manifest(Path(path), output=output, stdout=sys.stdout, stderr=sys.stderr))
+def main(path: str, output: str, namespace: str | None = None) -> int:
+    return asyncio.run(
+        run_manifest(Path(path), output=output, stdout=sys.stdout, stderr=sys.stderr, namespace=namespace)
+    )

@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-o", "--output", choices=["yaml", "json"], default="yaml", help="format of the final status"
     )
+    run.add_argument(
+        "--namespace",
+        "-n",
+        help="namespace of header Secrets and Kubernetes tools (default: the manifest's, else default)",
+    )
 
     sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
 
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         from agentrun.cli.local import main as run_main
 
-        return run_main(args.file, args.output)
+        return run_main(args.file, args.output, args.namespace)
     if args.command == "operator":
         return _operator(args)
     if args.command == "demo":

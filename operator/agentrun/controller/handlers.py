@@ -8,10 +8,13 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.api.conditions import observed_generation_patch
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.controller.running import RunRef, RunService
+from agentrun.controller.ttl_reaping import TTLReaper
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,11 @@ def _plain(value: Any) -> Any:
 
 def build_registry(service: RunService) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    reaper = TTLReaper(service.kube, service.settings.default_ttl_seconds_after_finished)
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_reaper(**_: Any) -> None:
+        await reaper.close()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -85,10 +93,28 @@ def build_registry(service: RunService) -> kopf.OperatorRegistry:
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def watch_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        """Cancel requests reach the running loop within one watch event, without polling."""
+        """Cancel requests and approvals reach the running loop within one watch event, no polling."""
+        uid = body.metadata.uid
         if event.get("type") == "DELETED":
+            reaper.forget(uid)
+            service.cancels.pop(uid, None)
             return
-        if body.get("spec", {}).get("cancel") and body.metadata.uid in service.cancels:
-            service.request_cancel(body.metadata.uid)
+        spec, status = body.get("spec", {}), body.get("status", {})
+        if status.get("phase") in FINISHED_PHASES:
+            reaper.observe(body.metadata.namespace or "", body.metadata.name or "", uid, spec, status)
+            # A spec change after (or racing) the end: observed, so kstatus reads the run as final.
+            patch = observed_generation_patch(_plain(status), body.metadata.get("generation"))
+            if patch is not None:
+                with contextlib.suppress(ApiException):  # gone or conflicting: the next event retries
+                    await service.kube.patch_run_status(
+                        body.metadata.namespace or "", body.metadata.name or "", patch
+                    )
+            return
+        if spec.get("cancel"):
+            # Also before the daemon registered the run: it finds the request when it starts.
+            service.request_cancel(uid)
+        approvals = body.get("spec", {}).get("approvals")
+        if approvals:
+            service.update_approvals(body.metadata.uid, _plain(approvals))
 
     return registry

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -13,7 +15,8 @@ from agentrun.controller.handlers import build_registry
 from agentrun.controller.kubeapi import KubeAPI, connect
 from agentrun.controller.running import RunService
 from agentrun.metrics.observing import Metrics
-from agentrun.metrics.serving import start_metrics_server
+from agentrun.metrics.serving import keep_beating, start_metrics_server
+from agentrun.metrics.tracing import configure_tracer_provider, tracer_of
 from agentrun.model.messaging import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
@@ -41,6 +44,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     api_client = await connect()
     kube = KubeAPI(api_client)
     clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
+    provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
     service = RunService(
         settings=settings,
         kube=kube,
@@ -48,9 +52,11 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
         clients=clients,
         prices=PriceTable.load(settings.price_file),
         slots=asyncio.Semaphore(settings.max_concurrent_runs),
+        tracer=tracer_of(provider) if provider is not None else None,
     )
     metrics_runner = await start_metrics_server(registry, settings.bind_address, settings.metrics_port)
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
+    heartbeat = asyncio.create_task(keep_beating(metrics, settings.heartbeat_seconds))
     try:
         await kopf.operator(
             registry=build_registry(service),
@@ -63,6 +69,11 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             **kopf_kwargs,
         )
     finally:
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heartbeat
         await metrics_runner.cleanup()
+        if provider is not None:
+            provider.shutdown()
         await clients.close()
         await kube.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,10 +16,27 @@ from typing import Any
 from agentrun.api.conditions import bounded_result, conditions_for
 from agentrun.api.status import Phase
 from agentrun.controller.kubeapi import KubeAPI, is_gone, is_transient
-from agentrun.loop.events import Checkpoint, Event, Progress, RunFinished, RunStarted
+from agentrun.loop.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    Checkpoint,
+    Event,
+    Progress,
+    RunFinished,
+    RunStarted,
+)
 from agentrun.loop.stops import Outcome
 
 logger = logging.getLogger(__name__)
+PENDING_INPUT_LIMIT = 4096
+
+
+def pending_input(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's input for status.pendingApprovals, cut when large: status must stay small."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    if len(text) <= PENDING_INPUT_LIMIT:
+        return dict(value)
+    return {"_truncated": True, "_preview": text[:PENDING_INPUT_LIMIT]}
 
 
 def now_rfc3339() -> str:
@@ -96,6 +114,7 @@ class StatusWriter:
         status: Mapping[str, Any],
         stopping: Callable[[], bool],
         retries: int = 5,
+        transcript: Callable[[], Mapping[str, Any] | None] = lambda: None,
     ) -> None:
         self._kube = kube
         self._namespace = namespace
@@ -104,7 +123,15 @@ class StatusWriter:
         self._conditions: list[Mapping[str, Any]] = list(status.get("conditions") or [])
         self._start_time = status.get("startTime")
         self._stopping = stopping
+        # Calls waiting for approval, in request order; `since` survives an operator restart.
+        self._pending: dict[str, dict[str, Any]] = {}
+        previous = status.get("pendingApprovals") or []
+        self._since = {p.get("toolUseId"): p.get("since") for p in previous if isinstance(p, Mapping)}
+        self._clear_pending = bool(previous)
+        self._progress: Progress | None = None  # latest, so a wait for approval shows what was spent
         self._retries = retries
+        # status.transcript rides along with the patches we make anyway: no write of its own.
+        self._transcript = transcript
         self.gone = False
         self.writes = 0
 
@@ -113,17 +140,23 @@ class StatusWriter:
             case RunStarted(progress=progress):
                 now = now_rfc3339()
                 self._start_time = self._start_time or now
+                # Calls still undecided after a restart ask again (ApprovalRequested) right away.
+                stale = {"pendingApprovals": None} if self._clear_pending else {}
                 await self.write(
                     {
                         "phase": Phase.RUNNING.value,
                         "startTime": self._start_time,
                         **progress_status(progress),
+                        **stale,
                     },
                     Phase.RUNNING,
                     "Running",
                     "the agent loop is running",
                 )
+            case Checkpoint(progress=progress) if event.trace is None:
+                self._progress = progress
             case Checkpoint(trace=trace, progress=progress) if trace is not None:
+                self._progress = progress
                 await self.write(
                     progress_status(progress),
                     Phase.RUNNING,
@@ -138,9 +171,48 @@ class StatusWriter:
                     generation=self._generation,
                     previous_conditions=self._conditions,
                 )
+                if self._pending or self._clear_pending:
+                    body["pendingApprovals"] = None
                 await self.patch(body)
+            case ApprovalRequested(tool_use_id=call_id, tool_name=tool, input=call_input):
+                self._clear_pending = True
+                self._pending[call_id] = {
+                    "toolUseId": call_id,
+                    "toolName": tool,
+                    "input": pending_input(call_input),
+                    "since": self._since.get(call_id) or now_rfc3339(),
+                }
+                await self.write_pending(f"{tool} ({call_id}) waits for approval")
+            case ApprovalDecided(tool_use_id=call_id, tool_name=tool, approved=approved, by=by):
+                if self._pending.pop(call_id, None) is None:
+                    return
+                verdict = ("approved" if approved else "denied") + (f" by {by}" if by else "")
+                if self._pending:
+                    await self.write_pending(f"{tool} ({call_id}) {verdict}")
+                else:
+                    await self.write(
+                        {"phase": Phase.RUNNING.value, "pendingApprovals": None},
+                        Phase.RUNNING,
+                        "Running",
+                        f"{tool} ({call_id}) {verdict}",
+                    )
             case _:
                 pass
+
+    async def write_pending(self, what: str) -> None:
+        count = len(self._pending)
+        progress = progress_status(self._progress) if self._progress is not None else {}
+        await self.write(
+            {
+                "phase": Phase.AWAITING_APPROVAL.value,
+                "pendingApprovals": list(self._pending.values()),
+                **progress,
+            },
+            Phase.AWAITING_APPROVAL,
+            "AwaitingApproval",
+            f"{what}; {count} call{'s' if count != 1 else ''} awaiting approval in spec.approvals "
+            "(kubectl agentrun approve|deny)",
+        )
 
     async def pending(self, reason: str, message: str) -> None:
         await self.write({"phase": Phase.PENDING.value}, Phase.PENDING, reason, message)
@@ -161,6 +233,9 @@ class StatusWriter:
     async def patch(self, status: dict[str, Any]) -> None:
         if self.gone or self._stopping():
             return
+        reference = self._transcript()
+        if reference is not None:
+            status = {**status, "transcript": dict(reference)}
         for attempt in range(self._retries + 1):
             try:
                 await self._kube.patch_run_status(self._namespace, self._name, status)

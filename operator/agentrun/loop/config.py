@@ -46,6 +46,8 @@ class LoopConfig:
     loop_detection: bool = True
     loop_repeats: int = 3
     loop_failures_per_tool: int = 5
+    # How long a call of a requiresApproval tool waits for a decision before it is denied.
+    approval_timeout_seconds: float = 600.0
     # Bounds on the corrective turns the loop may spend on one response kind.
     max_continuations: int = 3
     max_reissues: int = 3
@@ -54,7 +56,15 @@ class LoopConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     @classmethod
-    def from_spec(cls, spec: AgentRunSpec, *, run_id: str, retry: RetryPolicy | None = None) -> LoopConfig:
+    def from_spec(
+        cls,
+        spec: AgentRunSpec,
+        *,
+        run_id: str,
+        retry: RetryPolicy | None = None,
+        approval_timeout_seconds: float = 600.0,
+    ) -> LoopConfig:
+        """`approval_timeout_seconds` is the operator's default, used when the spec sets none."""
         limits = spec.limits
         choice: dict[str, Any] | None = None
         if spec.tool_choice is not None and spec.tool_choice.type != "auto":
@@ -85,5 +95,10 @@ class LoopConfig:
             loop_detection=limits.loop_detection.enabled,
             loop_repeats=limits.loop_detection.repeats,
             loop_failures_per_tool=limits.loop_detection.failures_per_tool,
+            approval_timeout_seconds=float(
+                limits.approval_timeout_seconds
+                if limits.approval_timeout_seconds is not None
+                else approval_timeout_seconds
+            ),
             retry=retry or RetryPolicy(),
         )

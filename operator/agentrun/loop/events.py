@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -52,6 +52,28 @@ class TraceRow:
             **self.usage.as_dict(),
         }
 
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TraceRow:
+        """The inverse of `as_dict`, for rows read back from a stored transcript."""
+        return cls(
+            iteration=int(raw["iteration"]),
+            stop_reason=raw.get("stop_reason"),
+            tool_calls=tuple(
+                ToolTrace(
+                    tool_use_id=str(t["id"]),
+                    name=str(t["name"]),
+                    input_hash=str(t.get("input_hash", "")),
+                    duration_seconds=float(t.get("ms", 0.0)) / 1000,
+                    ok=bool(t.get("ok")),
+                    error_code=t.get("code"),
+                )
+                for t in raw.get("tool_calls") or []
+            ),
+            usage=TokenUsage.from_dict(dict(raw)),
+            model=str(raw.get("model", "")),
+            request_id=raw.get("request_id"),
+        )
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -77,6 +99,7 @@ class ModelRequestFinished:
     duration_seconds: float
     outcome: str  # "ok", a RetryClass value, or "error"
     usage: TokenUsage = field(default_factory=TokenUsage)
+    stop_reason: str | None = None  # the response's stop_reason when outcome is "ok" (for traces)
 
 
 @dataclass(frozen=True)
@@ -108,6 +131,8 @@ class Checkpoint:
     trace: TraceRow | None
     progress: Progress
     tools_pending: bool
+    # RunState.snapshot(): the counters a resumed run needs besides the messages (small, JSON-ready).
+    state: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -126,6 +151,30 @@ class ToolCallRecovered:
 
 
 @dataclass(frozen=True)
+class ApprovalRequested:
+    """A call of a tool with requiresApproval waits for a human; listed in status until decided."""
+
+    iteration: int
+    tool_use_id: str
+    tool_name: str
+    input: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ApprovalDecided:
+    """A decision on a call: from spec.approvals, a recorded one after a restart, or the timeout."""
+
+    iteration: int
+    tool_use_id: str
+    tool_name: str
+    approved: bool
+    by: str | None
+    reason: str | None
+    timed_out: bool
+    waited_seconds: float
+
+
+@dataclass(frozen=True)
 class RunFinished:
     outcome: Outcome
     progress: Progress
@@ -139,5 +188,7 @@ Event = (
     | Checkpoint
     | LoopDetected
     | ToolCallRecovered
+    | ApprovalRequested
+    | ApprovalDecided
     | RunFinished
 )

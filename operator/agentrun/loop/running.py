@@ -7,6 +7,7 @@ the allowed transitions. Limits are checked in `Prepare`, before every model req
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from agentrun.loop.approving import ApprovalGate, Approvals, NoApprover
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.dispatching import Dispatcher, ToolOutcome
 from agentrun.loop.errors import FatalModelError, RetryableModelError, ToolError
@@ -82,6 +84,13 @@ class Context:
     state: RunState
     dispatcher: Dispatcher
     deadline: float
+    gate: ApprovalGate
+
+    def gated(self, calls: Sequence[ToolCall]) -> set[str]:
+        """Ids of calls whose tool is declared with requiresApproval."""
+        return {
+            c.id for c in calls if c.name in self.tools and self.tools[c.name].definition.requires_approval
+        }
 
     async def emit_checkpoint(self, trace: TraceRow | None, *, tools_pending: bool) -> None:
         new = list(self.state.unpersisted())
@@ -93,6 +102,7 @@ class Context:
                 trace=trace,
                 progress=self.state.progress(self.pricer),
                 tools_pending=tools_pending,
+                state=self.state.snapshot(self.config.loop_repeats),
             )
         )
         self.state.persisted = len(self.state.messages)
@@ -228,6 +238,9 @@ class CallModel:
                     ModelRetryScheduled(iteration, exc.retry_class.value, attempt, delay, exc.message)
                 )
                 await ctx.guarded(ctx.clock.sleep(delay))
+                if ctx.clock.monotonic() >= ctx.deadline:
+                    # A retry sent now would be abandoned at once; don't make the server do the work.
+                    raise Interrupted(StopReason.TIMEOUT) from exc
                 continue
             except FatalModelError as exc:
                 elapsed = ctx.clock.monotonic() - started
@@ -244,7 +257,9 @@ class CallModel:
             if self.final:
                 ctx.state.final_turn = True
             await ctx.observer.notify(
-                ModelRequestFinished(iteration, request.model, elapsed, "ok", response.usage)
+                ModelRequestFinished(
+                    iteration, request.model, elapsed, "ok", response.usage, response.stop_reason
+                )
             )
             return Handle(response, final=self.final)
 
@@ -265,7 +280,24 @@ class Handle:
     async def append_and_checkpoint(self, ctx: Context, follow_up: Message | None) -> None:
         ctx.state.messages.append({"role": "assistant", "content": self.response.content})
         if follow_up is not None:
-            ctx.state.messages.append(follow_up)
+            # Calls next to a stop reason that does not run them still need one answer each,
+            # or the API rejects the next request.
+            skipped = [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": block["id"],
+                    "content": json.dumps(
+                        ToolError(
+                            "not_run",
+                            f"not run: the reply ended with stop_reason {self.response.stop_reason!r}",
+                            hint="request tools in a reply that ends with stop_reason tool_use",
+                        ).as_payload()
+                    ),
+                    "is_error": True,
+                }
+                for block in tool_uses(self.response.content)
+            ]
+            ctx.state.messages.append({**follow_up, "content": [*skipped, *follow_up["content"]]})
         await ctx.emit_checkpoint(self.trace(ctx), tools_pending=False)
 
     async def run(self, ctx: Context) -> RunTools | Prepare | Finish:
@@ -333,7 +365,10 @@ class Handle:
                 await self.append_and_checkpoint(ctx, ctx.user_message([{"type": "text", "text": note}]))
                 return Prepare()
             case "pause_turn":
-                # The server paused a long turn; sending the content back lets it resume.
+                # The server paused a long turn; sending the content back lets it resume. Client
+                # tool calls in a paused turn still need answers, or the next request is invalid.
+                if tool_uses(r.content) and not self.final:
+                    return await self.start_tools(ctx, truncated=False)
                 await self.append_and_checkpoint(ctx, None)
                 return Prepare()
             case "refusal":
@@ -422,6 +457,7 @@ class Handle:
 
     async def start_tools(self, ctx: Context, *, truncated: bool) -> RunTools:
         ctx.state.messages.append({"role": "assistant", "content": self.response.content})
+        ctx.state.in_flight = self.trace(ctx)
         # Persist the request for tools before running them: a restart re-runs these ids.
         await ctx.emit_checkpoint(None, tools_pending=True)
         return RunTools(response=self.response, truncated=truncated)
@@ -462,7 +498,9 @@ class RunTools:
                     hint=f"available tools: {available}",
                 )
         try:
-            outcomes = await ctx.guarded(ctx.dispatcher.run(calls, rejected))
+            outcomes, denied = await ctx.guarded(
+                ctx.gate.run(ctx.dispatcher, calls, rejected, ctx.gated(calls))
+            )
         except Interrupted as exc:
             # Answer every id even now, so the stored transcript stays a valid conversation.
             note = "the run was cancelled" if exc.reason is StopReason.CANCELLED else "the run timed out"
@@ -470,23 +508,24 @@ class RunTools:
                 {"type": "tool_result", "tool_use_id": c.id, "content": note, "is_error": True} for c in calls
             ]
             state.messages.append({"role": "user", "content": results})
-            await ctx.emit_checkpoint(None, tools_pending=False)
+            # The interrupted iteration still used tokens: its trace row is kept, with no tool calls.
+            row, state.in_flight = state.in_flight, None
+            await ctx.emit_checkpoint(row, tools_pending=False)
             raise
-        executed = [o for o, c in zip(outcomes, calls, strict=True) if c.id not in rejected]
+        executed = [
+            o for o, c in zip(outcomes, calls, strict=True) if c.id not in rejected and c.id not in denied
+        ]
         state.tool_calls += len(executed)
         for outcome in outcomes:
             await ctx.observer.notify(ToolCallFinished(state.iterations, outcome.trace))
             if outcome.trace.ok:
                 state.succeeded_tools.add(outcome.trace.name)
         state.messages.append(ctx.user_message([o.block for o in outcomes]))
-        trace = TraceRow(
-            state.iterations,
-            self.response.stop_reason if self.response else "tool_use",
-            tuple(o.trace for o in outcomes),
-            self.response.usage if self.response else TokenUsage(),
-            self.response.model if self.response else cfg.model,
-            self.response.request_id if self.response else None,
-        )
+        # The model answer's row was kept in the state (and in the checkpoint) before the tools ran,
+        # so a resumed run (response None) completes the same row rather than inventing one.
+        head = state.in_flight or TraceRow(state.iterations, "tool_use", (), TokenUsage(), cfg.model)
+        state.in_flight = None
+        trace = dataclasses.replace(head, tool_calls=tuple(o.trace for o in outcomes))
         await ctx.emit_checkpoint(trace, tools_pending=False)
         return await self.judge(ctx, outcomes)
 
@@ -550,15 +589,17 @@ class RunTools:
         )
         state.messages.append({"role": "assistant", "content": self.response.content})
         await ctx.emit_checkpoint(None, tools_pending=False)
-        outcomes = await ctx.guarded(ctx.dispatcher.run([call], {}))
+        # A call written as text needs the same approval as a real one: no way around the gate.
+        outcomes, denied = await ctx.guarded(ctx.gate.run(ctx.dispatcher, [call], {}, ctx.gated([call])))
         outcome = outcomes[0]
-        state.tool_calls += 1
+        state.tool_calls += 0 if denied else 1
         await ctx.observer.notify(ToolCallFinished(state.iterations, outcome.trace))
         if outcome.trace.ok:
             state.succeeded_tools.add(name)
         body = outcome.block["content"]
+        done = "It was not approved, so it did not run" if denied else "It was run for you"
         note = (
-            f"You wrote a call to {name} as text instead of using the tool interface. It was run for you; "
+            f"You wrote a call to {name} as text instead of using the tool interface. {done}; "
             f"{'error' if not outcome.trace.ok else 'result'}:\n{body}\nUse real tool calls from now on."
         )
         state.messages.append(ctx.user_message([{"type": "text", "text": note}]))
@@ -588,6 +629,7 @@ async def run_loop(
     cancel: CancelSignal,
     state: RunState | None = None,
     elapsed_before: float = 0.0,
+    approvals: Approvals | None = None,
 ) -> Outcome:
     """Run (or resume, given a restored state) one agent loop to a terminal Outcome.
 
@@ -613,6 +655,12 @@ async def run_loop(
         cancel=cancel,
         state=state,
         dispatcher=dispatcher,
+        gate=ApprovalGate(
+            approvals if approvals is not None else NoApprover(),
+            clock,
+            observer,
+            config.approval_timeout_seconds,
+        ),
         deadline=clock.monotonic() + config.timeout_seconds - elapsed_before,
     )
     await observer.notify(RunStarted(resumed=resumed, progress=state.progress(pricer)))

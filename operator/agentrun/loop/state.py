@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from agentrun.loop.events import Progress
+from agentrun.loop.events import Progress, TraceRow
 from agentrun.loop.protocols import Block, Message, Pricer
 from agentrun.loop.usage import TokenUsage
 
@@ -48,6 +48,9 @@ class RunState:
     recent_calls: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=100))
     recent_results: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=100))
     failures_per_tool: dict[str, int] = field(default_factory=dict)
+    # The trace row (without tool calls) of the model answer whose tools are running: a resumed run
+    # finishes that row from here instead of inventing one.
+    in_flight: TraceRow | None = None
 
     @classmethod
     def fresh(cls, task: str) -> RunState:
@@ -87,3 +90,55 @@ class RunState:
         if not self.messages or self.messages[-1]["role"] != "assistant":
             return []
         return tool_uses(self.messages[-1]["content"])
+
+    def snapshot(self, history: int) -> dict[str, Any]:
+        """Everything besides the messages that a resumed run needs; small and JSON-ready.
+
+        `history` bounds the loop-detection windows kept: only the last `loop_repeats` entries
+        are ever compared, so storing more would only make every checkpoint bigger.
+        """
+        keep = max(history, 1)
+        return {
+            "iterations": self.iterations,
+            "toolCalls": self.tool_calls,
+            "usageByModel": {model: u.as_dict() for model, u in sorted(self.usage_by_model.items())},
+            "consecutiveErrorTurns": self.consecutive_error_turns,
+            "continuations": self.continuations,
+            "reissues": self.reissues,
+            "driftReprompts": self.drift_reprompts,
+            "deliverableNudges": self.deliverable_nudges,
+            "finalTurn": self.final_turn,
+            "textParts": list(self.text_parts),
+            "succeededTools": sorted(self.succeeded_tools),
+            "recentCalls": [list(c) for c in list(self.recent_calls)[-keep:]],
+            "recentResults": [list(r) for r in list(self.recent_results)[-keep:]],
+            "failuresPerTool": dict(self.failures_per_tool),
+            "inFlight": self.in_flight.as_dict() if self.in_flight is not None else None,
+        }
+
+    @classmethod
+    def restore(cls, messages: Sequence[Message], snapshot: Mapping[str, Any]) -> RunState:
+        """The state a run had at its last persisted checkpoint (see `snapshot`)."""
+        usage = snapshot.get("usageByModel") or {}
+        in_flight = snapshot.get("inFlight")
+        return cls(
+            messages=[dict(m) for m in messages],
+            iterations=int(snapshot.get("iterations", 0)),
+            tool_calls=int(snapshot.get("toolCalls", 0)),
+            usage_by_model={str(m): TokenUsage.from_dict(dict(u)) for m, u in usage.items()},
+            persisted=len(messages),
+            consecutive_error_turns=int(snapshot.get("consecutiveErrorTurns", 0)),
+            continuations=int(snapshot.get("continuations", 0)),
+            reissues=int(snapshot.get("reissues", 0)),
+            drift_reprompts=int(snapshot.get("driftReprompts", 0)),
+            deliverable_nudges=int(snapshot.get("deliverableNudges", 0)),
+            final_turn=bool(snapshot.get("finalTurn", False)),
+            text_parts=[str(t) for t in snapshot.get("textParts") or []],
+            succeeded_tools={str(t) for t in snapshot.get("succeededTools") or []},
+            recent_calls=deque(((str(a), str(b)) for a, b in snapshot.get("recentCalls") or []), maxlen=100),
+            recent_results=deque(
+                ((str(a), str(b)) for a, b in snapshot.get("recentResults") or []), maxlen=100
+            ),
+            failures_per_tool={str(k): int(v) for k, v in (snapshot.get("failuresPerTool") or {}).items()},
+            in_flight=TraceRow.from_dict(in_flight) if in_flight else None,
+        )

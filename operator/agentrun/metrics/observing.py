@@ -1,18 +1,31 @@
 """Metric definitions and the observer that feeds them from loop events.
 
-No per-run labels: a label per run would grow the series count without bound. Namespace and
-model labels are bounded by the cluster's own size.
+No per-run labels: a label per run would grow the series count without bound. Namespace, model,
+tool and stop-reason labels are bounded by the cluster's own size and by our own enums. Units are
+base units (seconds, USD, tokens) and counters end in `_total` (prometheus_client adds it).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from importlib import metadata
+from typing import Protocol
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+from agentrun import __version__
 from agentrun.loop.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    Checkpoint,
     Event,
     LoopDetected,
     ModelRequestFinished,
     ModelRetryScheduled,
+    Progress,
     RunFinished,
     RunStarted,
     ToolCallFinished,
@@ -21,20 +34,51 @@ from agentrun.loop.events import (
 
 ITERATION_BUCKETS = (1, 2, 3, 5, 8, 13, 20, 30, 50, 80, 130, 200)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+DECISIONS = ("approved", "denied", "timed_out")
+RUN_DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+
+class Monotonic(Protocol):
+    def monotonic(self) -> float: ...
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_labels() -> dict[str, str]:
+    """Versions that matter when comparing two operators' behaviour (SDK retries, Kopf watches)."""
+    return {
+        "version": __version__,
+        "python": platform.python_version(),
+        "kopf": _version("kopf"),
+        "anthropic": _version("anthropic"),
+    }
+
+
+def outcome_of(succeeded: bool) -> str:
+    return "succeeded" if succeeded else "failed"
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    """Every metric of the operator, registered on an injected registry (tests use their own)."""
+
+    def __init__(self, registry: CollectorRegistry, *, wall_clock: Callable[[], float] = time.time) -> None:
         self.registry = registry
+        self._wall_clock = wall_clock
+        self._running_since: dict[str, float] = {}
         self.runs_started = Counter(
             "agentrun_runs_started",
-            "Runs whose loop started (resumed runs count again).",
+            "Runs whose loop started (resumed runs count again, with resumed=true).",
             ["namespace", "resumed"],
             registry=registry,
         )
         self.runs_finished = Counter(
             "agentrun_runs_finished",
-            "Runs that reached a terminal state.",
+            "Runs that reached a terminal state, by stop reason and outcome (succeeded or failed).",
             ["namespace", "stop_reason", "outcome"],
             registry=registry,
         )
@@ -42,6 +86,12 @@ class Metrics:
         self.runs_queued = Gauge(
             "agentrun_runs_queued", "Runs waiting for a slot (maxConcurrentRuns).", registry=registry
         )
+        self.oldest_run_age = Gauge(
+            "agentrun_oldest_running_run_age_seconds",
+            "Age of the oldest executing run since its status.startTime; 0 when none runs.",
+            registry=registry,
+        )
+        self.oldest_run_age.set_function(self._oldest_run_age)
         self.iterations = Histogram(
             "agentrun_run_iterations",
             "Model requests per finished run.",
@@ -51,14 +101,14 @@ class Metrics:
         )
         self.run_duration = Histogram(
             "agentrun_run_duration_seconds",
-            "Wall time of finished runs (this operator process).",
+            "Wall time of finished runs in this operator process.",
             ["namespace"],
-            buckets=DURATION_BUCKETS,
+            buckets=RUN_DURATION_BUCKETS,
             registry=registry,
         )
         self.model_requests = Counter(
             "agentrun_model_requests",
-            "Model requests by outcome (ok, error, or the retry class).",
+            "Model requests by outcome: ok, error (not retried) or the retry class of a retried failure.",
             ["model", "outcome"],
             registry=registry,
         )
@@ -70,7 +120,7 @@ class Metrics:
         )
         self.model_duration = Histogram(
             "agentrun_model_request_duration_seconds",
-            "Duration of model requests.",
+            "Duration of model requests (each attempt).",
             ["model"],
             buckets=DURATION_BUCKETS,
             registry=registry,
@@ -83,7 +133,7 @@ class Metrics:
         )
         self.cost = Counter(
             "agentrun_cost_usd",
-            "Spend in US dollars of finished runs, by the price table.",
+            "Spend in US dollars by the operator's price table, counted as each response is priced.",
             ["namespace"],
             registry=registry,
         )
@@ -109,21 +159,88 @@ class Metrics:
             ["tool"],
             registry=registry,
         )
+        self.approvals_pending = Gauge(
+            "agentrun_approvals_pending",
+            "Tool calls waiting for a human approval decision.",
+            registry=registry,
+        )
+        self.approvals_decided = Counter(
+            "agentrun_approvals_decided",
+            "Approval decisions by decision (approved, denied or timed_out).",
+            ["decision"],
+            registry=registry,
+        )
+        for decision in DECISIONS:
+            self.approvals_decided.labels(decision)
+        self.heartbeat = Gauge(
+            "agentrun_operator_heartbeat_timestamp_seconds",
+            "Unix time of the operator's last heartbeat; stale when its event loop is stuck.",
+            registry=registry,
+        )
+        self.build_info = Gauge(
+            "agentrun_build_info",
+            "Always 1; the labels name the operator, Python, Kopf and anthropic SDK versions.",
+            ["version", "python", "kopf", "anthropic"],
+            registry=registry,
+        )
+        self.build_info.labels(**build_labels()).set(1)
+        self.beat()
+        ProcessCollector(registry=registry)
+
+    def beat(self) -> None:
+        self.heartbeat.set(self._wall_clock())
+
+    def run_began(self, uid: str, started_at: float | None = None) -> None:
+        """Track an executing run for the oldest-run gauge (by uid, which never becomes a label)."""
+        self._running_since[uid] = self._wall_clock() if started_at is None else started_at
+
+    def run_ended(self, uid: str) -> None:
+        self._running_since.pop(uid, None)
+
+    def _oldest_run_age(self) -> float:
+        if not self._running_since:
+            return 0.0
+        return max(0.0, self._wall_clock() - min(self._running_since.values()))
 
 
 class MetricsObserver:
     """Per-run adapter from loop events to the shared metrics; keeps only what a delta needs."""
 
-    def __init__(self, metrics: Metrics, *, namespace: str, started_monotonic: float) -> None:
+    def __init__(
+        self, metrics: Metrics, *, namespace: str, started_monotonic: float, clock: Monotonic | None = None
+    ) -> None:
         self._m = metrics
         self._namespace = namespace
         self._started = started_monotonic
+        self._clock = clock
+        self._cost_seen = Decimal(0)
+        self._approvals_pending = 0
+
+    def _count_cost(self, progress: Progress) -> None:
+        """Spend is counted per priced response, so a cost-burn alert sees a long run burning."""
+        if progress.cost_usd is None:
+            return
+        delta = progress.cost_usd - self._cost_seen
+        if delta > 0:
+            self._m.cost.labels(self._namespace).inc(float(delta))
+            self._cost_seen = progress.cost_usd
+
+    def approval_requested(self) -> None:
+        self._approvals_pending += 1
+        self._m.approvals_pending.inc()
+
+    def approval_decided(self) -> None:
+        if self._approvals_pending > 0:
+            self._approvals_pending -= 1
+            self._m.approvals_pending.dec()
 
     async def notify(self, event: Event) -> None:
         m, ns = self._m, self._namespace
         match event:
-            case RunStarted(resumed=resumed):
+            case RunStarted(resumed=resumed, progress=progress):
                 m.runs_started.labels(ns, str(resumed).lower()).inc()
+                # A resumed run was already counted up to its checkpoint by an earlier process.
+                self._cost_seen = progress.cost_usd or Decimal(0)
             case ModelRequestFinished(model=model, duration_seconds=seconds, outcome=outcome, usage=usage):
                 m.model_requests.labels(model, outcome).inc()
                 m.model_duration.labels(model).observe(seconds)
@@ -135,23 +252,38 @@ class MetricsObserver:
                 ):
                     if value:
                         m.tokens.labels(ns, model, kind).inc(value)
+            case Checkpoint(progress=progress):
+                self._count_cost(progress)
             case ModelRetryScheduled(retry_class=retry_class):
                 m.model_retries.labels(retry_class).inc()
             case ToolCallFinished(trace=trace):
                 m.tool_calls.labels(trace.name, "ok" if trace.ok else (trace.error_code or "error")).inc()
                 m.tool_duration.labels(trace.name).observe(trace.duration_seconds)
+            case ApprovalRequested():
+                self.approval_requested()
+            case ApprovalDecided(approved=approved, timed_out=timed_out):
+                decision = "timed_out" if timed_out else ("approved" if approved else "denied")
+                m.approvals_decided.labels(decision).inc()
+                self.approval_decided()
             case LoopDetected(tool_name=tool):
                 m.loop_detections.labels(tool).inc()
             case ToolCallRecovered(tool_name=tool):
                 m.recovered_calls.labels(tool).inc()
             case RunFinished(outcome=outcome, progress=progress):
+                self._count_cost(progress)
                 reason = outcome.stop_reason
-                m.runs_finished.labels(ns, reason.value, "succeeded" if reason.succeeded else "failed").inc()
+                m.runs_finished.labels(ns, reason.value, outcome_of(reason.succeeded)).inc()
                 m.iterations.labels(ns).observe(progress.iterations)
-                if progress.cost_usd is not None:
-                    m.cost.labels(ns).inc(float(progress.cost_usd))
+                if self._clock is not None:
+                    self.finished(self._clock.monotonic())
+                self.release_approvals()
             case _:
                 pass
+
+    def release_approvals(self) -> None:
+        """A run that ends (or stops in this process) no longer waits for anyone."""
+        while self._approvals_pending:
+            self.approval_decided()
 
     def finished(self, now_monotonic: float) -> None:
         self._m.run_duration.labels(self._namespace).observe(max(0.0, now_monotonic - self._started))

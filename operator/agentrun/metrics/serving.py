@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from agentrun.metrics.observing import Metrics
 
 
 def metrics_app(registry: CollectorRegistry) -> web.Application:
@@ -21,3 +25,10 @@ async def start_metrics_server(registry: CollectorRegistry, host: str, port: int
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+async def keep_beating(metrics: Metrics, interval_seconds: float) -> None:
+    """The heartbeat runs on the operator's event loop: a stale value means that loop is stuck."""
+    while True:
+        metrics.beat()
+        await asyncio.sleep(interval_seconds)

@@ -3,11 +3,17 @@
 Streaming is used for every request: long max_tokens values are allowed, and an overloaded error
 that arrives inside a 200 stream is seen (the SDK raises it as a plain APIStatusError).
 The SDK's own retries are off (max_retries=0): the loop owns the single retry layer.
+
+A stream that ends before `message_stop` (a proxy or server dropping the body cleanly) is not an
+answer: the SDK would hand back a message with `stop_reason` None and partial tool input, so it is
+retried like a dropped connection. A server that ignores `stream: true` and answers with one JSON
+body is read as that body, so any server speaking the Messages API works.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -63,7 +69,7 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 def translate(exc: Exception) -> ModelCallError:
     """Map an SDK/transport failure to the loop's error classes. Messages never carry the key."""
-    if isinstance(exc, anthropic.APITimeoutError):
+    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
         return RetryableModelError("the Messages API did not answer in time", retry_class=RetryClass.TIMEOUT)
     if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
         return RetryableModelError(
@@ -114,6 +120,10 @@ def _translate_status(exc: anthropic.APIStatusError) -> ModelCallError:
         reason = "RequestTooLarge"
     elif status == 404 or kind == "not_found_error":
         reason = "ModelNotFound"
+    elif status == 429 or kind == "rate_limit_error":
+        reason = "RateLimited"  # only when the server said not to retry (x-should-retry: false)
+    elif status >= 500:
+        reason = "ModelError"  # likewise: a server error the server itself said not to retry
     else:
         reason = "InvalidModelRequest"
     too_long = status == 400 and bool(CONTEXT_TOO_LONG.search(api_message))
@@ -154,10 +164,66 @@ class AnthropicModel:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         try:
             async with self._client.messages.stream(**build_params(request)) as stream:
+                if stream.response.headers.get("content-type", "").startswith("application/json"):
+                    return response_from_json(await stream.response.aread(), stream.request_id)
+                started = stopped = False
+                async for event in stream:
+                    started = started or event.type == "message_start"
+                    stopped = stopped or event.type == "message_stop"
+                if not (started and stopped):
+                    missing = "message_stop" if started else "message_start"
+                    raise RetryableModelError(
+                        f"the Messages API stream ended before {missing} (the answer was cut off)",
+                        retry_class=RetryClass.CONNECTION,
+                        request_id=stream.request_id,
+                    )
                 message = await stream.get_final_message()
         except (anthropic.AnthropicError, httpx2.TransportError) as exc:
             raise translate(exc) from exc
         return to_response(message)
+
+
+def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
+    """A whole Message body, from a server that does not stream; read leniently like the SDK does."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise RetryableModelError(
+            "the Messages API sent a body that is not JSON (cut off?)",
+            retry_class=RetryClass.CONNECTION,
+            request_id=request_id,
+        ) from exc
+    if (
+        not isinstance(data, dict)
+        or data.get("type") != "message"
+        or not isinstance(data.get("content"), list)
+    ):
+        raise FatalModelError(
+            "unexpected response from the Messages API: not a message",
+            reason="ModelError",
+            request_id=request_id,
+        )
+    usage = data.get("usage")
+
+    def tokens(name: str) -> int:
+        value = usage.get(name) if isinstance(usage, dict) else None
+        return value if isinstance(value, int) and value >= 0 else 0
+
+    details = data.get("stop_details")
+    return ModelResponse(
+        content=[block for block in data["content"] if isinstance(block, dict)],
+        stop_reason=data.get("stop_reason") if isinstance(data.get("stop_reason"), str) else None,
+        stop_sequence=data.get("stop_sequence") if isinstance(data.get("stop_sequence"), str) else None,
+        usage=TokenUsage(
+            input_tokens=tokens("input_tokens"),
+            output_tokens=tokens("output_tokens"),
+            cache_creation_input_tokens=tokens("cache_creation_input_tokens"),
+            cache_read_input_tokens=tokens("cache_read_input_tokens"),
+        ),
+        model=str(data.get("model") or ""),
+        request_id=request_id,
+        stop_details=details if isinstance(details, dict) else None,
+    )
 
 
 class ClientPool:

@@ -18,9 +18,9 @@ too naive for a real operator (see design.md, "Kopf against a real API server"),
   match (in PUT or PATCH bodies) is a 409 Conflict; POST of an existing name is a 409 AlreadyExists;
 * DELETE: finalizers keep the object with ``deletionTimestamp`` until they are removed; delete options
   (preconditions, ``propagationPolicy``, ``dryRun``); background garbage collection of objects whose
-  ``ownerReferences`` name a deleted owner (``Orphan`` strips the references instead; ``Foreground`` is
-  treated as background); namespace deletion empties the namespace first; CRD deletion removes its
-  custom resources first (both block on finalizers, as in a real cluster);
+  ``ownerReferences`` name a deleted (or never existing) owner (``Orphan`` strips the references
+  instead; ``Foreground`` is treated as background); namespace deletion empties the namespace first;
+  CRD deletion removes its custom resources first (both block on finalizers, as in a real cluster);
 * CRDs (``apiextensions.k8s.io/v1``) created through the API or with :meth:`KubeEmulator.load_crd`
   register their resources for discovery and every verb; writes are pruned, defaulted and validated
   against the version's ``openAPIV3Schema`` (:mod:`agentrun.sandbox.kube_schema`), with the server's
@@ -35,10 +35,14 @@ too naive for a real operator (see design.md, "Kopf against a real API server"),
   events.k8s.io/v1 events, coordination.k8s.io/v1 leases, apiextensions.k8s.io/v1 CRDs; discovery on
   ``/api`` and ``/apis`` with scopes, verbs, kinds, short names and categories;
 * server-side Tables (printer columns), so ``kubectl get`` works;
+* optional authorization per bearer token (``KubeAPI.running(rbac={token: authorizer})``, see
+  :mod:`agentrun.sandbox.kube_authz`): 403 Forbidden with the server's wording, impersonation checks and
+  the owner-reference admission check; other tokens are unrestricted;
 * fault injection (:attr:`KubeEmulator.faults`, see :mod:`agentrun.sandbox.kube_faults`) applied before
   any state change, and a request log (:attr:`KubeEmulator.request_log`) with the RBAC view of each call.
 
-Not emulated: authentication and RBAC (every request is allowed; identities are only recorded),
+Not emulated: authentication, and RBAC unless an authorizer is given (by default every request is allowed
+and identities are only recorded; impersonated requests are never authorized as their target),
 admission webhooks, server-side apply (415), protobuf and CBOR bodies (415, so typed kubectl generators
 such as ``kubectl create namespace x`` fail; ``kubectl create -f`` / ``apply -f`` work), OpenAPI v2 and
 the built-in kinds' schemas (a minimal OpenAPI v3 is published: enough for kubectl's validation
@@ -95,7 +99,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp.web
 import attrs
@@ -103,6 +107,7 @@ import kmock
 import yaml
 
 from agentrun.sandbox import kube_openapi, kube_patch, kube_schema, kube_tables
+from agentrun.sandbox.kube_authz import Authorizer, Decision, attributes_of, forbidden
 from agentrun.sandbox.kube_faults import Faults
 from agentrun.sandbox.kube_http import (
     ApiError,
@@ -206,6 +211,9 @@ class _WatchPlan:
     expired: dict[str, Any] | None = None
 
 
+MAX_REQUEST_BYTES = 3 * 1024 * 1024
+
+
 @attrs.define(kw_only=True)
 class KubeEmulator(kmock.KubernetesEmulator):
     """The emulated API server as an aiohttp-compatible handler (see the module docstring).
@@ -229,6 +237,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     faults: Faults = attrs.field(factory=Faults)
     request_log: list[RequestRecord] = attrs.field(factory=list)
+    #: Optional authorization (see :mod:`agentrun.sandbox.kube_authz`): requests whose bearer token is a
+    #: key here are checked by its authorizer and refused with 403; every other request is allowed.
+    authorizers: dict[str, Authorizer] = attrs.field(factory=dict)
+    #: One entry per request checked by an authorizer, allowed or not (bounded like request_log).
+    decisions: list[Decision] = attrs.field(factory=list)
     #: Text served by ``pods/log``, by ``(namespace, pod name)``.
     pod_logs: dict[tuple[str, str], str] = attrs.field(factory=dict)
 
@@ -423,7 +436,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._served += 1
             if self.limit is not None and self._served > self.limit:
                 raise RuntimeError("Too many requests have been served so far.")
-            request = await self._parse_request(raw_request)
+            # The real API server reads bodies up to 3 MiB and answers 413 beyond; aiohttp stops at 1 MiB.
+            raw_request = raw_request.clone(client_max_size=MAX_REQUEST_BYTES)
+            try:
+                request = await self._parse_request(raw_request)
+            except aiohttp.web.HTTPRequestEntityTooLarge:
+                message = f"Request entity too large: limit is {MAX_REQUEST_BYTES}"
+                return aiohttp.web.json_response(
+                    status_body(413, "RequestEntityTooLarge", message), status=413
+                )
             self._requests.append(request)
             return await self._handle(request)
         except Exception as exc:
@@ -470,6 +491,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         record = self._record(request)
+        if self.authorizers and (denied := self._authorize(record, request.data)) is not None:
+            return self._respond(record, Reply(denied.code, denied.body()))
         fault = self.faults.take_fault(record)
         if fault is not None:
             if fault.delay:
@@ -528,6 +551,26 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if self.kmock_request_limit is not None and len(self._requests) > self.kmock_request_limit * 1.1 + 10:
             del self._requests[: len(self._requests) - self.kmock_request_limit]
         return record
+
+    def _authorize(self, record: RequestRecord, body: Any) -> ApiError | None:
+        """The 403 for a request its token's authorizer refuses; None when allowed or unrestricted."""
+        token = (record.authorization or "").removeprefix("Bearer ").strip()
+        authorizer = self.authorizers.get(token)
+        if authorizer is None:
+            return None
+        checks = attributes_of(record, authorizer.user, body, self._resolve_kind)
+        refused = next((check for check in checks if not authorizer.allows(check)), None)
+        self.decisions.append(Decision(record, tuple(checks), refused is None))
+        if self.request_log_limit is not None and len(self.decisions) > self.request_log_limit * 1.1 + 10:
+            del self.decisions[: len(self.decisions) - self.request_log_limit]
+        return forbidden(refused) if refused is not None else None
+
+    def _resolve_kind(self, api_version: str, kind: str) -> tuple[str, str] | None:
+        group = api_version.rpartition("/")[0]
+        for rtype in self._types.values():
+            if rtype.group == group and rtype.kind == kind:
+                return rtype.group, rtype.plural
+        return None
 
     def _respond(self, record: RequestRecord, reply: Reply) -> aiohttp.web.Response:
         record.status = reply.status
@@ -939,6 +982,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     del self._dependents[uid]
         for uid in new_owners - old_owners:
             self._dependents.setdefault(uid, set()).add((key, okey))
+            if uid not in self._uids:
+                # The real garbage collector also removes dependents whose owner is already gone
+                # (e.g. written by a controller that raced the owner's deletion).
+                self._later(self._collect_garbage, uid)
         if old is None and new is not None:
             self._uids[_meta(new)["uid"]] = (key, okey)
             if okey[0] is not None:
@@ -1673,6 +1720,16 @@ class KubeAPI:
     emulator: KubeEmulator
     token: str
 
+    #: Called with every emulator :meth:`running` served, when its block exits (session-wide checks of
+    #: test suites, e.g. over ``emulator.request_log``).
+    stopped_hooks: ClassVar[list[Callable[[KubeAPI], None]]] = []
+
+    def kubeconfig_for(self, token: str) -> pathlib.Path:
+        """A second kubeconfig next to the first, with another bearer token (another identity)."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", token)
+        path = self.kubeconfig_path.with_name(f"kubeconfig-{safe}.yaml")
+        return write_kubeconfig(path, self.url, token=token)
+
     @classmethod
     @contextlib.asynccontextmanager
     async def running(
@@ -1685,13 +1742,19 @@ class KubeAPI:
         token: str = "kube-emulator-token",
         emulator: KubeEmulator | None = None,
         strict: bool = True,
+        rbac: Mapping[str, Authorizer] | None = None,
     ) -> AsyncIterator[KubeAPI]:
         """Serve on ``host:port`` (0: any free port) until the block exits.
 
         With ``strict`` (the default), an unexpected exception inside the emulator (a bug, not an API
         error answer) is re-raised when the block exits, so tests cannot pass over it.
+
+        ``rbac`` maps bearer tokens to authorizers: requests with such a token are authorized and
+        refused with 403 as a real server would (:mod:`agentrun.sandbox.kube_authz`); give that
+        identity a kubeconfig with :meth:`kubeconfig_for`. The default token stays unrestricted.
         """
         emulator = emulator if emulator is not None else KubeEmulator(strict=strict)
+        emulator.authorizers.update(rbac or {})
         for crd_path in crd_paths:
             emulator.load_crd(crd_path)
         async with contextlib.AsyncExitStack() as stack:
@@ -1711,7 +1774,12 @@ class KubeAPI:
                 kubeconfig_path = pathlib.Path(tmp) / "kubeconfig.yaml"
             config = write_kubeconfig(pathlib.Path(kubeconfig_path), url, token=token)
             logger.info("kube emulator: serving on %s", url)
-            yield cls(url=url, kubeconfig_path=config, emulator=emulator, token=token)
+            kube = cls(url=url, kubeconfig_path=config, emulator=emulator, token=token)
+            try:
+                yield kube
+            finally:
+                for hook in cls.stopped_hooks:
+                    hook(kube)
 
 
 async def _serve_until_signalled(args: argparse.Namespace) -> None:

@@ -400,7 +400,7 @@ class FakeMessagesAPI:
             message_id=derived_id("msg", plan.conversation, plan.step),
             model=str(body["model"]),
             content=content,
-            stop_reason="max_tokens" if max_tokens_cut else reply.effective_stop_reason,
+            stop_reason="max_tokens" if max_tokens_cut else reply.wire_stop_reason,
             stop_sequence=None if max_tokens_cut else reply.stop_sequence,
             stop_details=None if max_tokens_cut else reply.stop_details,
             input_tokens=(

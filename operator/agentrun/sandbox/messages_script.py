@@ -19,6 +19,7 @@ File format (YAML or JSON; one file may hold several scripts)::
                 - {type: text, text: "Let me look."}
                 - {type: tool_use, name: list_pods, input: {namespace: default}}   # id optional
               stop_reason: tool_use          # optional: tool_use if there is a tool_use block, else end_turn
+              unknown_stop_reason: null      # opt-in: a stop_reason the API does not define, sent verbatim
               stop_sequence: null
               stop_details: null             # e.g. {type: refusal, category: cyber, explanation: "..."}
               usage: {input_tokens: 120, output_tokens: 30, cache_creation_input_tokens: 0,
@@ -289,11 +290,16 @@ class Reply:
 
     Content blocks are raw API dicts (``text`` and ``tool_use``); a ``tool_use`` without an ``id`` gets one
     derived from the conversation and step, so a resent history is answered with the same ids.
+
+    ``stop_reason`` must be one the API defines, so a typo in a script fails loudly. To see how a client
+    copes with a value the API may add later, opt in explicitly with ``unknown_stop_reason``: it is sent
+    verbatim (the SDK builds responses without strict validation, so the client receives it as is).
     """
 
     content: Sequence[Mapping[str, Any]] = ()
     _: KW_ONLY
     stop_reason: StopReason | None = None
+    unknown_stop_reason: str | None = None
     stop_sequence: str | None = None
     stop_details: Mapping[str, Any] | None = None
     usage: ScriptUsage = field(default_factory=ScriptUsage)
@@ -310,7 +316,18 @@ class Reply:
         if self.stop_details is not None:
             object.__setattr__(self, "stop_details", copy.deepcopy(dict(self.stop_details)))
         if self.stop_reason is not None and self.stop_reason not in STOP_REASONS:
-            raise ValueError(f"reply: unknown stop_reason {self.stop_reason!r}")
+            raise ValueError(
+                f"reply: unknown stop_reason {self.stop_reason!r}; "
+                "use unknown_stop_reason to send it on purpose"
+            )
+        if self.unknown_stop_reason is not None:
+            if self.stop_reason is not None:
+                raise ValueError("reply: give stop_reason or unknown_stop_reason, not both")
+            if not isinstance(self.unknown_stop_reason, str) or self.unknown_stop_reason in STOP_REASONS:
+                raise ValueError(
+                    f"reply: unknown_stop_reason must be a value the API does not define, "
+                    f"got {self.unknown_stop_reason!r}; use stop_reason for it"
+                )
         if self.delay_seconds < 0 or self.chunk_delay_seconds < 0:
             raise ValueError("reply: delays must not be negative")
         for fault in self.faults:
@@ -327,6 +344,13 @@ class Reply:
         if any(block["type"] == "tool_use" for block in self.content):
             return "tool_use"
         return "end_turn"
+
+    @property
+    def wire_stop_reason(self) -> str:
+        """What the server sends: the opted-in unknown value, else the effective one."""
+        return (
+            self.unknown_stop_reason if self.unknown_stop_reason is not None else self.effective_stop_reason
+        )
 
 
 def _checked_block(block: Mapping[str, Any], index: int) -> dict[str, Any]:

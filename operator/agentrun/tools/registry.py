@@ -1,53 +1,274 @@
-"""Turning spec.tools into the run's fixed tool set, or a precise InvalidSpec message."""
+"""Turning spec.tools into the run's fixed tool set, or a precise error naming the offending field.
+
+Two stages, because the controller must wait for Secrets in between:
+* `check_tools(spec)`: everything knowable from the spec alone (unknown built-ins, bad config,
+  invalid inputSchema, duplicate names), raising InvalidToolSpec before the run starts;
+* `open_tools(spec, env)`: reads header Secrets, lists MCP servers (once: the list is part of the
+  cached prompt prefix and stays fixed for the run), and closes connections when the run ends.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from agentrun.api.spec import TOOL_NAME_PATTERN, AgentRunSpec
-from agentrun.loop.protocols import Tool
+from agentrun.api.spec import TOOL_NAME_PATTERN, AgentRunSpec, MCPServer, ToolSpec
+from agentrun.loop.protocols import Tool, ToolCall, ToolDefinition, ToolOutput
 from agentrun.tools.builtin.basic import Calculator, CurrentTime
+from agentrun.tools.builtin.http_fetch import FetchConfig, HTTPFetch
+from agentrun.tools.builtin.kubernetes import CLUSTER_SCOPED_CAPABLE, KUBERNETES_TOOLS, Scope
+from agentrun.tools.environment import SecretMissing, SecretUse, ToolEnvironment, ToolStartError
+from agentrun.tools.errors import InvalidToolSpec
+from agentrun.tools.kube_reading import KubeReader, service_account_user
+from agentrun.tools.secret_headers import read_headers
+from agentrun.tools.webhooking import WebhookTool, check_schema, endpoint
 
-BUILTINS: dict[str, Callable[[Mapping[str, Any]], Tool]] = {
+__all__ = [
+    "BUILTIN_NAMES",
+    "InvalidToolSpec",
+    "SecretMissing",
+    "ToolStartError",
+    "check_tools",
+    "open_tools",
+    "secret_uses",
+]
+
+if TYPE_CHECKING:
+    from agentrun.tools.mcp_calling import MCPSession
+
+Sleep = Callable[[float], Awaitable[None]]
+MCP_START_DELAYS = (1.0, 2.0, 4.0)  # 4 attempts over about 7 s, then the run fails
+
+_SIMPLE: dict[str, Callable[[Mapping[str, Any]], Tool]] = {
     "current_time": CurrentTime,
     "calculator": Calculator,
+    "http_fetch": HTTPFetch,
 }
+BUILTIN_NAMES = tuple(sorted((*_SIMPLE, *KUBERNETES_TOOLS)))
 
 
-class InvalidToolSpec(ValueError):
-    """The spec's tools cannot form a valid tool set; the message names the offending tool."""
+def _check_builtin(name: str, config: Mapping[str, Any]) -> None:
+    if name in KUBERNETES_TOOLS:
+        Scope.parse(config, "", cluster_scoped_key=name in CLUSTER_SCOPED_CAPABLE)
+    elif name == "http_fetch":
+        FetchConfig.parse(config)
+    else:
+        _SIMPLE[name](config)
 
 
-def build_tools(spec: AgentRunSpec) -> dict[str, Tool]:
-    tools: dict[str, Tool] = {}
+def check_tools(spec: AgentRunSpec) -> None:
+    """Everything that can be checked without Secrets or servers; raises InvalidToolSpec."""
+    names: dict[str, str] = {}
+    servers: dict[str, str] = {}
+    mcp_prefixes = [f"{t.mcp.name}_" for t in spec.tools if t.mcp is not None]
     for index, entry in enumerate(spec.tools):
         where = f"spec.tools[{index}]"
         if entry.builtin is not None:
-            factory = BUILTINS.get(entry.builtin.name)
-            if factory is None:
-                known = ", ".join(sorted(BUILTINS))
+            if entry.builtin.name not in BUILTIN_NAMES:
                 raise InvalidToolSpec(
-                    f"{where}.builtin.name: unknown built-in {entry.builtin.name!r} (known: {known})"
+                    f"{where}.builtin.name: unknown built-in {entry.builtin.name!r} "
+                    f"(known: {', '.join(BUILTIN_NAMES)})"
                 )
             try:
-                tool = factory(entry.builtin.config)
+                _check_builtin(entry.builtin.name, entry.builtin.config)
             except ValueError as exc:
-                raise InvalidToolSpec(f"{where}.builtin.config: {exc}") from exc
-        else:
-            kind = "http" if entry.http is not None else "mcp"
-            raise InvalidToolSpec(f"{where}.{kind}: {kind} tools are not supported by this operator version")
-        _add(tools, tool, where)
+                raise InvalidToolSpec(f"{where}.builtin.config: {entry.builtin.name}: {exc}") from exc
+            _claim(names, entry.builtin.name, where)
+        elif entry.http is not None:
+            if (entry.http.url is None) == (entry.http.service is None):
+                raise InvalidToolSpec(f"{where}.http: set exactly one of url and service")
+            problem = check_schema(entry.http.input_schema)
+            if problem is not None:
+                raise InvalidToolSpec(f"{where}.http.inputSchema: not a valid JSON Schema: {problem}")
+            _claim(names, entry.http.name, where)
+        elif entry.mcp is not None:
+            if entry.mcp.name in servers:
+                raise InvalidToolSpec(
+                    f"{where}.mcp.name: duplicate MCP server name {entry.mcp.name!r} "
+                    f"(also {servers[entry.mcp.name]})"
+                )
+            servers[entry.mcp.name] = where
+    _check_references(spec, set(names), mcp_prefixes)
+
+
+def _claim(names: dict[str, str], name: str, where: str) -> None:
+    if name in names:
+        raise InvalidToolSpec(f"{where}: duplicate tool name {name!r} (also {names[name]})")
+    names[name] = where
+
+
+def _check_references(spec: AgentRunSpec, names: set[str], mcp_prefixes: list[str]) -> None:
+    def known(name: str) -> bool:
+        return name in names or any(name.startswith(p) for p in mcp_prefixes)
+
     for name in spec.required_tools:
-        if name not in tools:
+        if not known(name):
             raise InvalidToolSpec(f"spec.requiredTools: {name!r} is not one of the run's tools")
-    if spec.tool_choice is not None and spec.tool_choice.name and spec.tool_choice.name not in tools:
+    choice = spec.tool_choice
+    if choice is not None and choice.name and not known(choice.name):
+        raise InvalidToolSpec(f"spec.toolChoice.name: {choice.name!r} is not one of the run's tools")
+    if choice is not None and choice.type in ("any", "tool") and not spec.tools:
+        raise InvalidToolSpec(f"spec.toolChoice.type: {choice.type!r} needs at least one tool")
+
+
+def secret_uses(spec: AgentRunSpec) -> list[SecretUse]:
+    """The Secrets the tools read, each with the field that references it."""
+    uses: list[SecretUse] = []
+    for index, entry in enumerate(spec.tools):
+        if entry.http is not None and entry.http.headers_from is not None:
+            uses.append(SecretUse(f"spec.tools[{index}].http.headersFrom", entry.http.headers_from))
+        if entry.mcp is not None and entry.mcp.headers_from is not None:
+            uses.append(SecretUse(f"spec.tools[{index}].mcp.headersFrom", entry.mcp.headers_from))
+    return uses
+
+
+@dataclass
+class _Declared:
+    """A tool with the spec entry's writeKey and requiresApproval applied to its definition."""
+
+    inner: Tool
+    definition: ToolDefinition
+
+    async def call(self, call: ToolCall) -> ToolOutput:
+        return await self.inner.call(call)
+
+
+def _declared(tool: Tool, entry: ToolSpec) -> Tool:
+    if entry.write_key is None and not entry.requires_approval:
+        return tool
+    definition = dataclasses.replace(
+        tool.definition, write_key=entry.write_key, requires_approval=entry.requires_approval
+    )
+    return _Declared(tool, definition)
+
+
+@contextlib.asynccontextmanager
+async def open_tools(
+    spec: AgentRunSpec,
+    env: ToolEnvironment,
+    *,
+    sleep: Sleep = asyncio.sleep,
+    mcp_start_delays: tuple[float, ...] = MCP_START_DELAYS,
+) -> AsyncIterator[dict[str, Tool]]:
+    """The run's tools, open for the duration of the block.
+
+    Raises InvalidToolSpec (a name collision after MCP prefixing, a malformed header Secret,
+    a Kubernetes tool without a cluster), SecretMissing, or ToolStartError (an MCP server still
+    unreachable after the start retries).
+    """
+    check_tools(spec)
+    async with contextlib.AsyncExitStack() as stack:
+        tools: dict[str, Tool] = {}
+        reader: KubeReader | None = None
+        for index, entry in enumerate(spec.tools):
+            where = f"spec.tools[{index}]"
+            if entry.builtin is not None:
+                name, config = entry.builtin.name, entry.builtin.config
+                if name in KUBERNETES_TOOLS:
+                    if reader is None:
+                        reader = _kube_reader(env, where)
+                        stack.push_async_callback(reader.close)
+                    scope = Scope.parse(
+                        config, env.namespace, cluster_scoped_key=name in CLUSTER_SCOPED_CAPABLE
+                    )
+                    _add(tools, _declared(KUBERNETES_TOOLS[name](reader, scope), entry), where)
+                else:
+                    _add(tools, _declared(_SIMPLE[name](config), entry), where)
+            elif entry.http is not None:
+                use = (
+                    SecretUse(f"{where}.http.headersFrom", entry.http.headers_from)
+                    if entry.http.headers_from
+                    else None
+                )
+                webhook = WebhookTool(
+                    entry.http,
+                    url=endpoint(entry.http, env.namespace),
+                    headers=await read_headers(env, use),
+                    sleep=sleep,
+                    definition=ToolDefinition(
+                        entry.http.name, entry.http.description, entry.http.input_schema
+                    ),
+                )
+                _add(tools, _declared(webhook, entry), where)
+            elif entry.mcp is not None:
+                use = (
+                    SecretUse(f"{where}.mcp.headersFrom", entry.mcp.headers_from)
+                    if entry.mcp.headers_from
+                    else None
+                )
+                # Imported on first use: the MCP SDK takes seconds to import and most runs have no MCP server.
+                from agentrun.tools.mcp_calling import MCPSession
+
+                session = MCPSession(entry.mcp.url, await read_headers(env, use))
+                stack.push_async_callback(session.close)
+                for tool in await _mcp_tools(session, entry.mcp, where, sleep, mcp_start_delays):
+                    _add(tools, _declared(tool, entry), where)
+        for name in spec.required_tools:
+            if name not in tools:
+                raise InvalidToolSpec(f"spec.requiredTools: {name!r} is not one of the run's tools")
+        if spec.tool_choice is not None and spec.tool_choice.name and spec.tool_choice.name not in tools:
+            raise InvalidToolSpec(
+                f"spec.toolChoice.name: {spec.tool_choice.name!r} is not one of the run's tools"
+            )
+        yield tools
+
+
+def _kube_reader(env: ToolEnvironment, where: str) -> KubeReader:
+    connection = env.kube_connection()
+    if connection is None:
         raise InvalidToolSpec(
-            f"spec.toolChoice.name: {spec.tool_choice.name!r} is not one of the run's tools"
+            f"{where}.builtin: Kubernetes tools need a cluster, and none is configured "
+            "(set KUBECONFIG when running locally)"
         )
-    if spec.tool_choice is not None and spec.tool_choice.type in ("any", "tool") and not tools:
-        raise InvalidToolSpec(f"spec.toolChoice.type: {spec.tool_choice.type!r} needs at least one tool")
+    return KubeReader(connection, user=service_account_user(env.namespace, env.service_account_name))
+
+
+async def _mcp_tools(
+    session: MCPSession, server: MCPServer, where: str, sleep: Sleep, delays: tuple[float, ...]
+) -> list[Tool]:
+    from agentrun.tools.mcp_calling import MCPTool, describe
+
+    attempts = len(delays) + 1
+    for attempt in range(attempts):
+        try:
+            listed = await session.list_tools()
+            break
+        except Exception as exc:  # any transport or protocol failure: retried, then reported
+            await session.broken()
+            if attempt + 1 == attempts:
+                raise ToolStartError(
+                    f"{where}.mcp: MCP server {server.name!r} at {server.url} could not be listed after "
+                    f"{attempts} attempts: {describe(exc)}"
+                ) from None
+            await sleep(delays[attempt])
+    offered = {tool.name: tool for tool in listed}
+    wanted = list(offered) if server.allowed_tools is None else server.allowed_tools
+    missing = [name for name in wanted if name not in offered]
+    if missing:
+        raise InvalidToolSpec(
+            f"{where}.mcp.allowedTools: server {server.name!r} does not offer {', '.join(missing)} "
+            f"(it offers: {', '.join(sorted(offered)) or 'nothing'})"
+        )
+    tools: list[Tool] = []
+    for name in wanted:
+        remote = offered[name]
+        prefixed = f"{server.name}_{name}"
+        if not re.match(TOOL_NAME_PATTERN, prefixed):
+            raise InvalidToolSpec(
+                f"{where}.mcp: tool {name!r} of server {server.name!r} becomes {prefixed!r}, which does not "
+                f"match {TOOL_NAME_PATTERN}; exclude it with allowedTools or shorten the server name"
+            )
+        definition = ToolDefinition(
+            name=prefixed,
+            description=remote.description or remote.title or name,
+            input_schema=remote.input_schema,
+        )
+        tools.append(MCPTool(session, remote_name=name, definition=definition))
     return tools
 
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+from prometheus_client import CollectorRegistry
+
+from agentrun.controller.status_writing import terminal_status
+from agentrun.loop.config import RetryPolicy
 from agentrun.loop.errors import ToolError
-from agentrun.loop.events import ModelRetryScheduled, ToolCallFinished
+from agentrun.loop.events import ModelRetryScheduled
 from agentrun.loop.stops import StopReason
+from agentrun.metrics.observing import Metrics, MetricsObserver
 from agentrun.sandbox.messages_script import (
+    ConnectionReset,
     HttpError,
     Reply,
     ScriptUsage,
@@ -16,7 +22,7 @@ from agentrun.sandbox.messages_script import (
     text_block,
     tool_use_block,
 )
-from tests.support.loop_harness import FakeTool, run_scripted
+from tests.support.loop_harness import FakeClock, FakeTool, run_scripted
 
 
 def _answer(text: str = "done", **usage: int) -> Reply:
@@ -59,19 +65,6 @@ async def test_every_tool_use_id_is_answered_once_in_call_order_in_one_message()
     )
     results = run.requests[1].body["messages"][-1]["content"]
     assert [(r["tool_use_id"], r["content"]) for r in results] == [("toolu_1", "S"), ("toolu_2", "F")]
-
-
-async def test_parallel_tools_run_concurrently() -> None:
-    tools = [FakeTool(f"t{i}", delay=0.3) for i in range(4)]
-    run = await run_scripted(
-        [Reply([tool_use_block(t.name, {}, id=f"toolu_{t.name}") for t in tools]), _answer()], tools=tools
-    )
-    durations = [e.trace.duration_seconds for e in run.recorder.of(ToolCallFinished)]
-    starts = [t.calls[0] for t in tools]
-    assert len(starts) == 4 and len(durations) == 4
-    # Concurrent: the whole tool phase took far less than the sum of the four delays.
-    span = run.requests[1].arrived_at - run.requests[0].arrived_at
-    assert span < 4 * 0.3
 
 
 async def test_tool_failure_is_a_structured_error_result_and_the_run_goes_on() -> None:
@@ -226,6 +219,22 @@ async def test_pause_turn_sends_the_content_back_and_resumes() -> None:
     )
     assert run.outcome.result == "resumed"
     assert run.requests[1].body["messages"][-1]["role"] == "assistant"
+
+
+async def test_client_tool_calls_in_a_paused_turn_are_run_and_answered() -> None:
+    tool = FakeTool("lookup", answer="42 pods")
+    run = await run_scripted(
+        [
+            Reply([tool_use_block("lookup", {"q": "pods"}, id="toolu_paused")], stop_reason="pause_turn"),
+            _answer("resumed"),
+        ],
+        tools=[tool],
+    )
+    assert run.outcome.result == "resumed"
+    answer = run.requests[1].body["messages"][-1]
+    assert answer["role"] == "user"
+    assert answer["content"][0]["tool_use_id"] == "toolu_paused"
+    assert "42 pods" in str(answer["content"][0]["content"])
 
 
 async def test_context_window_exceeded_is_its_own_stop_reason() -> None:
@@ -393,3 +402,138 @@ async def test_system_prompt_and_tools_form_a_cached_prefix() -> None:
     assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
     assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
     assert "cache_control" not in body["tools"][0]
+
+
+def _metrics() -> tuple[CollectorRegistry, MetricsObserver]:
+    registry = CollectorRegistry()
+    return registry, MetricsObserver(Metrics(registry), namespace="default", started_monotonic=0.0)
+
+
+def _retries(registry: CollectorRegistry, retry_class: str) -> float:
+    return registry.get_sample_value("agentrun_model_retries_total", {"retry_class": retry_class}) or 0.0
+
+
+async def test_a_stream_cut_before_message_stop_is_retried_as_a_connection_error() -> None:
+    registry, metrics = _metrics()
+    tool = FakeTool("t")
+    run = await run_scripted(
+        [
+            Reply(
+                [tool_use_block("t", {"q": "complete input"}, id="toolu_1")],
+                faults=[TruncatedStream(mode="cut", keep=0.5)],
+            ),
+            _answer("done"),
+        ],
+        tools=[tool],
+        clock=FakeClock(),
+        observers=[metrics],
+    )
+    assert run.outcome.stop_reason is StopReason.END_TURN
+    # The cut reply was never acted on: the second, complete reply was, with the full input.
+    assert [dict(c.input) for c in tool.calls] == [{"q": "complete input"}]
+    assert [r.step for r in run.requests] == [0, 0, 1]
+    assert [r.retry_class for r in run.recorder.of(ModelRetryScheduled)] == ["connection"]
+    assert _retries(registry, "connection") == 1
+    assert run.finished.progress.iterations == 2
+
+
+async def test_tool_calls_sharing_a_write_key_run_one_after_another() -> None:
+    journal: list[tuple[str, str]] = []
+    tools = [FakeTool(f"w{i}", write_key="repo", journal=journal) for i in range(3)]
+    run = await run_scripted(
+        [Reply([tool_use_block(t.name, {}, id=f"toolu_{t.name}") for t in tools]), _answer()], tools=tools
+    )
+    assert run.outcome.stop_reason is StopReason.END_TURN
+    # Each call ends before the next one starts; the order between them is not promised.
+    assert [kind for kind, _ in journal] == ["start", "end"] * 3
+    assert all(journal[i][1] == journal[i + 1][1] for i in range(0, 6, 2))
+
+
+async def test_tool_calls_without_a_write_key_overlap() -> None:
+    journal: list[tuple[str, str]] = []
+    tools = [FakeTool(f"r{i}", journal=journal) for i in range(3)]
+    await run_scripted(
+        [Reply([tool_use_block(t.name, {}, id=f"toolu_{t.name}") for t in tools]), _answer()], tools=tools
+    )
+    # All three started before any of them finished.
+    assert [kind for kind, _ in journal[:3]] == ["start"] * 3
+
+
+async def test_write_keyed_calls_are_serialised_while_others_run_alongside() -> None:
+    journal: list[tuple[str, str]] = []
+    keyed = [FakeTool(f"w{i}", write_key="db", journal=journal, steps=3) for i in range(2)]
+    free = FakeTool("read", journal=journal, steps=20)
+    run = await run_scripted(
+        [
+            Reply([tool_use_block(t.name, {}, id=f"toolu_{t.name}") for t in [*keyed, free]]),
+            _answer(),
+        ],
+        tools=[*keyed, free],
+    )
+    assert run.outcome.stop_reason is StopReason.END_TURN
+    keyed_events = [event for event in journal if event[1] != "toolu_read"]
+    assert [kind for kind, _ in keyed_events] == ["start", "end", "start", "end"]
+    # The unkeyed read started before the keyed calls were done and ended after them.
+    assert journal.index(("start", "toolu_read")) < journal.index(keyed_events[-1])
+    assert journal[-1] == ("end", "toolu_read")
+
+
+async def test_an_unknown_stop_reason_finishes_with_the_raw_value_kept() -> None:
+    tool = FakeTool("t")
+    run = await run_scripted(
+        [Reply([text_block("hmm"), tool_use_block("t", {})], unknown_stop_reason="compaction_needed")],
+        tools=[tool],
+    )
+    assert run.outcome.stop_reason is StopReason.UNEXPECTED_STOP_REASON
+    assert run.outcome.raw_stop_reason == "compaction_needed"
+    assert "compaction_needed" in run.outcome.message
+    assert tool.calls == [] and len(run.requests) == 1
+    status = terminal_status(run.outcome, run.finished.progress, now="t", generation=None)
+    assert (status["stopReason"], status["rawStopReason"], status["phase"]) == (
+        "UnexpectedStopReason",
+        "compaction_needed",
+        "Failed",
+    )
+
+
+async def test_every_retry_is_counted_by_class_in_metrics() -> None:
+    registry, metrics = _metrics()
+    faults = [
+        HttpError.rate_limit(retry_after=None),
+        HttpError.overloaded(),
+        StreamError(),
+        ConnectionReset(during="headers"),
+        ConnectionReset(during="body"),
+        HttpError(error_type="api_error", status=503),
+    ]
+    run = await run_scripted(
+        [Reply([text_block("ok")], faults=faults)],
+        retry=RetryPolicy(max_retries=6, base_seconds=1, max_seconds=8),
+        clock=FakeClock(),
+        observers=[metrics],
+    )
+    assert run.outcome.stop_reason is StopReason.END_TURN
+    counts = {c: _retries(registry, c) for c in ("rate_limited", "overloaded", "connection", "server_error")}
+    assert counts == {"rate_limited": 1, "overloaded": 2, "connection": 2, "server_error": 1}
+    assert len(run.requests) == 7
+
+
+async def test_calls_next_to_a_rejected_end_turn_are_answered_as_not_run() -> None:
+    deploy = FakeTool("deploy")
+    run = await run_scripted(
+        [
+            Reply(
+                [text_block("done"), tool_use_block("deploy", {}, id="toolu_early")], stop_reason="end_turn"
+            ),
+            Reply([tool_use_block("deploy", {}, id="toolu_real")]),
+            _answer("deployed"),
+        ],
+        tools=[deploy],
+        spec={"requiredTools": ["deploy"]},
+    )
+    assert run.outcome.stop_reason is StopReason.END_TURN
+    follow_up = run.requests[1].body["messages"][-1]["content"]
+    assert follow_up[0]["tool_use_id"] == "toolu_early" and follow_up[0]["is_error"] is True
+    assert '"code": "not_run"' in follow_up[0]["content"]
+    assert "deploy" in follow_up[1]["text"]
+    assert [c.id for c in deploy.calls] == ["toolu_real"]

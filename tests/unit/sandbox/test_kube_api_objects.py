@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import re
 import uuid
+
+import aiohttp
 
 from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.kube_client import KubeClient
@@ -221,3 +225,22 @@ async def test_concurrent_writers_get_unique_increasing_resource_versions(client
     versions = [int(answer.rv) for answer in created + patched]
     assert len(set(versions)) == 100
     assert all(int(p.rv) > int(c.rv) for c, p in zip(created, patched, strict=True))
+
+
+async def test_bodies_up_to_three_mebibytes_are_read_and_larger_ones_get_413(kube: KubeAPI) -> None:
+    async def post(size: int) -> tuple[int, dict[str, object]]:
+        manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"big-{size}"}}
+        manifest["data"] = {"blob": "x" * size}
+        body = io.BytesIO(json.dumps(manifest).encode())
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{kube.url}{CONFIGMAPS}", data=body, headers={"Content-Type": "application/json"}
+            ) as response,
+        ):
+            return response.status, await response.json()
+
+    status, answer = await post(2 * 1024 * 1024)
+    assert status == 201, answer
+    status, answer = await post(3 * 1024 * 1024 + 1)
+    assert (status, answer["reason"], answer["code"]) == (413, "RequestEntityTooLarge", 413)

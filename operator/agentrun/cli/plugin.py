@@ -1,0 +1,288 @@
+"""`kubectl agentrun`: read a run's transcript and trace, cancel it, approve or deny its tool calls.
+
+kubectl finds the `kubectl-agentrun` executable on PATH. It acts as the kubeconfig user, with that
+user's RBAC: reading transcripts needs `get`/`list` on the chunk Secrets (or ConfigMaps), deciding
+and cancelling need `patch` on agentruns. Nothing here talks to the operator directly; everything
+goes through the AgentRun object, so the plugin works whichever operator replica runs the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.cli.plugin_rendering import render_trace, render_transcript
+from agentrun.controller.transcript_storing import StorageKind, Transcript, TranscriptError, load
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+CONFLICT_RETRIES = 5
+
+
+class PluginError(Exception):
+    """A message for the user; the plugin prints it and exits 1."""
+
+
+@dataclass
+class Session:
+    api: client.ApiClient
+    namespace: str
+    user: str | None
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+
+async def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Session:
+    """Same resolution as kubectl: --kubeconfig, else KUBECONFIG, else ~/.kube/config; --context."""
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    except config.ConfigException as exc:
+        raise PluginError(f"cannot read kubeconfig: {exc}") from exc
+    chosen = active
+    if context is not None:
+        chosen = next((c for c in contexts if c.get("name") == context), None)
+        if chosen is None:
+            raise PluginError(f"context {context!r} not found in kubeconfig")
+    details = (chosen or {}).get("context") or {}
+    configuration = client.Configuration()
+    await config.load_kube_config(
+        config_file=kubeconfig, context=context, client_configuration=configuration, persist_config=False
+    )
+    return Session(
+        api=client.ApiClient(configuration),
+        namespace=namespace or details.get("namespace") or "default",
+        user=details.get("user"),
+    )
+
+
+def _api_error(exc: ApiException, what: str) -> PluginError:
+    if exc.status == 404:
+        return PluginError(f"{what} not found")
+    if exc.status in (401, 403):
+        return PluginError(f"not allowed: {what} (HTTP {exc.status}); check your RBAC")
+    detail = exc.reason
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        detail = json.loads(exc.body or b"{}").get("message", detail)
+    return PluginError(f"{what}: HTTP {exc.status} {detail}")
+
+
+async def get_run(session: Session, name: str) -> dict[str, Any]:
+    try:
+        obj: dict[str, Any] = await session.custom.get_namespaced_custom_object(
+            GROUP, VERSION, session.namespace, PLURAL, name
+        )
+    except ApiException as exc:
+        raise _api_error(exc, f"agentrun {session.namespace}/{name}") from exc
+    return obj
+
+
+async def read_transcript(session: Session, name: str) -> Transcript:
+    run = await get_run(session, name)
+    ref = (run.get("status") or {}).get("transcript") or {}
+    storage: StorageKind = "configmap" if ref.get("kind") == "ConfigMap" else "secret"
+    try:
+        return await load(
+            session.core, session.namespace, name, uid=run["metadata"].get("uid"), storage=storage
+        )
+    except ApiException as exc:
+        raise _api_error(exc, f"transcript of agentrun {session.namespace}/{name}") from exc
+    except TranscriptError as exc:
+        raise PluginError(f"transcript of agentrun {session.namespace}/{name}: {exc}") from exc
+
+
+async def cmd_transcript(session: Session, args: argparse.Namespace) -> str:
+    transcript = await read_transcript(session, args.name)
+    if args.output == "json":
+        return json.dumps(transcript.messages, indent=2, ensure_ascii=False) + "\n"
+    if transcript.empty:
+        return f"agentrun {session.namespace}/{args.name} has no stored transcript yet\n"
+    text = render_transcript(transcript.messages)
+    if transcript.outcome is not None:
+        text += f"\nfinished: {transcript.outcome.stop_reason.value}: {transcript.outcome.message}\n"
+    return text
+
+
+async def cmd_trace(session: Session, args: argparse.Namespace) -> str:
+    transcript = await read_transcript(session, args.name)
+    if args.output == "json":
+        return json.dumps([row.as_dict() for row in transcript.trace_rows], indent=2) + "\n"
+    if not transcript.trace_rows:
+        return f"agentrun {session.namespace}/{args.name} has no iterations recorded yet\n"
+    return render_trace(transcript.trace_rows)
+
+
+async def cmd_cancel(session: Session, args: argparse.Namespace) -> str:
+    try:
+        await session.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
+            GROUP,
+            VERSION,
+            session.namespace,
+            PLURAL,
+            args.name,
+            {"spec": {"cancel": True}},
+            _content_type=MERGE_PATCH,
+        )
+    except ApiException as exc:
+        raise _api_error(exc, f"agentrun {session.namespace}/{args.name}") from exc
+    return f"agentrun.agentrun.dev/{args.name} cancel requested\n"
+
+
+def choose_call(run: dict[str, Any], tool_use_id: str | None) -> dict[str, Any]:
+    """The pending call to decide on: the one named, or the only one."""
+    name = run["metadata"]["name"]
+    pending = [p for p in (run.get("status") or {}).get("pendingApprovals") or [] if isinstance(p, dict)]
+    listing = ", ".join(f"{p.get('toolUseId')} ({p.get('toolName')})" for p in pending)
+    if tool_use_id is None:
+        if not pending:
+            raise PluginError(f"agentrun {name} has no tool call awaiting approval")
+        if len(pending) > 1:
+            raise PluginError(
+                f"agentrun {name} has {len(pending)} calls awaiting approval; name one of: {listing}"
+            )
+        return pending[0]
+    for entry in pending:
+        if entry.get("toolUseId") == tool_use_id:
+            return entry
+    decided = [a for a in (run.get("spec") or {}).get("approvals") or [] if a.get("toolUseId") == tool_use_id]
+    if decided:
+        raise PluginError(f"{tool_use_id} was already decided: {decided[0].get('decision')}")
+    raise PluginError(
+        f"{tool_use_id} is not awaiting approval in agentrun {name}"
+        + (f" (awaiting: {listing})" if pending else " (nothing is awaiting approval)")
+    )
+
+
+async def decide(session: Session, args: argparse.Namespace, decision: str) -> str:
+    """Append to spec.approvals, guarded by resourceVersion so concurrent deciders never clobber."""
+    by = args.by or session.user
+    if not by:
+        raise PluginError("cannot tell who you are from the kubeconfig; pass --by NAME")
+    for _ in range(CONFLICT_RETRIES):
+        run = await get_run(session, args.name)
+        call = choose_call(run, args.tool_use_id)
+        entry = {"toolUseId": call["toolUseId"], "decision": decision, "by": by}
+        if args.reason:
+            entry["reason"] = args.reason
+        approvals = [*((run.get("spec") or {}).get("approvals") or []), entry]
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
+            {"op": "add", "path": "/spec/approvals", "value": approvals},
+        ]
+        try:
+            await session.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
+                GROUP, VERSION, session.namespace, PLURAL, args.name, patch, _content_type=JSON_PATCH
+            )
+        except ApiException as exc:
+            seen = run["metadata"]["resourceVersion"]
+            if (
+                exc.status in (409, 422)
+                and (await get_run(session, args.name))["metadata"]["resourceVersion"] != seen
+            ):
+                continue  # someone else changed the run meanwhile (the test op failed): read it again
+            raise _api_error(exc, f"agentrun {session.namespace}/{args.name}") from exc
+        verb = "approved" if decision == "approve" else "denied"
+        what = f"{call.get('toolName')} ({call['toolUseId']})"
+        return f"agentrun.agentrun.dev/{args.name}: {verb} {what} as {by}\n"
+    raise PluginError(f"agentrun {args.name} kept changing; try again")
+
+
+async def cmd_approve(session: Session, args: argparse.Namespace) -> str:
+    return await decide(session, args, "approve")
+
+
+async def cmd_deny(session: Session, args: argparse.Namespace) -> str:
+    return await decide(session, args, "deny")
+
+
+def _connection_options(default: Any) -> argparse.ArgumentParser:
+    """Accepted before and after the command; `default` SUPPRESS keeps a subcommand from resetting them."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("-n", "--namespace", default=default, help="namespace (default: the context's)")
+    options.add_argument(
+        "--kubeconfig", default=default, help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)"
+    )
+    options.add_argument("--context", default=default, help="kubeconfig context to use")
+    return options
+
+
+def parser() -> argparse.ArgumentParser:
+    common = _connection_options(argparse.SUPPRESS)
+    top = argparse.ArgumentParser(
+        prog="kubectl agentrun",
+        description="Inspect and steer AgentRuns: transcript, trace, cancel, approve, deny.",
+        parents=[_connection_options(None)],
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("transcript", "print the run's conversation: turns, tool calls with input, results, errors"),
+        ("trace", "print one line per iteration: stop reason, tokens, tools with ok and duration"),
+    ):
+        command = sub.add_parser(name, help=help_text, parents=[common])
+        command.add_argument("name", help="AgentRun name")
+        command.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    cancel = sub.add_parser("cancel", help="set spec.cancel: the run stops within seconds", parents=[common])
+    cancel.add_argument("name", help="AgentRun name")
+    for name, help_text in (
+        ("approve", "approve a tool call awaiting approval (the only one when no id is given)"),
+        ("deny", "deny a tool call awaiting approval; the model sees the reason as a tool error"),
+    ):
+        command = sub.add_parser(name, help=help_text, parents=[common])
+        command.add_argument("name", help="AgentRun name")
+        command.add_argument("tool_use_id", nargs="?", help="tool_use id from status.pendingApprovals")
+        command.add_argument("--reason", help="why; the model sees it")
+        command.add_argument("--by", help="who decides (default: the kubeconfig context's user)")
+    return top
+
+
+COMMANDS = {
+    "transcript": cmd_transcript,
+    "trace": cmd_trace,
+    "cancel": cmd_cancel,
+    "approve": cmd_approve,
+    "deny": cmd_deny,
+}
+
+
+async def run(args: argparse.Namespace) -> str:
+    session = await connect(args.kubeconfig, args.context, args.namespace)
+    try:
+        return await COMMANDS[args.command](session, args)
+    finally:
+        await session.api.close()
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        output = asyncio.run(run(args))
+    except PluginError as exc:
+        fail(str(exc))
+    except OSError as exc:  # connection refused, DNS, TLS files
+        fail(f"cannot reach the Kubernetes API: {exc}")
+    sys.stdout.write(output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

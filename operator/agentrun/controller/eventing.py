@@ -1,0 +1,273 @@
+"""Kubernetes Events on AgentRuns: what `kubectl describe agentrun` shows the on-call engineer.
+
+An observer of loop events, like the status writer. Events are bounded three ways, because an
+agent loop can retry or ask for approvals many times and Events are stored in etcd:
+
+* messages are scrubbed of anything shaped like a credential and cut to MAX_MESSAGE_CHARS; they
+  never carry tool input or output, only names, counts and our own wording;
+* a repeat of the same event (same type, reason and key) bumps `count` on the existing Event
+  instead of creating a new one, as client-go's event correlator does;
+* a token bucket per run caps posts (BURST at once, one more every REFILL_SECONDS); the start and
+  the terminal event always go out, and the terminal one says how many were dropped.
+
+Posting never fails a run: an API error is logged once and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from agentrun.api import GROUP, VERSION
+from agentrun.controller.kubeapi import KubeAPI
+from agentrun.loop.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    Event,
+    ModelRequestFinished,
+    ModelRetryScheduled,
+    RunFinished,
+    RunStarted,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 512
+BURST = 10
+REFILL_SECONDS = 6.0
+POST_TIMEOUT_SECONDS = 5.0
+COMPONENT = "agentrun-operator"
+MERGE_PATCH = "application/merge-patch+json"
+
+_CREDENTIALS = re.compile(
+    r"(sk-ant-[A-Za-z0-9_\-]+|Bearer\s+[A-Za-z0-9._\-]+|"
+    r"(?i:(?:api[-_]?key|token|password|secret|authorization)[\"']?\s*[:=]\s*[\"']?(?:bearer\s+)?)"
+    r"[^\s\"',}]+)"
+)
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """Scrub credential-shaped substrings, then cut: an Event is readable by far more people."""
+    scrubbed = _CREDENTIALS.sub(lambda m: _redact(m.group(0)), message)
+    scrubbed = " ".join(scrubbed.split())
+    return scrubbed if len(scrubbed) <= limit else scrubbed[: limit - 1] + "…"
+
+
+def _redact(found: str) -> str:
+    for separator in ("=", ":"):
+        if separator in found and not found.startswith(("sk-ant-", "Bearer")):
+            return found.split(separator, 1)[0] + separator + "[redacted]"
+    return "[redacted]"
+
+
+class EventSink(Protocol):
+    async def create(self, namespace: str, body: dict[str, Any]) -> None: ...
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+
+
+class KubeEventSink:
+    """core/v1 Events: what `kubectl describe` and `kubectl get events` show."""
+
+    def __init__(self, kube: KubeAPI) -> None:
+        self._core = kube.core
+
+    async def create(self, namespace: str, body: dict[str, Any]) -> None:
+        await self._core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        await self._core.patch_namespaced_event(  # type: ignore[call-arg]
+            name, namespace, body, _content_type=MERGE_PATCH
+        )
+
+
+@dataclass(frozen=True)
+class InvolvedRun:
+    namespace: str
+    name: str
+    uid: str
+
+    def reference(self) -> dict[str, str]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentRun",
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+
+@dataclass
+class _Posted:
+    name: str
+    count: int
+    first: str
+    message: str
+    dirty: bool = False
+
+
+@dataclass
+class TokenBucket:
+    capacity: int
+    refill_seconds: float
+    clock: Callable[[], float]
+    tokens: float = field(init=False)
+    updated: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.capacity)
+        self.updated = self.clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.updated) / self.refill_seconds)
+        self.updated = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class RunEvents:
+    """Per-run event recorder; an observer of loop events."""
+
+    def __init__(
+        self,
+        sink: EventSink,
+        run: InvolvedRun,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        burst: int = BURST,
+        refill_seconds: float = REFILL_SECONDS,
+    ) -> None:
+        self._sink = sink
+        self._run = run
+        self._bucket = TokenBucket(burst, refill_seconds, clock)
+        self._posted: dict[tuple[str, str, str], _Posted] = {}
+        self._suppressed = 0
+        self._failed = False
+        self._instance = socket.gethostname()
+
+    async def notify(self, event: Event) -> None:
+        match event:
+            case RunStarted(resumed=resumed, progress=progress):
+                if resumed:
+                    message = f"resumed from its checkpoint after {progress.iterations} iterations"
+                    await self.record("Normal", "Resumed", message, always=True)
+                else:
+                    await self.record("Normal", "Started", "the agent loop started", always=True)
+            case ModelRetryScheduled(retry_class=retry_class, attempt=attempt, message=message):
+                await self.record(
+                    "Warning",
+                    "ModelRetry",
+                    f"model request failed ({retry_class}), retry {attempt} scheduled: {message}",
+                    key=retry_class,
+                )
+            case ModelRequestFinished(outcome="error", model=model, iteration=iteration):
+                await self.record(
+                    "Warning",
+                    "ModelError",
+                    f"model request to {model} failed in iteration {iteration} and is not retried",
+                    key=model,
+                )
+            case ApprovalRequested(tool_name=tool, tool_use_id=call_id):
+                # A human has to act, so this one is never rate-limited; the input is not shown.
+                await self.record(
+                    "Normal",
+                    "ApprovalRequested",
+                    f"tool call {tool} ({call_id}) waits for approval in spec.approvals",
+                    key=call_id,
+                    always=True,
+                )
+            case ApprovalDecided(tool_name=tool, tool_use_id=call_id, approved=approved, by=by) as decided:
+                if decided.timed_out:
+                    kind, reason, what = "Warning", "ApprovalTimedOut", "was denied: no decision in time"
+                else:
+                    kind, reason = "Normal", "ApprovalDecided"
+                    what = ("was approved" if approved else "was denied") + (f" by {by}" if by else "")
+                    if decided.reason:
+                        what += f": {decided.reason}"
+                await self.record(kind, reason, f"tool call {tool} ({call_id}) {what}", key=call_id)
+            case RunFinished(outcome=outcome, progress=progress):
+                await self.flush()
+                kind = "Normal" if outcome.stop_reason.succeeded else "Warning"
+                cost = f", ${progress.cost_usd:.6f}" if progress.cost_usd is not None else ""
+                summary = (
+                    f"{outcome.message} ({progress.iterations} iterations, "
+                    f"{progress.usage.total} tokens{cost})"
+                )
+                if self._suppressed:
+                    summary += f"; {self._suppressed} earlier events were rate-limited"
+                await self.record(kind, outcome.stop_reason.value, summary, always=True)
+            case _:
+                pass
+
+    async def record(
+        self, kind: str, reason: str, message: str, *, key: str = "", always: bool = False
+    ) -> None:
+        """Post one event, or bump the count of the same event posted before."""
+        text = bounded(message)
+        posted = self._posted.get((kind, reason, key))
+        if posted is not None:
+            posted.count += 1
+            posted.message = text
+            posted.dirty = True
+            if always or self._bucket.take():
+                await self._bump(posted)
+            return
+        if not (always or self._bucket.take()):
+            self._suppressed += 1
+            return
+        stamp = _now()
+        name = f"{self._run.name}.{time.time_ns():x}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": self._run.namespace},
+            "involvedObject": self._run.reference(),
+            "type": kind,
+            "reason": reason,
+            "message": text,
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._instance,
+        }
+        if await self._call(self._sink.create(self._run.namespace, body)):
+            self._posted[(kind, reason, key)] = _Posted(name, 1, stamp, text)
+
+    async def flush(self) -> None:
+        """Counts bumped while rate-limited are written before the run's last word."""
+        for posted in self._posted.values():
+            if posted.dirty:
+                await self._bump(posted)
+
+    async def _bump(self, posted: _Posted) -> None:
+        body = {"count": posted.count, "message": posted.message, "lastTimestamp": _now()}
+        if await self._call(self._sink.patch(self._run.namespace, posted.name, body)):
+            posted.dirty = False
+
+    async def _call(self, request: Any) -> bool:
+        try:
+            await asyncio.wait_for(request, POST_TIMEOUT_SECONDS)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not self._failed:
+                logger.warning("could not post a Kubernetes Event (further failures not logged): %s", exc)
+                self._failed = True
+            return False
+        return True

@@ -1,0 +1,119 @@
+"""Deleting finished runs once their time to live is over (spec.ttlSecondsAfterFinished).
+
+Why not a Kopf timer or daemon: Kopf puts its finalizer on every object a timer or daemon serves,
+so each finished run would keep a finalizer, and deleting it would hang while the operator is down.
+Instead the watch handler tells the reaper about every finished run it sees (including all of them
+when the operator starts and lists the runs), and the reaper keeps one sleeping task per run that
+has a TTL. The delete carries a uid precondition, so a new run with the same name is never hit, and
+its transcript chunks go with it through their ownerReferences (garbage collection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.controller.kubeapi import KubeAPI, is_transient
+
+logger = logging.getLogger(__name__)
+RETRY_SECONDS = 5.0
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def ttl_of(spec: Mapping[str, Any], default: int | None) -> int | None:
+    value = spec.get("ttlSecondsAfterFinished")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def due_time(status: Mapping[str, Any], ttl: int, now: dt.datetime) -> dt.datetime:
+    """completionTime + ttl; a finished run without completionTime counts from now."""
+    finished = parse_time(status.get("completionTime")) or now
+    return finished + dt.timedelta(seconds=ttl)
+
+
+class TTLReaper:
+    def __init__(self, kube: KubeAPI, default_ttl: int | None) -> None:
+        self._kube = kube
+        self._default = default_ttl
+        self._tasks: dict[str, tuple[dt.datetime, asyncio.Task[None]]] = {}
+
+    @property
+    def scheduled(self) -> int:
+        return len(self._tasks)
+
+    def observe(
+        self, namespace: str, name: str, uid: str, spec: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> None:
+        """Called with every event of a finished run: (re)schedules or drops its deletion."""
+        ttl = ttl_of(spec, self._default)
+        if ttl is None:
+            self.forget(uid)
+            return
+        due = due_time(status, ttl, dt.datetime.now(dt.UTC))
+        current = self._tasks.get(uid)
+        if current is not None and current[0] == due and not current[1].done():
+            return
+        self.forget(uid)
+        task = asyncio.get_running_loop().create_task(self._reap(namespace, name, uid, due))
+        self._tasks[uid] = (due, task)
+
+    def forget(self, uid: str) -> None:
+        entry = self._tasks.pop(uid, None)
+        if entry is not None and not entry[1].done():
+            entry[1].cancel()
+
+    async def close(self) -> None:
+        tasks = [task for _, task in self._tasks.values()]
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _reap(self, namespace: str, name: str, uid: str, due: dt.datetime) -> None:
+        while True:
+            delay = (due - dt.datetime.now(dt.UTC)).total_seconds()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                await self._kube.custom.delete_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    body=client.V1DeleteOptions(
+                        preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background"
+                    ),
+                )
+            except ApiException as exc:
+                if exc.status in (404, 409, 410):  # gone already, or a different run by that name
+                    break
+                if not is_transient(exc):
+                    logger.error("deleting finished run %s/%s after its TTL failed: %s", namespace, name, exc)
+                    break
+            except (OSError, TimeoutError) as exc:
+                logger.warning("deleting finished run %s/%s failed (%s); retrying", namespace, name, exc)
+            else:
+                logger.info("deleted finished run %s/%s: ttlSecondsAfterFinished passed", namespace, name)
+                break
+            due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=RETRY_SECONDS)
+        with contextlib.suppress(KeyError):
+            if self._tasks[uid][1] is asyncio.current_task():
+                del self._tasks[uid]

@@ -1,0 +1,167 @@
+"""Optional authorization in the Kubernetes API emulator: what a request asks the authorizer, and the 403.
+
+By default the emulator allows everything. Given an :class:`Authorizer` for a bearer token, requests that
+carry that token are checked the way kube-apiserver checks them, and refused with the server's own
+``403 Forbidden`` Status body; requests with any other token (the tests' admin clients) stay
+unrestricted. The decision itself (RBAC rule matching) lives with the caller, for example the test
+helper that evaluates the Helm chart's Roles; this module only computes the *attributes* each request
+is authorized on, which is where most of the Kubernetes-specific subtlety sits:
+
+* the verb (``get``/``list``/``watch``/``create``/``update``/``patch``/``delete``/``deletecollection``)
+  and ``resource/subresource``, from :mod:`agentrun.sandbox.kube_http`;
+* a request on ``/api/v1/namespaces/NAME`` is authorized *in* namespace NAME (RequestInfo does this);
+* non-resource paths (``/api``, ``/apis/...`` discovery, ``/version``) are checked as paths;
+* impersonation: ``Impersonate-User``/``Impersonate-Group`` headers are checked first, as the
+  ``impersonate`` verb on ``serviceaccounts`` (namespaced, named) for ``system:serviceaccount:NS:NAME``
+  users, on ``users`` and ``groups`` otherwise. The impersonated request itself is then made as that
+  identity, which the emulator does not authorize (service accounts' own RBAC is not emulated);
+* the OwnerReferencesPermissionEnforcement admission plugin: creating or updating an object whose
+  ``ownerReferences`` set ``blockOwnerDeletion: true`` also needs ``update`` on the owner's
+  ``finalizers`` subresource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentrun.sandbox.kube_http import ApiError, RequestRecord
+
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+#: Resolves an ownerReference's (apiVersion, kind) to the owner's (group, plural), if known.
+KindResolver = Callable[[str, str], tuple[str, str] | None]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the authorizer was asked for one request, and whether every answer was yes."""
+
+    record: RequestRecord
+    checks: tuple[Attributes, ...]
+    allowed: bool
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """One authorization question, as authorizer.Attributes in kube-apiserver."""
+
+    user: str
+    verb: str
+    resource_request: bool
+    api_group: str = ""
+    resource: str = ""
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+    path: str = ""
+
+    @property
+    def rbac_resource(self) -> str:
+        """``resource`` or ``resource/subresource``, as written in a rule."""
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+    def describe(self) -> str:
+        """The authorizer's wording (``forbiddenMessage`` in apiserver's responsewriters)."""
+        if not self.resource_request:
+            return f'User "{self.user}" cannot {self.verb} path "{self.path}"'
+        where = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
+        return (
+            f'User "{self.user}" cannot {self.verb} resource "{self.rbac_resource}" '
+            f'in API group "{self.api_group}" {where}'
+        )
+
+
+class Authorizer(Protocol):
+    """Decides for one identity; ``user`` is the name put into 403 messages."""
+
+    @property
+    def user(self) -> str: ...
+
+    def allows(self, attributes: Attributes) -> bool: ...
+
+
+def forbidden(attributes: Attributes) -> ApiError:
+    """The 403 kube-apiserver answers (``NewForbidden`` with the authorizer's message)."""
+    reason = attributes.describe()
+    if not attributes.resource_request:
+        return ApiError(403, "Forbidden", f"forbidden: {reason}")
+    qualified = (
+        f"{attributes.resource}.{attributes.api_group}" if attributes.api_group else attributes.resource
+    )
+    subject = f'{qualified} "{attributes.name}"' if attributes.name else qualified
+    details = {"name": attributes.name, "group": attributes.api_group, "kind": attributes.resource}
+    return ApiError(403, "Forbidden", f"{subject} is forbidden: {reason}", details)
+
+
+def _impersonation(record: RequestRecord, user: str) -> list[Attributes]:
+    checks: list[Attributes] = []
+    target = record.impersonate_user
+    if target:
+        if target.startswith(SERVICE_ACCOUNT_PREFIX) and target.count(":") == 3:
+            namespace, name = target.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":")
+            checks.append(Attributes(user, "impersonate", True, "", "serviceaccounts", "", namespace, name))
+        else:
+            checks.append(Attributes(user, "impersonate", True, "", "users", name=target))
+    for group in record.impersonate_groups:
+        checks.append(Attributes(user, "impersonate", True, "", "groups", name=group))
+    return checks
+
+
+def _owner_checks(
+    record: RequestRecord, user: str, body: Any, resolve_kind: KindResolver
+) -> list[Attributes]:
+    if record.verb not in ("create", "update", "patch") or not isinstance(body, Mapping):
+        return []
+    metadata = body.get("metadata")
+    owners = metadata.get("ownerReferences") if isinstance(metadata, Mapping) else None
+    checks = []
+    for owner in owners if isinstance(owners, list) else []:
+        if not isinstance(owner, Mapping) or owner.get("blockOwnerDeletion") is not True:
+            continue
+        resolved = resolve_kind(str(owner.get("apiVersion", "")), str(owner.get("kind", "")))
+        if resolved is None:
+            continue
+        group, plural = resolved
+        checks.append(
+            Attributes(
+                user,
+                "update",
+                True,
+                group,
+                plural,
+                "finalizers",
+                record.namespace or "",
+                str(owner.get("name", "")),
+            )
+        )
+    return checks
+
+
+def attributes_of(
+    record: RequestRecord, user: str, body: Any = None, resolve_kind: KindResolver | None = None
+) -> list[Attributes]:
+    """Every question the server asks the authorizer before serving ``record`` for ``user``, in order.
+
+    ``body`` is the decoded request body (for the owner-reference admission check).
+    """
+    impersonating = _impersonation(record, user)
+    if impersonating:
+        return impersonating
+    if not record.is_resource_request:
+        return [Attributes(user, record.verb, False, path=record.path)]
+    namespace = record.namespace or ""
+    if record.group == "" and record.resource == "namespaces" and record.name and not namespace:
+        namespace = record.name
+    main = Attributes(
+        user,
+        record.verb,
+        True,
+        record.group or "",
+        record.resource or "",
+        record.subresource or "",
+        namespace,
+        record.name or "",
+    )
+    extra = _owner_checks(record, user, body, resolve_kind) if resolve_kind is not None else []
+    return [main, *extra]

@@ -1,0 +1,69 @@
+"""What tools need from the place a run executes: its identity, its Secrets and its cluster.
+
+The controller and `agentrun run` each provide one; tools never reach for the operator's own
+Kubernetes client, so the only cluster identity a tool can use is the run's ServiceAccount.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from agentrun.api.spec import SecretKeyRef
+
+
+@dataclass(frozen=True)
+class KubeConnection:
+    """How to reach the API server: the operator's transport, used only with impersonation headers.
+
+    `authorization` returns the current Authorization header value (it may refresh a projected
+    token), or None for clusters without token auth.
+    """
+
+    server: str
+    ssl_context: ssl.SSLContext | None
+    authorization: Callable[[], Awaitable[str | None]]
+
+
+class ToolEnvironment(Protocol):
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def run_uid(self) -> str: ...
+
+    @property
+    def service_account_name(self) -> str | None: ...
+
+    async def read_secret(self, name: str, key: str) -> str | None:
+        """The value of a key of a Secret in the run's namespace, or None when missing."""
+        ...
+
+    def kube_connection(self) -> KubeConnection | None:
+        """The cluster the Kubernetes tools read, or None when no cluster is configured."""
+        ...
+
+
+@dataclass(frozen=True)
+class SecretUse:
+    """One Secret reference of a spec, with the field that makes it, for Pending messages."""
+
+    field: str
+    ref: SecretKeyRef
+
+
+class SecretMissing(Exception):
+    """A referenced Secret (or key) does not exist; the run stays Pending until it does."""
+
+    def __init__(self, use: SecretUse, namespace: str) -> None:
+        super().__init__(
+            f"Secret {namespace}/{use.ref.name} with key {use.ref.key!r} ({use.field}) does not exist "
+            "yet; the run starts once it does"
+        )
+        self.use = use
+
+
+class ToolStartError(Exception):
+    """A tool source could not be prepared at run start (an MCP server unreachable after retries)."""

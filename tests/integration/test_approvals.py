@@ -1,0 +1,253 @@
+"""Human approval end to end: the real operator process, the emulated API server, the fake model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from tests.support.builders import agentrun
+from tests.support.operator_process import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
+RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+API_KEY = "sk-ant-approvals-0123456789"
+SCENARIO = "[scenario:approve-calc]"
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI(
+        scripts=[
+            Script(
+                SCENARIO,
+                [
+                    Reply([tool_use_block("calculator", {"expression": "17*23+4"}, id="toolu_ap1")]),
+                    Reply([text_block("All done.")]),
+                ],
+            )
+        ],
+        require_api_key=API_KEY,
+    )
+    async with api.running() as server:
+        yield server
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    process = OperatorProcess(
+        kubeconfig=Path(cluster.kubeconfig_path),
+        log_path=tmp_path / "operator.log",
+        env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url},
+    )
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.stop()
+
+
+async def _call(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
+    status, body = await _call(cluster, method, path, **kwargs)
+    assert status < 300, body
+    return body
+
+
+async def _merge_patch(cluster: KubeEmulator, name: str, patch: dict[str, Any]) -> tuple[int, Any]:
+    return await _call(
+        cluster,
+        "PATCH",
+        f"{RUNS}/{name}",
+        data=json.dumps(patch),
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+
+
+async def _wait_status(
+    cluster: KubeEmulator, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = (await _request(cluster, "GET", f"{RUNS}/{name}")).get("status", {})
+        if done(status):
+            return status
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{name}: condition not reached; status: {status}")
+
+
+def _finished(status: dict[str, Any]) -> bool:
+    return status.get("phase") in ("Succeeded", "Failed", "Cancelled")
+
+
+def _awaiting(status: dict[str, Any]) -> bool:
+    return status.get("phase") == "AwaitingApproval"
+
+
+def _manifest(name: str, **limits: Any) -> dict[str, Any]:
+    return agentrun(
+        name,
+        f"{SCENARIO} how many pods?",
+        model={"name": "claude-haiku-4-5"},
+        tools=[{"builtin": {"name": "calculator"}, "requiresApproval": True}],
+        limits=limits,
+    )
+
+
+async def test_run_waits_in_awaiting_approval_until_spec_approvals_approves_then_succeeds(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await _request(cluster, "POST", RUNS, json=_manifest("gated"))
+    status = await _wait_status(cluster, "gated", _awaiting)
+    [pending] = status["pendingApprovals"]
+    assert (pending["toolUseId"], pending["toolName"], pending["input"]) == (
+        "toolu_ap1",
+        "calculator",
+        {"expression": "17*23+4"},
+    )
+    assert pending["since"].endswith("Z")
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Reconciling"]["status"], conditions["Reconciling"]["reason"]) == (
+        "True",
+        "AwaitingApproval",
+    )
+    assert conditions["Stalled"]["status"] == "False"
+    await asyncio.sleep(1)
+    assert len(model.requests_for(SCENARIO)) == 1  # nothing moves without a decision
+
+    code, body = await _merge_patch(
+        cluster,
+        "gated",
+        {"spec": {"approvals": [{"toolUseId": "toolu_ap1", "decision": "approve", "by": "alice"}]}},
+    )
+    assert code == 200, body
+    final = await _wait_status(cluster, "gated", _finished)
+    assert (final["phase"], final["stopReason"], final["toolCalls"]) == ("Succeeded", "EndTurn", 1)
+    assert "pendingApprovals" not in final
+    result = model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]
+    assert result["tool_use_id"] == "toolu_ap1" and '"value": 395' in result["content"]
+    assert "approved by alice" in operator.logs()
+
+
+async def test_denied_call_reaches_the_model_as_an_error_with_the_reason(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await _request(cluster, "POST", RUNS, json=_manifest("denied"))
+    await _wait_status(cluster, "denied", _awaiting)
+    decision = {"toolUseId": "toolu_ap1", "decision": "deny", "by": "bob", "reason": "use your head"}
+    code, body = await _merge_patch(cluster, "denied", {"spec": {"approvals": [decision]}})
+    assert code == 200, body
+    final = await _wait_status(cluster, "denied", _finished)
+    assert (final["phase"], final["toolCalls"]) == ("Succeeded", 0)
+    result = model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]
+    assert result["is_error"] is True
+    error = json.loads(result["content"])
+    assert (error["code"], error["reason"], error["by"]) == ("denied", "use your head", "bob")
+
+
+async def test_undecided_call_is_denied_when_the_approval_timeout_passes(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await _request(cluster, "POST", RUNS, json=_manifest("timeout", approvalTimeoutSeconds=1))
+    final = await _wait_status(cluster, "timeout", _finished)
+    assert (final["phase"], final["toolCalls"]) == ("Succeeded", 0)
+    error = json.loads(model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]["content"])
+    assert (error["code"], error["reason"]) == ("denied", "approval timed out")
+
+
+async def test_cancel_while_awaiting_approval_ends_cancelled_and_clears_pending_approvals(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await _request(cluster, "POST", RUNS, json=_manifest("cancelled"))
+    await _wait_status(cluster, "cancelled", _awaiting)
+    code, body = await _merge_patch(cluster, "cancelled", {"spec": {"cancel": True}})
+    assert code == 200, body
+    final = await _wait_status(cluster, "cancelled", _finished)
+    assert (final["phase"], final["stopReason"]) == ("Cancelled", "Cancelled")
+    assert "pendingApprovals" not in final
+    assert len(model.requests_for(SCENARIO)) == 1
+
+
+async def test_spec_approvals_can_be_appended_but_not_removed_and_other_fields_stay_immutable(
+    cluster: KubeEmulator,
+) -> None:
+    await _request(cluster, "POST", RUNS, json=_manifest("schema"))
+    first = {"toolUseId": "toolu_1", "decision": "approve", "by": "alice"}
+    second = {"toolUseId": "toolu_2", "decision": "deny", "by": "bob", "reason": "no"}
+    assert (await _merge_patch(cluster, "schema", {"spec": {"approvals": [first]}}))[0] == 200
+    assert (await _merge_patch(cluster, "schema", {"spec": {"approvals": [first, second]}}))[0] == 200
+    code, body = await _merge_patch(cluster, "schema", {"spec": {"approvals": [second]}})
+    assert code == 422 and "append-only" in body["message"]
+    code, body = await _merge_patch(cluster, "schema", {"spec": {"task": "something else"}})
+    assert code == 422 and "immutable" in body["message"]
+    code, body = await _merge_patch(
+        cluster, "schema", {"spec": {"approvals": [first, second, {"toolUseId": "x", "decision": "maybe"}]}}
+    )
+    assert code == 422
+
+
+async def test_pending_approval_survives_an_operator_restart_and_a_decision_made_meanwhile_applies(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await _request(cluster, "POST", RUNS, json=_manifest("durable"))
+    before = await _wait_status(cluster, "durable", _awaiting)
+    assert before["iterations"] == 1 and before["usage"]["totalTokens"] > 0
+    await operator.stop(kill=True)
+    await operator.start()
+    # The restarted operator resumes from the stored model answer and asks again, without a new
+    # model request; `since` keeps the time the wait really began.
+    for _ in range(150):
+        if operator.logs().count("is waiting for approval") >= 2:
+            break
+        await asyncio.sleep(0.2)
+    assert operator.logs().count("is waiting for approval") == 2, operator.logs()
+    again = await _wait_status(cluster, "durable", _awaiting)
+    assert again["pendingApprovals"][0]["since"] == before["pendingApprovals"][0]["since"]
+    assert len(model.requests_for(SCENARIO)) == 1
+
+    await operator.stop(kill=True)
+    code, body = await _merge_patch(
+        cluster,
+        "durable",
+        {"spec": {"approvals": [{"toolUseId": "toolu_ap1", "decision": "approve", "by": "alice"}]}},
+    )
+    assert code == 200, body
+    await operator.start()
+    final = await _wait_status(cluster, "durable", _finished)
+    assert (final["phase"], final["stopReason"], final["toolCalls"], final["iterations"]) == (
+        "Succeeded",
+        "EndTurn",
+        1,
+        2,
+    )
+    assert "pendingApprovals" not in final
+    requests = model.requests_for(SCENARIO)
+    assert [len(r.body["messages"]) for r in requests] == [1, 3], operator.logs()
+    result = requests[1].body["messages"][-1]["content"][0]
+    assert result["tool_use_id"] == "toolu_ap1" and '"value": 395' in result["content"]

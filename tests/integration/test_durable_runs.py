@@ -1,0 +1,478 @@
+"""Durable runs: the real operator killed with SIGKILL mid-run and started again, cancel, delete, TTL.
+
+Kill moments are chosen from what the fake servers have seen (the Messages API recorded request N;
+the webhook holds a call), never from sleeps. The webhook tool is a real aiohttp server that counts
+each Idempotency-Key it receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agentrun.controller.transcript_storing import UID_LABEL, Transcript, decode_objects
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun.sandbox.messages_script import (
+    Reply,
+    Script,
+    ScriptUsage,
+    SlowResponse,
+    text_block,
+    tool_use_block,
+)
+from tests.support.builders import agentrun
+from tests.support.operator_process import OperatorProcess
+from tests.support.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
+RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+API_KEY = "sk-ant-durable-test-0123456789"
+STEP_USAGE = [ScriptUsage(100, 10, 0, 0), ScriptUsage(200, 20, 50, 0), ScriptUsage(300, 30, 0, 60)]
+FINAL_USAGE = ScriptUsage(400, 40, 0, 0)
+HOLD_FOREVER = 120.0  # the model "answers" only after the operator was killed
+
+
+class Webhook:
+    """A webhook tool with side effects: records every Idempotency-Key; can hold a call's first attempt."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.hold: set[str] = set()  # tool_use ids whose first call blocks until released
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        key = request.headers["Idempotency-Key"]
+        body = await request.json()
+        self.keys.append(key)
+        if key.rpartition(":")[2] in self.hold and self.keys.count(key) == 1:
+            self.held.set()
+            await self.release.wait()
+        return web.json_response({"recorded": body, "key": key})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hook", self.handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}/hook"
+
+    async def stop(self) -> None:
+        self.release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def durable_script(tag: str, slow_step: int | None = None) -> Script:
+    """Three iterations with one webhook call each (ids toolu_w1..3), then an answer."""
+    steps = []
+    for index in range(3):
+        faults = (SlowResponse(seconds=HOLD_FOREVER),) if slow_step == index else ()
+        steps.append(
+            Reply(
+                [tool_use_block("record", {"step": index + 1}, id=f"toolu_w{index + 1}")],
+                usage=STEP_USAGE[index],
+                faults=faults,
+            )
+        )
+    final_faults = (SlowResponse(seconds=HOLD_FOREVER),) if slow_step == 3 else ()
+    steps.append(Reply([text_block("all three recorded")], usage=FINAL_USAGE, faults=final_faults))
+    return Script(tag, steps)
+
+
+SCRIPTS = [
+    durable_script("[durable:first-call]", slow_step=0),
+    durable_script("[durable:after-tools]", slow_step=1),
+    durable_script("[durable:after-flushed-tools]", slow_step=2),
+    durable_script("[durable:tool-call]"),
+    durable_script("[durable:hold]", slow_step=1),
+    durable_script("[durable:plain]"),
+]
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI(scripts=SCRIPTS, require_api_key=API_KEY)
+    async with api.running() as server:
+        yield server
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[Webhook]:
+    hook = Webhook()
+    await hook.start()
+    try:
+        yield hook
+    finally:
+        await hook.stop()
+
+
+OperatorFactory = Callable[..., Awaitable[OperatorProcess]]
+
+
+@pytest.fixture
+async def start_operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorFactory]:
+    started: list[OperatorProcess] = []
+
+    async def start(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> OperatorProcess:
+        process = OperatorProcess(
+            kubeconfig=Path(cluster.kubeconfig_path),
+            log_path=tmp_path / f"operator-{len(started)}.log",
+            env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url, **(env or {})},
+            args=args,
+        )
+        await process.start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        await process.stop()
+
+
+async def request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
+    ):
+        body = await r.json()
+        assert r.status < 300, body
+        return body
+
+
+async def until(check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def wait_finished(cluster: KubeEmulator, name: str, timeout: float = 45.0) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    async def finished() -> bool:
+        nonlocal found
+        found = await request(cluster, "GET", f"{RUNS}/{name}")
+        return found.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
+
+    await until(finished, f"{name} to finish", timeout)
+    return found
+
+
+def transcript_of(cluster: KubeEmulator, uid: str) -> Transcript:
+    objects = [
+        obj
+        for obj in cluster.emulator.list_objects("secrets", "default")
+        if obj["metadata"].get("labels", {}).get(UID_LABEL) == uid
+    ]
+    return decode_objects([{"kind": "Secret", **obj} for obj in objects])
+
+
+def assert_consistent(transcript: Transcript) -> None:
+    """Every tool_use answered by exactly one tool_result, and one trace row per iteration."""
+    uses = [
+        b["id"]
+        for m in transcript.messages
+        if m["role"] == "assistant"
+        for b in m["content"]
+        if b.get("type") == "tool_use"
+    ]
+    answers = Counter(
+        b["tool_use_id"]
+        for m in transcript.messages
+        if m["role"] == "user"
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    )
+    assert sorted(uses) == sorted(answers) and set(answers.values()) == {1}, (uses, answers)
+    iterations = [row.iteration for row in transcript.trace_rows]
+    assert iterations == sorted(set(iterations)), iterations
+
+
+def webhook_manifest(name: str, tag: str, hook: Webhook) -> dict[str, Any]:
+    return agentrun(
+        name,
+        f"{tag} record three steps",
+        model={"name": "claude-haiku-4-5"},
+        tools=[
+            {
+                "http": {
+                    "name": "record",
+                    "description": "Records a step (a side effect).",
+                    "url": hook.url,
+                    "inputSchema": {"type": "object", "properties": {"step": {"type": "integer"}}},
+                }
+            }
+        ],
+        limits={"maxIterations": 6},
+    )
+
+
+def steps_requested(model: FakeMessagesAPI, tag: str) -> Counter[int]:
+    return Counter(r.step for r in model.requests_for(tag) if r.step is not None)
+
+
+async def assert_succeeded_once_each(
+    cluster: KubeEmulator, model: FakeMessagesAPI, hook: Webhook, name: str, tag: str, *, repeated: str | None
+) -> None:
+    obj = await wait_finished(cluster, name)
+    status, uid = obj["status"], obj["metadata"]["uid"]
+    assert (status["phase"], status["stopReason"], status["result"]) == (
+        "Succeeded",
+        "EndTurn",
+        "all three recorded",
+    )
+    assert (status["iterations"], status["toolCalls"]) == (4, 3)
+    # Usage includes what was spent before the restart, and nothing twice.
+    usage = status["usage"]
+    assert usage["inputTokens"] == 100 + 200 + 300 + 400
+    assert usage["outputTokens"] == 10 + 20 + 30 + 40
+    assert (usage["cacheCreationInputTokens"], usage["cacheReadInputTokens"]) == (50, 60)
+    transcript = transcript_of(cluster, uid)
+    assert_consistent(transcript)
+    assert [row.iteration for row in transcript.trace_rows] == [1, 2, 3, 4]
+    assert [row.usage.input_tokens for row in transcript.trace_rows] == [100, 200, 300, 400]
+    assert transcript.outcome is not None and transcript.outcome.result == "all three recorded"
+    assert status["transcript"]["kind"] == "Secret"
+    assert status["transcript"]["chunks"] == transcript.chunks
+    # Each Idempotency-Key is the run uid and the tool_use id; only the in-flight one arrives twice.
+    keys = Counter(hook.keys)
+    expected = {f"{uid}:toolu_w{i}": 1 for i in (1, 2, 3)}
+    if repeated is not None:
+        expected[f"{uid}:{repeated}"] = 2
+    assert dict(keys) == expected
+
+
+async def test_killed_before_the_first_answer_the_run_starts_over_and_succeeds(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    tag = "[durable:first-call]"
+    operator = await start_operator()
+    await request(cluster, "POST", RUNS, json=webhook_manifest("first", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[0] == 1, "the first model request")
+    await operator.stop(kill=True)
+    await start_operator()
+    await assert_succeeded_once_each(cluster, model, webhook, "first", tag, repeated=None)
+    assert steps_requested(model, tag) == Counter({0: 2, 1: 1, 2: 1, 3: 1})
+
+
+async def test_killed_during_a_tool_call_the_call_runs_again_with_the_same_idempotency_key(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    tag = "[durable:tool-call]"
+    webhook.hold.add("toolu_w2")
+    operator = await start_operator()
+    await request(cluster, "POST", RUNS, json=webhook_manifest("in-tool", tag, webhook))
+    await until(webhook.held.is_set, "the webhook to hold the second call")
+    await operator.stop(kill=True)
+    await start_operator()
+    await assert_succeeded_once_each(cluster, model, webhook, "in-tool", tag, repeated="toolu_w2")
+    # The model answer that asked for the call was stored before the call ran: it is not asked again.
+    assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+
+
+async def test_killed_between_a_tool_result_and_its_checkpoint_the_in_flight_iteration_is_redone(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    tag = "[durable:after-tools]"
+    operator = await start_operator()
+    await request(cluster, "POST", RUNS, json=webhook_manifest("after-tools", tag, webhook))
+    # The first call's result travels with the next write, which waits for the second model answer.
+    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request")
+    assert len(webhook.keys) == 1
+    await operator.stop(kill=True)
+    await start_operator()
+    await assert_succeeded_once_each(cluster, model, webhook, "after-tools", tag, repeated="toolu_w1")
+    assert steps_requested(model, tag) == Counter({0: 1, 1: 2, 2: 1, 3: 1})
+
+
+async def test_killed_before_a_model_call_after_a_stored_tool_result_nothing_runs_twice(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    tag = "[durable:after-flushed-tools]"
+    flush_always = {"AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "0"}
+    operator = await start_operator(flush_always)
+    await request(cluster, "POST", RUNS, json=webhook_manifest("flushed", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[2] == 1, "the third model request")
+    await operator.stop(kill=True)
+    await start_operator(flush_always)
+    await assert_succeeded_once_each(cluster, model, webhook, "flushed", tag, repeated=None)
+    assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 2, 3: 1})
+
+
+async def test_steady_state_costs_at_most_two_writes_per_iteration(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    await start_operator()
+    await request(cluster, "POST", RUNS, json=webhook_manifest("cheap", "[durable:plain]", webhook))
+    await wait_finished(cluster, "cheap")
+    writes = [
+        r
+        for r in cluster.emulator.request_log
+        if r.verb in ("create", "patch", "update")
+        and (r.resource == "secrets" or (r.resource == "agentruns" and r.subresource == "status"))
+    ]
+    chunk_writes = [r for r in writes if r.resource == "secrets"]
+    status_writes = [r for r in writes if r.resource == "agentruns"]
+    # 4 iterations: one chunk per tool request plus the end; status: Running, 4 iterations, the end.
+    assert len(chunk_writes) == 4
+    assert len(status_writes) <= 4 + 2
+
+
+async def test_cancel_stops_a_run_waiting_for_the_model_and_keeps_its_transcript(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    tag = "[durable:hold]"
+    await start_operator()
+    await request(cluster, "POST", RUNS, json=webhook_manifest("stop-me", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request")
+    await request(
+        cluster,
+        "PATCH",
+        f"{RUNS}/stop-me",
+        json={"spec": {"cancel": True}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    obj = await wait_finished(cluster, "stop-me", timeout=20)
+    status = obj["status"]
+    assert (status["phase"], status["stopReason"]) == ("Cancelled", "Cancelled")
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Succeeded"]["status"] == "False"
+    transcript = transcript_of(cluster, obj["metadata"]["uid"])
+    assert_consistent(transcript)
+    assert transcript.outcome is not None and transcript.outcome.stop_reason.value == "Cancelled"
+    assert status["transcript"]["chunks"] == transcript.chunks >= 1
+    assert steps_requested(model, tag)[1] == 1, "the in-flight request was abandoned, not retried"
+
+
+async def test_cancel_reaches_runs_that_are_queued_or_waiting_for_a_secret(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    await start_operator(args=("--max-concurrent-runs", "1"))
+    await request(cluster, "POST", RUNS, json=webhook_manifest("busy", "[durable:first-call]", webhook))
+    await until(lambda: steps_requested(model, "[durable:first-call]")[0] == 1, "the busy run's request")
+    await request(cluster, "POST", RUNS, json=webhook_manifest("queued", "[durable:plain]", webhook))
+    waiting = agentrun(
+        "no-key",
+        "[durable:plain] x",
+        model={"name": "claude-haiku-4-5", "apiKeySecretRef": {"name": "missing"}},
+    )
+    await request(cluster, "POST", RUNS, json=waiting)
+
+    async def phase_reason(name: str) -> tuple[str | None, str | None]:
+        status = (await request(cluster, "GET", f"{RUNS}/{name}")).get("status", {})
+        reasons = {c["type"]: c["reason"] for c in status.get("conditions", [])}
+        return status.get("phase"), reasons.get("Succeeded")
+
+    async def queued() -> bool:
+        return await phase_reason("queued") == ("Pending", "Queued")
+
+    async def secret_missing() -> bool:
+        return await phase_reason("no-key") == ("Pending", "SecretNotFound")
+
+    await until(queued, "the second run to be Queued")
+    await until(secret_missing, "the third run to wait for its Secret")
+    patch = {"json": {"spec": {"cancel": True}}, "headers": {"Content-Type": "application/merge-patch+json"}}
+    for name in ("queued", "no-key"):
+        await request(cluster, "PATCH", f"{RUNS}/{name}", **patch)
+    for name, where in (("queued", "while queued"), ("no-key", "while pending")):
+        status = (await wait_finished(cluster, name, timeout=20))["status"]
+        assert (status["phase"], status["stopReason"]) == ("Cancelled", "Cancelled")
+        assert where in status["message"]
+    assert not steps_requested(model, "[durable:plain]"), "cancelled runs never called the model"
+
+
+async def test_a_deleted_run_stops_and_nothing_writes_its_status_after_the_delete(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    tag = "[durable:hold]"
+    await start_operator()
+    await request(cluster, "POST", RUNS, json=webhook_manifest("doomed", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request")
+    uid = (await request(cluster, "GET", f"{RUNS}/doomed"))["metadata"]["uid"]
+    await request(cluster, "DELETE", f"{RUNS}/doomed")
+    deleted_at = next(
+        i
+        for i, r in enumerate(cluster.emulator.request_log)
+        if r.verb == "delete" and r.resource == "agentruns" and r.name == "doomed"
+    )
+
+    async def gone() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{RUNS}/doomed") as r:
+            return r.status == 404
+
+    await until(gone, "the run to be deleted (its finalizer released)")
+    await until(lambda: not transcript_of(cluster, uid).chunks, "its transcript to be garbage-collected")
+    after = cluster.emulator.request_log[deleted_at + 1 :]
+    late = [
+        (r.method, r.path)
+        for r in after
+        if (r.resource == "agentruns" and r.subresource == "status" and r.verb != "get")
+        or (r.resource == "secrets" and r.verb == "create")
+    ]
+    assert late == []
+
+
+async def test_finished_runs_are_deleted_after_their_ttl_with_their_transcript(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    await start_operator()
+    short = webhook_manifest("short-lived", "[durable:plain]", webhook)
+    short["spec"]["ttlSecondsAfterFinished"] = 1
+    await request(cluster, "POST", RUNS, json=short)
+    await request(
+        cluster, "POST", RUNS, json=agentrun("kept", "[durable:plain] y", model={"name": "claude-haiku-4-5"})
+    )
+    obj = await wait_finished(cluster, "short-lived")
+    uid = obj["metadata"]["uid"]
+    assert transcript_of(cluster, uid).chunks >= 1
+
+    async def gone() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{RUNS}/short-lived") as r:
+            return r.status == 404
+
+    await until(gone, "the run to be deleted after its TTL")
+    await until(lambda: not transcript_of(cluster, uid).chunks, "its transcript to be garbage-collected")
+    kept = await wait_finished(cluster, "kept")
+    assert kept["status"]["phase"] in ("Succeeded", "Failed")
+
+
+async def test_the_operator_wide_ttl_applies_to_runs_that_set_none(
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+) -> None:
+    await start_operator({"AGENTRUN_DEFAULT_TTL_SECONDS_AFTER_FINISHED": "1"})
+    await request(cluster, "POST", RUNS, json=webhook_manifest("default-ttl", "[durable:plain]", webhook))
+
+    async def gone() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{RUNS}/default-ttl") as r:
+            return r.status == 404
+
+    await until(gone, "the run to be deleted by the default TTL", timeout=45)
+    assert len(model.requests_for("[durable:plain]")) == 4, "it ran to the end first"

@@ -1,0 +1,163 @@
+"""The bad-input corpus: every manifest in tests/data/invalid is refused clearly, never crashes.
+
+Each manifest says what must happen in two annotations: ``test.agentrun.dev/expect`` is
+``Rejected`` (the API server refuses it at admission: CRD schema, CEL, strict field validation as
+kubectl sends it), ``InvalidSpec`` (admitted, then the run ends Failed/InvalidSpec) or
+``Pending/<Reason>`` (admitted and waiting, e.g. for a Secret). ``test.agentrun.dev/field`` is the
+field the error message must name. One operator serves the whole corpus, and a valid run applied
+afterwards must still succeed: bad input never takes the operator down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import yaml
+
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun.sandbox.messages_script import Reply, Script, text_block
+from tests.support.builders import agentrun
+from tests.support.operator_process import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
+CORPUS = sorted((ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
+RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+API_KEY = "sk-ant-corpus-secret-0123456789"
+EXPECT = "test.agentrun.dev/expect"
+FIELD = "test.agentrun.dev/field"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = yaml.safe_load(path.read_text())
+    task = manifest["spec"].get("task")
+    if isinstance(task, str) and task.startswith("@bytes:"):
+        # Generated, not committed: a multi-megabyte task would bloat the repository.
+        manifest["spec"]["task"] = "x" * int(task.removeprefix("@bytes:"))
+    return manifest
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI(
+        scripts=[Script("[scenario:still-serving]", [Reply([text_block("Still serving.")])])],
+        require_api_key=API_KEY,
+    )
+    async with api.running() as server:
+        yield server
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+        yield kube
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[OperatorProcess]:
+    process = OperatorProcess(
+        kubeconfig=Path(cluster.kubeconfig_path),
+        log_path=tmp_path_factory.mktemp("corpus") / "operator.log",
+        env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url},
+    )
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.stop()
+
+
+async def _send(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{cluster.url}{path}", **kwargs) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def _create(cluster: KubeEmulator, manifest: dict[str, Any]) -> tuple[int, Any]:
+    # kubectl create/apply ask for strict field validation: unknown fields are errors, not pruned.
+    # A streamed body: multi-megabyte manifests are part of the corpus.
+    body = io.BytesIO(json.dumps(manifest).encode())
+    headers = {"Content-Type": "application/json"}
+    return await _send(cluster, "POST", f"{RUNS}?fieldValidation=Strict", data=body, headers=headers)
+
+
+async def _wait_status(
+    cluster: KubeEmulator, name: str, phases: set[str], timeout: float = 30.0
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        code, obj = await _send(cluster, "GET", f"{RUNS}/{name}")
+        assert code == 200, obj
+        status = obj.get("status") or {}
+        if status.get("phase") in phases and status.get("message"):
+            return status
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{name} never reached {sorted(phases)}: {status}")
+
+
+def test_the_corpus_covers_every_kind_of_bad_input() -> None:
+    expectations = [_load(p)["metadata"]["annotations"][EXPECT] for p in CORPUS]
+    assert len(CORPUS) >= 40
+    assert {"Rejected", "InvalidSpec"} <= set(expectations)
+    assert any(e.startswith("Pending/") for e in expectations)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+async def test_bad_manifest_is_refused_naming_the_field(
+    path: Path, cluster: KubeEmulator, operator: OperatorProcess
+) -> None:
+    manifest = _load(path)
+    expect = manifest["metadata"]["annotations"][EXPECT]
+    field = manifest["metadata"]["annotations"][FIELD]
+    code, body = await _create(cluster, manifest)
+    if expect == "Rejected":
+        assert code in (400, 422), f"admitted although invalid: {body}"
+        assert body["kind"] == "Status" and body["status"] == "Failure"
+        assert field in body["message"], body["message"]
+        return
+    assert code == 201, f"refused at admission although the operator should judge it: {body}"
+    name = manifest["metadata"]["name"]
+    if expect == "InvalidSpec":
+        status = await _wait_status(cluster, name, {"Failed"})
+        assert status["stopReason"] == "InvalidSpec"
+        succeeded = {c["type"]: c for c in status["conditions"]}["Succeeded"]
+        assert (succeeded["status"], succeeded["reason"]) == ("False", "InvalidSpec")
+    else:
+        reason = expect.removeprefix("Pending/")
+        status = await _wait_status(cluster, name, {"Pending"})
+        ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+        assert ready["reason"] == reason, status
+        assert status["iterations"] == 0
+    assert field in status["message"], status["message"]
+    assert operator.process is not None and operator.process.returncode is None
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_operator_still_serves_valid_runs_after_the_corpus(
+    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    code, body = await _create(
+        cluster,
+        agentrun("after-the-corpus", "[scenario:still-serving] hello", model={"name": "claude-haiku-4-5"}),
+    )
+    assert code == 201, body
+    status = await _wait_status(cluster, "after-the-corpus", {"Succeeded", "Failed"})
+    assert (status["phase"], status["result"]) == ("Succeeded", "Still serving.")
+    assert "Traceback" not in operator.logs()
+    assert API_KEY not in operator.logs()

@@ -1,0 +1,331 @@
+"""Observability of the real operator process: a scripted workload, then its scrape, Events and logs.
+
+The chart's dashboard and alert rules are checked against the same real scrape: every metric a
+query names must be one the operator exports after the workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from asyncio.subprocess import PIPE, STDOUT
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun.sandbox.messages_script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
+from tests.chart.tooling import find_tool
+from tests.support.builders import agentrun
+from tests.support.operator_process import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
+CHART = ROOT / "charts" / "agentrun-operator"
+RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+EVENTS = "/api/v1/namespaces/default/events"
+API_KEY = "sk-ant-observability-secret-0123456789"
+CALC = [{"builtin": {"name": "calculator"}}]
+MODEL = {"name": "claude-haiku-4-5"}
+
+
+def _scripts() -> list[Script]:
+    calc = tool_use_block("calculator", {"expression": "6*7"}, id="toolu_obs1")
+    bogus = tool_use_block("no_such_tool", {"q": "x"}, id="toolu_obs2")
+    same = tool_use_block("calculator", {"expression": "1+1"})
+    as_text = '<tool_use>{"name": "calculator", "input": {"expression": "2+2"}}</tool_use>'
+    return [
+        Script(
+            "[scenario:obs-tools]",
+            [
+                Reply(
+                    [calc, bogus],
+                    usage=ScriptUsage(200, 40, 100, 50),
+                    faults=[HttpError.rate_limit(retry_after=0.05, times=2)],
+                ),
+                Reply([text_block("42.")], usage=ScriptUsage(300, 10, 0, 150)),
+            ],
+        ),
+        Script("[scenario:obs-loop]", [Reply([same], usage=ScriptUsage(100, 20)) for _ in range(4)]),
+        Script(
+            "[scenario:obs-text]",
+            [Reply([text_block(as_text)], usage=ScriptUsage(80, 20)), Reply([text_block("4.")])],
+        ),
+        Script(
+            "[scenario:obs-fatal]",
+            [HttpError(status=400, error_type="invalid_request_error", message="bad request")],
+        ),
+    ]
+
+
+WORKLOAD = {
+    "obs-tools": ("[scenario:obs-tools] multiply", "Succeeded"),
+    "obs-loop": ("[scenario:obs-loop] loop", "Failed"),
+    "obs-text": ("[scenario:obs-text] text call", "Succeeded"),
+    "obs-fatal": ("[scenario:obs-fatal] fatal", "Failed"),
+}
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    async with FakeMessagesAPI(scripts=_scripts(), require_api_key=API_KEY).running() as server:
+        yield server
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+        yield kube
+
+
+async def _operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path, *args: str
+) -> AsyncIterator[OperatorProcess]:
+    process = OperatorProcess(
+        kubeconfig=Path(cluster.kubeconfig_path),
+        log_path=tmp_path / "operator.log",
+        env={
+            "ANTHROPIC_API_KEY": API_KEY,
+            "ANTHROPIC_BASE_URL": model.url,
+            "AGENTRUN_HEARTBEAT_SECONDS": "0.2",
+        },
+        args=args,
+    )
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.stop()
+
+
+@pytest.fixture
+async def operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    async for process in _operator(cluster, model, tmp_path):
+        yield process
+
+
+@pytest.fixture
+async def json_operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    async for process in _operator(cluster, model, tmp_path, "--log-format", "json"):
+        yield process
+
+
+async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
+    ):
+        body = await r.json()
+        assert r.status < 300, body
+        return body
+
+
+async def _run_workload(cluster: KubeEmulator) -> dict[str, dict[str, Any]]:
+    for name, (task, _) in WORKLOAD.items():
+        await _request(cluster, "POST", RUNS, json=agentrun(name, task, model=MODEL, tools=CALC))
+    finished: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(finished) < len(WORKLOAD):
+        for name in WORKLOAD:
+            obj = await _request(cluster, "GET", f"{RUNS}/{name}")
+            if obj.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
+                finished[name] = obj
+        await asyncio.sleep(0.2)
+    assert set(finished) == set(WORKLOAD), {n: o.get("status") for n, o in finished.items()}
+    phases = {name: obj["status"]["phase"] for name, obj in finished.items()}
+    assert phases == {name: phase for name, (_, phase) in WORKLOAD.items()}
+    return finished
+
+
+def _samples(scrape: str) -> dict[str, float]:
+    """`name{labels}` → value for every sample line."""
+    samples = {}
+    for line in scrape.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def _exported(scrape: str) -> set[str]:
+    return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in scrape.splitlines() if line and line[0] != "#"}
+
+
+# PromQL keywords and functions; `up` is Prometheus's own series about the scrape, not exported.
+PROMQL_WORDS = {
+    "sum", "rate", "irate", "increase", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "histogram_quantile", "max", "min", "avg", "count", "clamp_min", "clamp_max", "absent", "time",
+    "vector", "scalar", "topk", "bottomk", "and", "or", "unless", "le", "offset", "bool", "max_over_time",
+    "min_over_time", "avg_over_time", "label_replace", "up", "changes", "resets", "deriv", "delta",
+    "absent_over_time", "sort_desc", "sort", "round", "abs", "count_over_time", "last_over_time",
+}  # fmt: skip
+
+
+def _metric_names(expr: str) -> set[str]:
+    """Metric names referenced by a PromQL expression: identifiers outside label matchers and strings."""
+    stripped = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    stripped = re.sub(r"\{[^}]*\}", "{}", stripped)
+    stripped = re.sub(r"\[[^\]]*\]", "[]", stripped)
+    stripped = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", stripped)
+    names = set(re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", stripped))
+    return {n for n in names if n not in PROMQL_WORDS and not re.fullmatch(r"\d.*|e\d*|[smhdwy]", n)}
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboard = json.loads((CHART / "dashboards" / "agentrun.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] if p["type"] != "row" for t in p["targets"]]
+    for variable in dashboard["templating"]["list"]:
+        if isinstance(variable.get("query"), dict):
+            exprs.append(re.sub(r"label_values\(([^,]+),.*\)", r"\1", variable["query"]["query"]))
+    return [e.replace("$__rate_interval", "5m").replace("$__range", "1h") for e in exprs]
+
+
+def _rule_exprs() -> list[str]:
+    rules = yaml.safe_load((CHART / "rules" / "agentrun.rules.yaml").read_text())
+    return [str(rule["expr"]) for group in rules["groups"] for rule in group["rules"]]
+
+
+def _recorded() -> set[str]:
+    rules = yaml.safe_load((CHART / "rules" / "agentrun.rules.yaml").read_text())
+    return {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
+
+
+async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_accepts_the_scrape(
+    cluster: KubeEmulator, operator: OperatorProcess
+) -> None:
+    runs = await _run_workload(cluster)
+    scrape = await operator.scrape()
+    samples = _samples(scrape)
+
+    assert samples['agentrun_runs_started_total{namespace="default",resumed="false"}'] == 4
+    assert (
+        samples[
+            'agentrun_runs_finished_total{namespace="default",outcome="failed",stop_reason="LoopDetected"}'
+        ]
+        == 1
+    )
+    assert (
+        samples['agentrun_runs_finished_total{namespace="default",outcome="failed",stop_reason="ModelError"}']
+        == 1
+    )
+    assert samples['agentrun_model_retries_total{retry_class="rate_limited"}'] == 2
+    assert samples['agentrun_model_requests_total{model="claude-haiku-4-5",outcome="rate_limited"}'] == 2
+    assert samples['agentrun_model_requests_total{model="claude-haiku-4-5",outcome="error"}'] == 1
+    assert (
+        samples['agentrun_tokens_total{model="claude-haiku-4-5",namespace="default",type="cache_write"}']
+        == 100
+    )
+    assert (
+        samples['agentrun_tokens_total{model="claude-haiku-4-5",namespace="default",type="cache_read"}']
+        == 200
+    )
+    assert samples['agentrun_tool_calls_total{outcome="ok",tool="calculator"}'] >= 2
+    assert samples['agentrun_tool_calls_total{outcome="unknown_tool",tool="no_such_tool"}'] == 1
+    assert samples['agentrun_loop_detections_total{tool="calculator"}'] == 1
+    assert samples['agentrun_tool_calls_recovered_from_text_total{tool="calculator"}'] == 1
+    assert samples["agentrun_runs_active"] == 0
+    assert samples["agentrun_runs_queued"] == 0
+    assert samples["agentrun_approvals_pending"] == 0
+    assert samples["agentrun_oldest_running_run_age_seconds"] == 0
+    assert samples['agentrun_run_iterations_count{namespace="default"}'] == 4
+    assert samples['agentrun_run_duration_seconds_count{namespace="default"}'] == 4
+    # Spend is counted per response and adds up to what the runs' status reports.
+    status_cost = sum(float(obj["status"]["usage"].get("costUSD") or 0) for obj in runs.values())
+    assert samples['agentrun_cost_usd_total{namespace="default"}'] == pytest.approx(status_cost, abs=1e-5)
+    build = next(k for k in samples if k.startswith("agentrun_build_info{"))
+    assert re.search(r'anthropic="\d', build) and re.search(r'kopf="\d', build) and 'version="' in build
+    # The heartbeat moves while the operator lives.
+    first = samples["agentrun_operator_heartbeat_timestamp_seconds"]
+    await asyncio.sleep(0.5)
+    assert _samples(await operator.scrape())["agentrun_operator_heartbeat_timestamp_seconds"] > first
+    # No per-run label anywhere.
+    assert not re.search(r'(name|uid|run)="obs-', scrape)
+
+    promtool = find_tool("promtool")
+    assert promtool is not None, "promtool is needed: run `make tools`"
+    proc = await asyncio.create_subprocess_exec(
+        str(promtool), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
+    )
+    output, _ = await proc.communicate(scrape.encode())
+    assert proc.returncode == 0, output.decode()
+
+    exported = _exported(scrape)
+    recorded = _recorded()
+    for source, exprs in (("dashboard", _dashboard_exprs()), ("rules", _rule_exprs())):
+        for expr in exprs:
+            missing = _metric_names(expr) - exported - recorded
+            assert not missing, (
+                f"{source} query {expr!r} names metrics the operator does not export: {missing}"
+            )
+
+
+async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_errors(
+    cluster: KubeEmulator, operator: OperatorProcess
+) -> None:
+    runs = await _run_workload(cluster)
+    invalid = agentrun("obs-invalid", "x", model=MODEL, tools=[{"builtin": {"name": "no_such_tool"}}])
+    runs["obs-invalid"] = await _request(cluster, "POST", RUNS, json=invalid)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        items = (await _request(cluster, "GET", EVENTS))["items"]
+        if any(e["involvedObject"]["name"] == "obs-invalid" for e in items):
+            break
+        await asyncio.sleep(0.2)
+    events = (await _request(cluster, "GET", EVENTS))["items"]
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        involved = event["involvedObject"]
+        if involved.get("kind") == "AgentRun":
+            assert involved["uid"] == runs[involved["name"]]["metadata"]["uid"]
+            by_run.setdefault(involved["name"], []).append(event)
+    reasons = {name: {(e["type"], e["reason"]) for e in items} for name, items in by_run.items()}
+    assert {("Normal", "Started"), ("Normal", "EndTurn"), ("Warning", "ModelRetry")} <= reasons["obs-tools"]
+    assert {("Normal", "Started"), ("Warning", "LoopDetected")} <= reasons["obs-loop"]
+    assert {("Normal", "Started"), ("Warning", "ModelError")} <= reasons["obs-fatal"]
+    # A run that never starts its loop still says why, on the run itself.
+    [invalid_event] = by_run["obs-invalid"]
+    assert (invalid_event["type"], invalid_event["reason"]) == ("Warning", "InvalidSpec")
+    assert "spec.tools[0].builtin.name" in invalid_event["message"]
+    retries = [e for e in by_run["obs-tools"] if e["reason"] == "ModelRetry"]
+    assert len(retries) == 1 and retries[0]["count"] == 2, "repeated retries are aggregated into one Event"
+    for items in by_run.values():
+        for event in items:
+            assert len(event["message"]) <= 512
+            assert API_KEY not in event["message"]
+            assert "6*7" not in event["message"], "tool input never goes into an Event"
+    # The human-readable log names the run and the iteration on its lines.
+    assert re.search(r"\[default/obs-tools #1\] iteration 1: model request ok", operator.logs())
+
+
+async def test_json_logs_carry_the_run_identity_and_iteration_on_every_run_line(
+    cluster: KubeEmulator, json_operator: OperatorProcess
+) -> None:
+    runs = await _run_workload(cluster)
+    await json_operator.stop()
+    lines = [json.loads(line) for line in json_operator.logs().splitlines() if line.startswith("{")]
+    assert lines, json_operator.logs()
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    per_run = [line for line in lines if "uid" in line]
+    assert {line["name"] for line in per_run} >= set(WORKLOAD)
+    for line in per_run:
+        assert line["namespace"] == "default"
+        assert line["uid"] == runs[line["name"]]["metadata"]["uid"]
+        # Kopf's own lines about the object (daemon start/stop) come before or after the loop.
+        assert isinstance(line.get("iteration"), int) or line["logger"].startswith("kopf"), line
+    model_lines = [line for line in per_run if line["message"].startswith("iteration ")]
+    assert model_lines
+    for line in model_lines:
+        assert line["message"].startswith(f"iteration {line['iteration']}:")
+    finished = [line for line in per_run if line["message"].startswith("finished: ")]
+    assert {line["name"] for line in finished} == set(WORKLOAD)

@@ -1,0 +1,99 @@
+"""After the whole suite: no API key or Secret value appears in status, events, logs, transcripts or
+metrics of any operator the tests ran.
+
+tests/conftest.py moves this test to the end of the session. Every `OperatorProcess.stop()` leaves
+its evidence (tests/support/leaks.py). Run on its own, the test first produces evidence with a
+workload of its own, so it never passes on an empty scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from tests.support import leaks
+from tests.support.builders import agentrun
+from tests.support.operator_process import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
+RUN_KEY = "sk-ant-leakscan-run-key-3f9a1c77"
+OPERATOR_KEY = "sk-ant-leakscan-operator-key-8d2e44"
+
+
+async def _own_workload(tmp_path: Path) -> None:
+    """A run whose key comes from a Secret, with a tool call, and an operator with its own key."""
+    script = Script(
+        "[scenario:leak-scan]",
+        [
+            Reply([tool_use_block("calculator", {"expression": "6*7"}, id="toolu_leak1")]),
+            Reply([text_block("42")]),
+        ],
+    )
+    api = FakeMessagesAPI(scripts=[script], require_api_key=RUN_KEY)
+    async with api.running() as model, KubeEmulator.running(crd_paths=[CRD]) as cluster:
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "anthropic"},
+            "data": {"api-key": base64.b64encode(RUN_KEY.encode()).decode()},
+        }
+        run = agentrun(
+            "leak-scan",
+            "[scenario:leak-scan] what is 6*7?",
+            model={"name": "claude-haiku-4-5", "apiKeySecretRef": {"name": "anthropic"}},
+            tools=[{"builtin": {"name": "calculator"}}],
+        )
+        operator = OperatorProcess(
+            kubeconfig=Path(cluster.kubeconfig_path),
+            log_path=tmp_path / "operator.log",
+            env={"ANTHROPIC_API_KEY": OPERATOR_KEY, "ANTHROPIC_BASE_URL": model.url},
+        )
+        async with aiohttp.ClientSession() as session:
+            for path, body in (("/api/v1/namespaces/default/secrets", secret), (None, run)):
+                url = path or "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+                async with session.post(f"{cluster.url}{url}", json=body) as response:
+                    assert response.status == 201, await response.text()
+            await operator.start()
+            try:
+                deadline = time.monotonic() + 30
+                phase = None
+                while phase not in ("Succeeded", "Failed") and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    async with session.get(
+                        f"{cluster.url}/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns/leak-scan"
+                    ) as response:
+                        phase = (await response.json()).get("status", {}).get("phase")
+                assert phase == "Succeeded"
+            finally:
+                await operator.stop()
+
+
+async def test_no_secret_appears_in_anything_the_operators_left_behind(tmp_path: Path) -> None:
+    if not leaks.EVIDENCE:
+        await _own_workload(tmp_path)
+    scanned_secrets = set().union(*(e.secrets for e in leaks.EVIDENCE))
+    assert scanned_secrets, "the scan had no secrets to look for"
+    assert any("operator log" in e.texts for e in leaks.EVIDENCE)
+    assert leaks.find_leaks(leaks.EVIDENCE) == []
+
+
+def test_the_scanner_finds_a_key_in_a_decompressed_transcript_chunk() -> None:
+    """The scan itself must be able to fail: a planted key in a gzip chunk is found."""
+    import gzip
+
+    chunk = base64.b64encode(gzip.compress(json.dumps({"text": f"key={RUN_KEY}"}).encode())).decode()
+    owner = {"kind": "AgentRun", "name": "r", "uid": "u", "apiVersion": "agentrun.dev/v1alpha1"}
+    obj = {"metadata": {"name": "r-transcript-0", "ownerReferences": [owner]}, "data": {"c": chunk}}
+    assert leaks._is_operator_output(obj)
+    texts = {"chunk": json.dumps({k: leaks._decode(v) for k, v in obj["data"].items()})}
+    evidence = leaks.Evidence(source="planted", texts=texts, secrets={RUN_KEY})
+    assert leaks.find_leaks([evidence]) == ["planted: a secret (sk-a…) appears in chunk"]

@@ -1,0 +1,37 @@
+"""The in-process Kubernetes API emulator with the AgentRun CRD, and a real kubernetes_asyncio client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+
+CRD = Path(__file__).resolve().parents[3] / "crds" / "agentruns.agentrun.dev.yaml"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def api_client(cluster: KubeEmulator) -> AsyncIterator[client.ApiClient]:
+    configuration = client.Configuration()
+    await config.load_kube_config(
+        config_file=str(cluster.kubeconfig_path), client_configuration=configuration
+    )
+    api = client.ApiClient(configuration)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)

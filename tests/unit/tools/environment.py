@@ -1,0 +1,24 @@
+"""A ToolEnvironment for tests: Secrets from a dict, the cluster given explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentrun.tools.environment import KubeConnection
+
+
+@dataclass
+class StaticEnvironment:
+    namespace: str = "default"
+    run_uid: str = "run-uid-1"
+    service_account_name: str | None = None
+    secrets: dict[tuple[str, str], str] = field(default_factory=dict)
+    connection: KubeConnection | None = None
+    reads: list[tuple[str, str]] = field(default_factory=list)
+
+    async def read_secret(self, name: str, key: str) -> str | None:
+        self.reads.append((name, key))
+        return self.secrets.get((name, key))
+
+    def kube_connection(self) -> KubeConnection | None:
+        return self.connection
