@@ -97,10 +97,10 @@ NAMESPACED_NEEDS = {
     ("agentrun.dev", "agentruns/status"): {"patch"},
     ("agentrun.dev", "agentruns/finalizers"): {"update"},
     ("", "events"): {"create", "patch"},
-    ("", "secrets"): {"get", "list", "create", "patch", "delete"},
+    ("", "secrets"): {"get", "list", "create"},
     ("", "serviceaccounts"): {"impersonate"},
 }
-CONFIGMAP_NEEDS = {("", "configmaps"): {"get", "list", "create", "patch", "delete"}}
+CONFIGMAP_NEEDS = {("", "configmaps"): {"get", "list", "create"}}
 
 
 def grants(role: Manifest) -> dict[tuple[str, str], set[str]]:

@@ -54,11 +54,7 @@ MODEL = {"name": "claude-haiku-4-5"}
 
 #: Chart permissions no scenario can exercise yet, with the feature that will use them.
 #: (apiGroup, resource, verb) -> feature.
-PENDING: dict[tuple[str, str, str], str] = {
-    ("", "secrets", "patch"): "transcript store: updating the chunk index",
-    ("", "secrets", "list"): "transcript store: finding a run's chunks on resume",
-    ("", "secrets", "delete"): "transcript store: dropping superseded chunks",
-}
+PENDING: dict[tuple[str, str, str], str] = {}
 
 
 def _runs(namespace: str) -> str:
@@ -71,6 +67,7 @@ class Workload:
 
     admin: KubeClient
     namespaces: tuple[str, ...]
+    restart: Callable[[], Awaitable[None]]
     names: list[tuple[str, str]] = field(default_factory=list)
 
     async def apply(self, namespace: str, name: str, task: str, **spec: Any) -> None:
@@ -116,6 +113,13 @@ SCRIPTS = [
         ],
     ),
     Script("[rbac:answer]", [Reply([text_block("done")], usage=ScriptUsage(20, 5, 0, 0))]),
+    Script(
+        "[rbac:resume]",
+        [
+            Reply([tool_use_block("calculator", {"expression": "1+1"})], usage=ScriptUsage(30, 5, 0, 0)),
+            Reply([text_block("resumed")], usage=ScriptUsage(40, 5, 0, 0), delay_seconds=2),
+        ],
+    ),
     Script(
         "[rbac:retry]",
         [Reply([text_block("after retries")], faults=[HttpError.rate_limit(retry_after=0.1, times=2)])],
@@ -197,6 +201,16 @@ async def reads_the_cluster_as_its_service_account(work: Workload) -> None:
     await work.finished(namespace, "kube-reader")
 
 
+async def resumes_after_a_restart(work: Workload) -> None:
+    """A restarted operator finds the run's transcript chunks (a list by label) and resumes."""
+    namespace = work.namespaces[0]
+    await work.apply(namespace, "resumed", "[rbac:resume] 1+1", tools=[{"builtin": {"name": "calculator"}}])
+    await work.wait_for(namespace, "resumed", lambda s: s.get("toolCalls") == 1, "the tool call stored")
+    await work.restart()
+    status = await work.finished(namespace, "resumed")
+    assert (status["phase"], status["result"], status["iterations"]) == ("Succeeded", "resumed", 2)
+
+
 SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     succeeds_with_tools,
     waits_for_its_secret,
@@ -204,6 +218,7 @@ SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     is_cancelled,
     is_deleted_after_its_ttl,
     reads_the_cluster_as_its_service_account,
+    resumes_after_a_restart,
 ]
 
 
@@ -221,26 +236,36 @@ async def guarded_cluster(policy: Policy) -> AsyncIterator[KubeAPI]:
 async def run_workload(kube: KubeAPI, args: tuple[str, ...], log: Path) -> None:
     model = FakeMessagesAPI(scripts=SCRIPTS)
     async with model.running() as served:
-        operator = OperatorProcess(
-            kubeconfig=kube.kubeconfig_for(OPERATOR_TOKEN),
-            log_path=log,
-            env={
-                "ANTHROPIC_API_KEY": API_KEY,
-                "ANTHROPIC_BASE_URL": served.url,
-                "AGENTRUN_SECRET_RETRY_SECONDS": "0.5",
-            },
-            args=args,
-        )
-        await operator.start()
-        try:
+
+        async def start(index: int) -> OperatorProcess:
+            operator = OperatorProcess(
+                kubeconfig=kube.kubeconfig_for(OPERATOR_TOKEN),
+                log_path=log.with_name(f"{log.stem}-{index}{log.suffix}"),
+                env={
+                    "ANTHROPIC_API_KEY": API_KEY,
+                    "ANTHROPIC_BASE_URL": served.url,
+                    "AGENTRUN_SECRET_RETRY_SECONDS": "0.5",
+                },
+                args=args,
+            )
+            await operator.start()
             # The harness' own evidence snapshot at stop() is not the operator's: let it read as admin.
             operator.kubeconfig = kube.kubeconfig_path
+            return operator
+
+        operators = [await start(0)]
+
+        async def restart() -> None:
+            await operators[-1].stop(kill=True)
+            operators.append(await start(len(operators)))
+
+        try:
             async with KubeClient(kube.url) as admin:
-                work = Workload(admin, WATCHED)
+                work = Workload(admin, WATCHED, restart)
                 for scenario in SCENARIOS:
                     await scenario(work)
         finally:
-            await operator.stop()
+            await operators[-1].stop()
 
 
 def _key(permission: Permission) -> tuple[str, str, str]:

@@ -114,12 +114,12 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 # for its key Secret re-reads it.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create"]
 {{- if eq .Values.operator.transcriptStorage "configmap" }}
 # Transcripts stored as ConfigMaps owned by the run (operator.transcriptStorage: configmap).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create"]
 {{- end }}
 {{- if .Values.rbac.impersonateServiceAccounts }}
 # The agent's Kubernetes tools act as the run's spec.serviceAccountName. Service accounts only:

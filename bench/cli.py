@@ -1,0 +1,179 @@
+"""``python -m bench``: runs the benchmarks, prints the table, writes the results file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import checkpoint_cost, loop_overhead, operator_scale, parallel_tools
+from bench.figures import Section
+from bench.machine import describe
+from bench.reporting import markdown, table
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "RESULTS.md"
+BENCHMARKS = ("loop", "parallel", "scale", "checkpoint")
+
+
+@dataclass(frozen=True)
+class Plan:
+    loop_rounds: int
+    loop_turns: int = 10
+    loop_calls: int = 3
+    parallel_repeats: int = 10
+    parallel_calls: int = 8
+    parallel_seconds: float = 0.2
+    scale_sizes: tuple[int, ...] = (100, 500, 1000)
+    scale_repeats: int = 3
+    latency: float = 1.0
+    profile_size: int | None = 100
+    checkpoint_iterations: int = 200
+    checkpoint_marks: tuple[int, ...] = (5, 50, 200)
+    checkpoint_repeats: int = 3
+
+
+FULL = Plan(loop_rounds=30)
+QUICK = Plan(
+    loop_rounds=3,
+    parallel_repeats=2,
+    scale_sizes=(10, 20),
+    scale_repeats=1,
+    profile_size=None,
+    checkpoint_iterations=20,
+    checkpoint_marks=(2, 5, 20),
+    checkpoint_repeats=1,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats: a smoke run")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"run only these benchmarks ({', '.join(BENCHMARKS)}); repeatable or comma-separated",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="Markdown results file (default: bench/RESULTS.md for a full run, else a temp file)",
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="operator logs and profiles (default: temp)"
+    )
+    parser.add_argument("--seed", type=int, default=8, help="seed of the contender order shuffle")
+    parser.add_argument("--scale-sizes", default=None, help="comma-separated run counts, e.g. 100,500,1000")
+    parser.add_argument("--scale-repeats", type=int, default=None, help="repeats per scale size")
+    parser.add_argument(
+        "--latency", type=float, default=None, help="model latency of the scale benchmark (s)"
+    )
+    parser.add_argument("--loop-rounds", type=int, default=None, help="rounds of the loop benchmark")
+    parser.add_argument("--checkpoint-iterations", type=int, default=None, help="length of the long run")
+    parser.add_argument(
+        "--profile-size", type=int, default=None, help="runs in the profiled scale run (0: none)"
+    )
+    return parser
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    plan = QUICK if args.quick else FULL
+    if args.scale_sizes:
+        plan = dataclasses.replace(plan, scale_sizes=tuple(int(x) for x in args.scale_sizes.split(",")))
+    if args.scale_repeats is not None:
+        plan = dataclasses.replace(plan, scale_repeats=args.scale_repeats)
+    if args.latency is not None:
+        plan = dataclasses.replace(plan, latency=args.latency)
+    if args.loop_rounds is not None:
+        plan = dataclasses.replace(plan, loop_rounds=args.loop_rounds)
+    if args.checkpoint_iterations is not None:
+        n = args.checkpoint_iterations
+        marks = tuple(sorted({m for m in (2, 5, 50, 200) if m < n} | {n}))
+        plan = dataclasses.replace(plan, checkpoint_iterations=n, checkpoint_marks=marks)
+    if args.profile_size is not None:
+        plan = dataclasses.replace(plan, profile_size=args.profile_size or None)
+    return plan
+
+
+async def run(selected: Sequence[str], plan: Plan, workdir: Path, seed: int) -> list[Section]:
+    sections: list[Section] = []
+    if "loop" in selected:
+        section = Section("loop", "Loop overhead", _method(loop_overhead.__doc__))
+        await loop_overhead.measure(
+            section, rounds=plan.loop_rounds, turns=plan.loop_turns, calls=plan.loop_calls, seed=seed
+        )
+        sections.append(section)
+    if "parallel" in selected:
+        section = Section("parallel", "Parallel tools", _method(parallel_tools.__doc__))
+        await parallel_tools.measure(
+            section, repeats=plan.parallel_repeats, calls=plan.parallel_calls, seconds=plan.parallel_seconds
+        )
+        sections.append(section)
+    if "scale" in selected:
+        section = Section("scale", "Operator at scale", _method(operator_scale.__doc__))
+        await operator_scale.measure(
+            section,
+            workdir,
+            sizes=list(plan.scale_sizes),
+            repeats=plan.scale_repeats,
+            latency=plan.latency,
+            profile_size=plan.profile_size,
+        )
+        sections.append(section)
+    if "checkpoint" in selected:
+        section = Section("checkpoint", "Checkpoint cost", _method(checkpoint_cost.__doc__))
+        await checkpoint_cost.measure(
+            section,
+            workdir,
+            iterations=plan.checkpoint_iterations,
+            marks=list(plan.checkpoint_marks),
+            repeats=plan.checkpoint_repeats,
+        )
+        sections.append(section)
+    return sections
+
+
+def _method(doc: str | None) -> str:
+    """A benchmark module's docstring minus its first line: how the figure is measured."""
+    text = (doc or "").strip()
+    parts = text.split("\n\n", 1)
+    return " ".join((parts[1] if len(parts) > 1 else parts[0]).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    selected = [name.strip() for item in args.only for name in item.split(",") if name.strip()] or list(
+        BENCHMARKS
+    )
+    unknown = sorted(set(selected) - set(BENCHMARKS))
+    if unknown:
+        print(f"error: unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    plan = _plan(args)
+    partial = args.quick or bool(args.only)
+    results: Path = args.results or (
+        Path(tempfile.gettempdir()) / "agentrun-bench-RESULTS.md" if partial else RESULTS
+    )
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    machine = describe(ROOT)
+    started = time.monotonic()
+    sections = asyncio.run(run(selected, plan, workdir, args.seed))
+    command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    load = os.getloadavg()
+    results.write_text(
+        markdown(sections, machine, command=command.strip(), load_after=(load[0], load[1], load[2]))
+    )
+    print(table(sections))
+    print(f"\n{time.monotonic() - started:.0f} s; results: {results}; operator logs: {workdir}")
+    return 0

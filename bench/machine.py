@@ -1,0 +1,93 @@
+"""The machine and software a result was measured on, so numbers from different runs can be compared."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]  # no stubs in the dev group
+
+PACKAGES = (
+    "agentrun-operator",
+    "anthropic",
+    "httpx2",
+    "aiohttp",
+    "kopf",
+    "kubernetes-asyncio",
+    "kmock",
+    "pydantic",
+    "pydantic-ai-slim",
+    "langgraph",
+    "langgraph-prebuilt",
+    "langchain-core",
+    "langchain-anthropic",
+    "psutil",
+)
+
+
+@dataclass(frozen=True)
+class Machine:
+    date: str
+    cpu: str
+    cores: int
+    ram_gib: float
+    load_before: tuple[float, float, float]
+    python: str
+    platform: str
+    commit: str
+    versions: dict[str, str]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit(root: Path) -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}{' (with uncommitted changes)' if dirty else ''}"
+
+
+def describe(root: Path) -> Machine:
+    versions: dict[str, str] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    load = os.getloadavg()
+    return Machine(
+        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        cpu=cpu_model(),
+        cores=os.cpu_count() or 1,
+        ram_gib=psutil.virtual_memory().total / 2**30,
+        load_before=(load[0], load[1], load[2]),
+        python=platform.python_version(),
+        platform=platform.platform(),
+        commit=git_commit(root),
+        versions=versions,
+    )

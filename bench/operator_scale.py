@@ -1,0 +1,304 @@
+"""Benchmark 3: N concurrent AgentRuns on one operator process against the Kubernetes API emulator.
+
+Each run is 5 model requests (4 calculator turns, then an answer) with 1 s model latency, so an operator
+that added nothing would finish all of them 5 s after the first one is created. The emulator and the fake
+Messages API run in this process; CPU time of both processes is sampled to name the bottleneck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import pstats
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]  # no stubs in the dev group
+
+from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
+from bench import sdk_floor
+from bench.cluster import agentrun_manifest, create_runs, running_stack
+from bench.conversation import API_KEY, MODEL
+from bench.figures import Figure, Section, Target, median, percentile, progress
+from bench.profiles import cumulative, summarise
+
+MARKER = "[bench:scale]"
+MODEL_REQUESTS = 5
+
+
+#: Code paths whose cumulative time the operator profile reports (file suffix : function).
+HOT_PATHS = {
+    "one model request (adapter + SDK streaming + httpx2)": "model/messaging.py:complete",
+    "SDK stream accumulation (MessageStream events → snapshot)": (
+        "lib/streaming/_messages.py:accumulate_event"
+    ),
+    "httpcore2 pool: assigning requests to connections": "connection_pool.py:_assign_requests_to_connections",
+    "status writes (StatusWriter.patch)": "controller/status_writing.py:patch",
+    "Kopf: processing one watch event for one object": (
+        "kopf/_core/reactor/processing.py:process_resource_event"
+    ),
+    "Kopf: on.event handler invocations": "kopf/_core/actions/execution.py:execute_handlers_once",
+    "logging (format + write)": "logging/__init__.py:handle",
+    "JSON log formatting": "agentrun/logs.py:format",
+}
+
+
+def scale_script() -> Script:
+    steps = [
+        Reply(
+            [text_block("Computing."), tool_use_block("calculator", {"expression": f"{turn}*7+1"})],
+            usage=ScriptUsage(300, 30),
+        )
+        for turn in range(MODEL_REQUESTS - 1)
+    ]
+    steps.append(Reply([text_block("Done.")], usage=ScriptUsage(500, 5)))
+    return Script(MARKER, steps)
+
+
+@dataclass(frozen=True)
+class ScaleRun:
+    runs: int
+    makespan: float
+    create_burst: float
+    first_request_latencies: list[float]
+    requests_per_iteration: float
+    writes_per_iteration: float
+    peak_rss_mib: float
+    operator_cpu: float
+    """Cores the operator used on average (CPU seconds ÷ wall seconds)."""
+    cpu_ms_per_iteration: float
+    """Operator CPU time per model iteration, creation to last finish."""
+    bench_cpu: float
+    """Cores this process (emulator + fake Messages API + driver) used on average."""
+    succeeded: int
+    turn_gaps: list[float]
+    """Per run and iteration: next model request arrival − (previous arrival + model latency), i.e. the time
+    the operator spent between a model response and its next request."""
+    breakdown: dict[str, float]
+    """Operator requests per iteration, by kind."""
+
+
+async def one_run(
+    workdir: Path, runs: int, latency: float, label: str, *, profile_path: Path | None = None
+) -> ScaleRun:
+    api = FakeMessagesAPI(scripts=[scale_script()], latency_seconds=latency, demo_brain=False)
+    me = psutil.Process()
+    async with (
+        api.running() as server,
+        running_stack(
+            workdir,
+            model_url=server.url,
+            api_key=API_KEY,
+            max_concurrent_runs=max(runs, 1000),
+            label=label,
+            profile_path=profile_path,
+        ) as stack,
+    ):
+        manifests = [
+            agentrun_manifest(
+                f"scale-{i:05d}",
+                f"{MARKER} run-{i:05d}: compute four small products with the calculator.",
+                model={"name": MODEL, "maxTokens": 512},
+                tools=[{"builtin": {"name": "calculator"}}],
+            )
+            for i in range(runs)
+        ]
+        emulator = stack.emulator
+        log_start = len(emulator.timed)
+        stack.operator.start_profiling()
+        cpu_op_0, cpu_me_0 = stack.sampler.cpu_seconds(), _cpu(me)
+        started = time.time()
+        created = await create_runs(stack.kube.url, manifests)
+        create_burst = time.time() - started
+        deadline = time.monotonic() + 120 + runs * 0.5
+        while len(emulator.finished_at) < runs and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        wall = time.time() - started
+        cpu_op, cpu_me = stack.sampler.cpu_seconds() - cpu_op_0, _cpu(me) - cpu_me_0
+        peak = stack.sampler.peak_rss
+        objects = emulator.list_objects("agentruns", "default")
+        succeeded = sum(1 for o in objects if o.get("status", {}).get("phase") == "Succeeded")
+        iterations = sum(int(o.get("status", {}).get("iterations") or 0) for o in objects)
+        if len(emulator.finished_at) < runs:
+            raise RuntimeError(
+                f"only {len(emulator.finished_at)} of {runs} runs finished; see {stack.operator.log_path}"
+            )
+        makespan = max(emulator.finished_at.values()) - started
+        end = max(emulator.finished_at.values())
+        window = [t for t in emulator.timed[log_start:] if not t.from_bench and t.at <= end]
+        arrivals: dict[str, list[float]] = collections.defaultdict(list)
+        for request in api.requests:
+            arrivals["scale-" + request.first_user_text.split("run-", 1)[1][:5]].append(request.arrived_at)
+        first_arrival = {name: times[0] for name, times in arrivals.items()}
+        gaps = [b - a - latency for times in arrivals.values() for a, b in itertools.pairwise(times)]
+        latencies = [first_arrival[name] - created[name] for name in created if name in first_arrival]
+        kinds = collections.Counter(t.kind for t in window)
+    per_iteration = max(iterations, 1)
+    return ScaleRun(
+        runs=runs,
+        makespan=makespan,
+        create_burst=create_burst,
+        first_request_latencies=latencies,
+        requests_per_iteration=len(window) / per_iteration,
+        writes_per_iteration=sum(1 for t in window if t.is_write) / per_iteration,
+        peak_rss_mib=peak / 2**20,
+        operator_cpu=cpu_op / wall,
+        cpu_ms_per_iteration=cpu_op / per_iteration * 1000,
+        bench_cpu=cpu_me / wall,
+        succeeded=succeeded,
+        turn_gaps=gaps,
+        breakdown={kind: count / per_iteration for kind, count in kinds.most_common()},
+    )
+
+
+def _report_size(
+    section: Section, runs: int, results: list[ScaleRun], *, ideal: float, targeted: bool
+) -> None:
+    """Medians over the repeats of one size; targets are judged at the largest size only."""
+
+    def fig(name: str, values: list[float], unit: str, target: Target | None = None, note: str = "") -> None:
+        figure = Figure(
+            f"{runs} runs: {name}", median(values), unit, len(results), target if targeted else None, note
+        )
+        section.add(figure)
+
+    fig(
+        "time to finish all ÷ ideal",
+        [r.makespan / ideal for r in results],
+        "×",
+        Target(1.25),
+        note=f"ideal {ideal:g} s",
+    )
+    fig(
+        "create → first model request p50",
+        [percentile(r.first_request_latencies, 50) for r in results],
+        "s",
+    )
+    fig(
+        "create → first model request p99",
+        [percentile(r.first_request_latencies, 99) for r in results],
+        "s",
+        Target(2.0),
+    )
+    fig("API requests per iteration", [r.requests_per_iteration for r in results], "")
+    fig("API writes per iteration", [r.writes_per_iteration for r in results], "", Target(2.0))
+    fig("operator peak RSS", [r.peak_rss_mib for r in results], "MiB", Target(1024.0))
+    fig("operator time between response and next request p50", [median(r.turn_gaps) for r in results], "s")
+    fig(
+        "operator time between response and next request p90",
+        [percentile(r.turn_gaps, 90) for r in results],
+        "s",
+    )
+    fig("operator CPU (cores busy)", [r.operator_cpu for r in results], "")
+    fig("operator CPU per iteration", [r.cpu_ms_per_iteration for r in results], "ms")
+    fig("bench process CPU (emulator + fake API)", [r.bench_cpu for r in results], "")
+    fig("creation burst", [r.create_burst for r in results], "s")
+
+
+def _writes_note(runs: int, result: ScaleRun) -> str:
+    kinds = result.breakdown
+    parts = ", ".join(
+        f"{kind} {kinds[kind]:.2f}"
+        for kind in ("PATCH agentruns/status", "POST secrets", "POST events", "PATCH agentruns")
+        if kind in kinds
+    )
+    return (
+        f"{runs} runs: writes per iteration by kind: {parts}. With {MODEL_REQUESTS} iterations per run, "
+        "each write made once per run (finalizer add and removal, the Running and terminal status "
+        f"patches, Events) adds 1/{MODEL_REQUESTS} = 0.2 per iteration."
+    )
+
+
+def _analyse(section: Section, runs: int, results: list[ScaleRun], ideal: float) -> None:
+    """Name the bottleneck from the numbers: which process was busy, and what its CPU cost implies."""
+    op_cpu = median([r.operator_cpu for r in results])
+    bench_cpu = median([r.bench_cpu for r in results])
+    per_iteration_ms = median([r.cpu_ms_per_iteration for r in results])
+    floor = per_iteration_ms / 1000 * runs * MODEL_REQUESTS
+    makespan = median([r.makespan for r in results])
+    busy = "the operator process" if op_cpu >= bench_cpu else "the benchmark process (emulator + fake API)"
+    section.notes.append(_writes_note(runs, results[-1]))
+    section.notes.append(
+        f"{runs} runs: the busier process was {busy} ({op_cpu:.2f} vs {bench_cpu:.2f} cores on average). "
+        f"The operator used {per_iteration_ms:.1f} ms of CPU per iteration; on one event loop "
+        f"{runs} × {MODEL_REQUESTS} iterations need at least {floor:.1f} s of that single core, against an "
+        f"ideal makespan of {ideal:g} s (measured: {makespan:.1f} s)."
+    )
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+async def measure(
+    section: Section,
+    workdir: Path,
+    *,
+    sizes: list[int],
+    repeats: int,
+    latency: float,
+    profile_size: int | None,
+) -> None:
+    ideal = MODEL_REQUESTS * latency
+    largest = max(sizes)
+    for runs in sizes:
+        progress(f"scale: {runs} runs × {repeats} repeats")
+        results = [await one_run(workdir, runs, latency, f"scale-{runs}-{r}") for r in range(repeats)]
+        progress(f"scale: bare SDK floor for {runs} runs × {repeats} repeats")
+        floors = [
+            await sdk_floor.measure(
+                scale_script(), MARKER, runs=runs, requests=MODEL_REQUESTS, latency=latency
+            )
+            for _ in range(repeats)
+        ]
+        _report_size(section, runs, results, ideal=ideal, targeted=runs == largest)
+        section.add(
+            Figure(
+                f"{runs} runs: bare SDK floor, time ÷ ideal",
+                median([f.makespan / ideal for f in floors]),
+                "×",
+                repeats,
+                note="same traffic, no operator",
+            )
+        )
+        section.add(
+            Figure(
+                f"{runs} runs: bare SDK floor, CPU per model request",
+                median([f.cpu_ms_per_request for f in floors]),
+                "ms",
+                repeats,
+            )
+        )
+        failed = [r.runs - r.succeeded for r in results]
+        if any(failed):
+            section.notes.append(
+                f"{runs} runs: runs not Succeeded per repeat: {failed} (see the operator logs)"
+            )
+        last = results[-1]
+        rows = "\n".join(f"| {kind} | {value:.2f} |" for kind, value in last.breakdown.items())
+        section.details.append(
+            f"**{runs} runs, operator requests per iteration by kind** (last repeat):\n\n"
+            f"| request | per iteration |\n| --- | --- |\n{rows}"
+        )
+        _analyse(section, runs, results, ideal)
+    if profile_size:
+        progress(f"scale: profiling the operator over {profile_size} runs")
+        path = workdir / f"operator-{profile_size}.prof"
+        await one_run(workdir, profile_size, latency, f"profile-{profile_size}", profile_path=path)
+        stats = pstats.Stats(str(path))
+        section.details.append(
+            f"**Profile of the operator process** (cProfile with a CPU-time clock, one extra untimed run of "
+            f"{profile_size} runs, from the first creation to the operator's exit; startup left out):\n\n"
+            + summarise(stats)
+            + "\n\n"
+            + cumulative(stats, HOT_PATHS)
+        )
+    section.notes.append(
+        f"Targets apply to the largest size ({largest} runs). Time to finish is measured from the first "
+        "creation request to the last terminal status write, so it includes the creation burst. "
+        "Requests per iteration count only the operator's requests (not the benchmark's creations)."
+    )
