@@ -83,6 +83,7 @@ async def _wait_all_finished(cluster: KubeEmulator, count: int, timeout: float) 
     raise AssertionError(f"not all {count} runs finished within {timeout}s: {dict(pending)}")
 
 
+@pytest.mark.timeout(1200)
 async def test_a_thousand_runs_with_injected_api_faults_all_finish_and_none_is_lost_or_repeated(
     cluster: KubeEmulator, tmp_path: Path
 ) -> None:
@@ -131,6 +132,7 @@ async def test_a_thousand_runs_with_injected_api_faults_all_finish_and_none_is_l
         assert all(rule.hits == rule.times for rule in faults.rules), "every injected fault fired"
 
 
+@pytest.mark.timeout(600)
 async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothing(
     cluster: KubeEmulator, tmp_path: Path
 ) -> None:

@@ -309,7 +309,9 @@ class RunService:
                 )
                 observers.append(tracing)
             model = self.clients.model(
-                api_key=api_key, base_url=spec.model.base_url or self.settings.anthropic_base_url
+                api_key=api_key,
+                base_url=spec.model.base_url or self.settings.anthropic_base_url,
+                shard_key=run.uid,
             )
             await run_loop(
                 LoopConfig.from_spec(

@@ -156,10 +156,14 @@ def to_response(message: anthropic.types.Message) -> ModelResponse:
 
 
 class AnthropicModel:
-    """A ModelClient over one AsyncAnthropic client (shared by all runs with the same key and URL)."""
+    """A ModelClient over one AsyncAnthropic client (shared by the runs of one pool shard)."""
 
     def __init__(self, client: anthropic.AsyncAnthropic) -> None:
         self._client = client
+
+    @property
+    def client(self) -> anthropic.AsyncAnthropic:
+        return self._client
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         try:
@@ -227,16 +231,25 @@ def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
 
 
 class ClientPool:
-    """One SDK client per (base URL, key): connection pools are shared, keys never logged."""
+    """SDK clients per (base URL, key, shard): connections are reused, keys never logged.
 
-    def __init__(self, *, timeout_seconds: float = 600.0, max_connections: int = 2000) -> None:
-        self._clients: dict[tuple[str | None, str], anthropic.AsyncAnthropic] = {}
+    Runs are spread over a few clients by a stable shard key (the run's uid): with one client, every
+    request scans one large httpx connection pool, which costs CPU that grows with concurrent runs
+    (measured in bench/RESULTS.md, operator at scale).
+    """
+
+    def __init__(
+        self, *, timeout_seconds: float = 600.0, max_connections: int = 2000, shards: int = 8
+    ) -> None:
+        self._clients: dict[tuple[str | None, str, int], anthropic.AsyncAnthropic] = {}
         self._timeout = timeout_seconds
-        self._max_connections = max_connections
+        self._shards = max(shards, 1)
+        self._max_connections = max(max_connections // self._shards, 1)
 
-    def model(self, *, api_key: str, base_url: str | None) -> AnthropicModel:
+    def model(self, *, api_key: str, base_url: str | None, shard_key: str = "") -> AnthropicModel:
         fingerprint = hashlib.sha256(api_key.encode()).hexdigest()
-        key = (base_url, fingerprint)
+        shard = int(hashlib.sha256(shard_key.encode()).hexdigest()[:8], 16) % self._shards
+        key = (base_url, fingerprint, shard)
         client = self._clients.get(key)
         if client is None:
             client = anthropic.AsyncAnthropic(
@@ -246,7 +259,8 @@ class ClientPool:
                 timeout=self._timeout,
                 http_client=anthropic.DefaultAsyncHttpxClient(
                     limits=httpx2.Limits(
-                        max_connections=self._max_connections, max_keepalive_connections=200
+                        max_connections=self._max_connections,
+                        max_keepalive_connections=min(200, self._max_connections),
                     ),
                 ),
             )
