@@ -413,10 +413,12 @@ class RunService:
             run.namespace, reason.value, "succeeded" if reason.succeeded else "failed"
         ).inc()
         finished = RunFinished(outcome=outcome, progress=progress)
-        await writer.notify(finished)
+        # The Event goes first: the terminal status patch ends the daemon (its `when` turns false),
+        # and anything awaited after it may be cancelled.
         events = self.run_events.get(run.uid)
         if events is not None:
             await events.notify(finished)
+        await writer.notify(finished)
 
 
 def _timestamp(value: Any) -> float | None:
