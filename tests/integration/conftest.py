@@ -9,12 +9,15 @@ itself drive it with Kopf on purpose, with widgets the chart has no business gra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI
 from tests.support.rbac import SessionRecord
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "agentruns.agentrun.dev.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +37,10 @@ def operator_requests_are_allowed_by_the_chart(operator_requests: SessionRecord)
         yield
     finally:
         KubeAPI.stopped_hooks.remove(operator_requests.collect)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeAPI]:
+    """A fresh emulated API server with the AgentRun CRD, per test."""
+    async with KubeAPI.running(crd_paths=[CRD]) as kube:
+        yield kube

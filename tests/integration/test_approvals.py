@@ -44,12 +44,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
 async def operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:

@@ -8,7 +8,6 @@ each Idempotency-Key it receives.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -30,6 +29,7 @@ from agentrun.sandbox.messages_script import (
     tool_use_block,
 )
 from tests.support.builders import agentrun
+from tests.support.kube_requests import request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
 from tests.support.ports import free_port
 
@@ -112,12 +112,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
 async def webhook() -> AsyncIterator[Webhook]:
     hook = Webhook()
     await hook.start()
@@ -150,40 +144,6 @@ async def start_operator(
     yield start
     for process in started:
         await process.stop()
-
-
-async def request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
-    ):
-        body = await r.json()
-        assert r.status < 300, body
-        return body
-
-
-async def until(check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-async def wait_finished(cluster: KubeEmulator, name: str, timeout: float = 45.0) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-
-    async def finished() -> bool:
-        nonlocal found
-        found = await request(cluster, "GET", f"{RUNS}/{name}")
-        return found.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
-
-    await until(finished, f"{name} to finish", timeout)
-    return found
 
 
 def transcript_of(cluster: KubeEmulator, uid: str) -> Transcript:

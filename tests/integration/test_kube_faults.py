@@ -18,15 +18,14 @@ from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from tests.integration.test_durable_runs import (
     API_KEY,
-    CRD,
     RUNS,
     Webhook,
     assert_succeeded_once_each,
     durable_script,
-    request,
     steps_requested,
     webhook_manifest,
 )
+from tests.support.kube_requests import request
 from tests.support.operator_process import OperatorProcess
 
 TAG = "[faults:plain]"
@@ -39,12 +38,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
 async def webhook() -> AsyncIterator[Webhook]:
     hook = Webhook()
     await hook.start()
@@ -54,11 +47,8 @@ async def webhook() -> AsyncIterator[Webhook]:
         await hook.stop()
 
 
-@pytest.fixture
-async def operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
-) -> AsyncIterator[OperatorProcess]:
-    process = OperatorProcess(
+def _operator(cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path) -> OperatorProcess:
+    return OperatorProcess(
         kubeconfig=Path(cluster.kubeconfig_path),
         log_path=tmp_path / "operator.log",
         # Tool results are flushed on their own, so every checkpoint is a chunk write that can fail.
@@ -68,6 +58,13 @@ async def operator(
             "AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "0",
         },
     )
+
+
+@pytest.fixture
+async def operator(
+    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    process = _operator(cluster, model, tmp_path)
     await process.start()
     try:
         yield process
@@ -102,13 +99,20 @@ async def test_conflicts_errors_and_throttling_on_status_patches_lose_no_update(
 
 
 async def test_dropped_and_expired_watch_streams_neither_lose_nor_repeat_a_run(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess
+    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, tmp_path: Path
 ) -> None:
+    # Drops apply to watch requests made after they are added: add them before the operator starts.
     faults = cluster.emulator.faults
     faults.drop_watch(resource="agentruns", after_events=1)
     faults.drop_watch(resource="agentruns", after_events=2, expire=True)
     faults.drop_watch(resource="agentruns", after_seconds=0.5)
-    await _run_once(cluster, model, webhook, operator, "watched")
+    operator = _operator(cluster, model, tmp_path)
+    await operator.start()
+    try:
+        await _run_once(cluster, model, webhook, operator, "watched")
+    finally:
+        await operator.stop()
+    assert [rule.hits for rule in faults.rules] == [1, 1, 1], "every watch stream was cut"
 
 
 async def test_failing_transcript_writes_are_retried_and_no_checkpoint_is_lost(

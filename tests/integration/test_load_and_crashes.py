@@ -12,7 +12,6 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,6 @@ RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-load-test-0123456789"
 LOAD_RUNS = int(os.environ.get("AGENTRUN_LOAD_RUNS", "1000"))
 FINISHED = ("Succeeded", "Failed", "Cancelled")
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
 
 
 def _operator(cluster: KubeEmulator, model: FakeMessagesAPI, log: Path, **env: str) -> OperatorProcess:

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import yaml
 
@@ -24,6 +23,7 @@ from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
+from tests.support.kube_requests import request
 from tests.support.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,12 +79,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
         yield server
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
-
-
 async def _operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path, *args: str
 ) -> AsyncIterator[OperatorProcess]:
@@ -121,24 +115,14 @@ async def json_operator(
         yield process
 
 
-async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
-    ):
-        body = await r.json()
-        assert r.status < 300, body
-        return body
-
-
 async def _run_workload(cluster: KubeEmulator) -> dict[str, dict[str, Any]]:
     for name, (task, _) in WORKLOAD.items():
-        await _request(cluster, "POST", RUNS, json=agentrun(name, task, model=MODEL, tools=CALC))
+        await request(cluster, "POST", RUNS, json=agentrun(name, task, model=MODEL, tools=CALC))
     finished: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(finished) < len(WORKLOAD):
         for name in WORKLOAD:
-            obj = await _request(cluster, "GET", f"{RUNS}/{name}")
+            obj = await request(cluster, "GET", f"{RUNS}/{name}")
             if obj.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
                 finished[name] = obj
         await asyncio.sleep(0.2)
@@ -275,14 +259,14 @@ async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_e
 ) -> None:
     runs = await _run_workload(cluster)
     invalid = agentrun("obs-invalid", "x", model=MODEL, tools=[{"builtin": {"name": "no_such_tool"}}])
-    runs["obs-invalid"] = await _request(cluster, "POST", RUNS, json=invalid)
+    runs["obs-invalid"] = await request(cluster, "POST", RUNS, json=invalid)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        items = (await _request(cluster, "GET", EVENTS))["items"]
+        items = (await request(cluster, "GET", EVENTS))["items"]
         if any(e["involvedObject"]["name"] == "obs-invalid" for e in items):
             break
         await asyncio.sleep(0.2)
-    events = (await _request(cluster, "GET", EVENTS))["items"]
+    events = (await request(cluster, "GET", EVENTS))["items"]
     by_run: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         involved = event["involvedObject"]

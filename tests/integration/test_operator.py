@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
+from tests.support.kube_requests import request, wait_finished
 from tests.support.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,12 +45,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
 async def operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
@@ -66,27 +60,6 @@ async def operator(
         await process.stop()
 
 
-async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
-    ):
-        body = await r.json()
-        assert r.status < 300, body
-        return body
-
-
-async def _wait_finished(cluster: KubeEmulator, name: str, timeout: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    obj: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        obj = await _request(cluster, "GET", f"{RUNS}/{name}")
-        if obj.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
-            return obj
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{name} did not finish: {obj.get('status')}")
-
-
 async def test_applied_run_calls_one_tool_then_succeeds_with_exact_status(
     cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
@@ -96,8 +69,8 @@ async def test_applied_run_calls_one_tool_then_succeeds_with_exact_status(
         model={"name": "claude-haiku-4-5"},
         tools=[{"builtin": {"name": "calculator"}}],
     )
-    await _request(cluster, "POST", RUNS, json=manifest)
-    obj = await _wait_finished(cluster, "calc")
+    await request(cluster, "POST", RUNS, json=manifest)
+    obj = await wait_finished(cluster, "calc")
     status = obj["status"]
     assert status["phase"] == "Succeeded"
     assert status["stopReason"] == "EndTurn"
@@ -131,7 +104,7 @@ async def test_applied_run_calls_one_tool_then_succeeds_with_exact_status(
 async def test_finished_run_is_not_restarted_by_a_new_operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(
+    await request(
         cluster,
         "POST",
         RUNS,
@@ -142,7 +115,7 @@ async def test_finished_run_is_not_restarted_by_a_new_operator(
             tools=[{"builtin": {"name": "calculator"}}],
         ),
     )
-    await _wait_finished(cluster, "once")
+    await wait_finished(cluster, "once")
     before = len(model.requests)
     await operator.stop()
     await operator.start()
@@ -154,8 +127,8 @@ async def test_invalid_tool_ends_in_invalid_spec_naming_the_field(
     cluster: KubeEmulator, operator: OperatorProcess
 ) -> None:
     manifest = agentrun("bad-tool", "x", tools=[{"builtin": {"name": "no_such_tool"}}])
-    await _request(cluster, "POST", RUNS, json=manifest)
-    status = (await _wait_finished(cluster, "bad-tool"))["status"]
+    await request(cluster, "POST", RUNS, json=manifest)
+    status = (await wait_finished(cluster, "bad-tool"))["status"]
     assert (status["phase"], status["stopReason"]) == ("Failed", "InvalidSpec")
     assert "spec.tools[0].builtin.name" in status["message"]
 
@@ -176,11 +149,11 @@ async def test_missing_api_key_secret_keeps_the_run_pending_until_it_appears(
             model={"name": "claude-haiku-4-5", "apiKeySecretRef": {"name": "anthropic"}},
             tools=[{"builtin": {"name": "calculator"}}],
         )
-        await _request(cluster, "POST", RUNS, json=manifest)
+        await request(cluster, "POST", RUNS, json=manifest)
         deadline = time.monotonic() + 15
         status: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            status = (await _request(cluster, "GET", f"{RUNS}/needs-key")).get("status", {})
+            status = (await request(cluster, "GET", f"{RUNS}/needs-key")).get("status", {})
             if status.get("phase") == "Pending":
                 break
             await asyncio.sleep(0.2)
@@ -196,8 +169,8 @@ async def test_missing_api_key_secret_keeps_the_run_pending_until_it_appears(
             "metadata": {"name": "anthropic", "namespace": "default"},
             "data": {"api-key": base64.b64encode(API_KEY.encode()).decode()},
         }
-        await _request(cluster, "POST", "/api/v1/namespaces/default/secrets", json=secret)
-        final = (await _wait_finished(cluster, "needs-key"))["status"]
+        await request(cluster, "POST", "/api/v1/namespaces/default/secrets", json=secret)
+        final = (await wait_finished(cluster, "needs-key"))["status"]
         assert final["phase"] == "Succeeded"
     finally:
         await process.stop()

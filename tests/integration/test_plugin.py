@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
+from tests.support.kube_requests import request
 from tests.support.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,12 +64,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
 async def operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
@@ -105,23 +99,13 @@ async def plugin(cluster: KubeEmulator, *args: str, via_kubectl: bool = False) -
     return Ran(process.returncode, out.decode(), err.decode())
 
 
-async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
-    ):
-        body = await r.json()
-        assert r.status < 300, body
-        return body
-
-
 async def _wait_status(
     cluster: KubeEmulator, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 30.0
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = (await _request(cluster, "GET", f"{RUNS}/{name}")).get("status", {})
+        status = (await request(cluster, "GET", f"{RUNS}/{name}")).get("status", {})
         if done(status):
             return status
         await asyncio.sleep(0.2)
@@ -147,7 +131,7 @@ def _manifest(name: str) -> dict[str, Any]:
 
 async def _with_pending(cluster: KubeEmulator, name: str, *ids: str) -> None:
     """A run whose status lists pending calls, as the operator would write it (no operator needed)."""
-    await _request(cluster, "POST", RUNS, json=_manifest(name))
+    await request(cluster, "POST", RUNS, json=_manifest(name))
     pending = [
         {
             "toolUseId": i,
@@ -157,7 +141,7 @@ async def _with_pending(cluster: KubeEmulator, name: str, *ids: str) -> None:
         }
         for i in ids
     ]
-    await _request(
+    await request(
         cluster,
         "PATCH",
         f"{RUNS}/{name}/status",
@@ -169,14 +153,14 @@ async def _with_pending(cluster: KubeEmulator, name: str, *ids: str) -> None:
 async def test_approve_without_an_id_decides_the_only_pending_call_and_the_run_succeeds(
     cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("calc"))
+    await request(cluster, "POST", RUNS, json=_manifest("calc"))
     await _wait_status(cluster, "calc", _awaiting)
     ran = await plugin(cluster, "approve", "calc", "--reason", "looks safe")
     assert ran.code == 0, ran.err
     assert ran.out == "agentrun.agentrun.dev/calc: approved calculator (toolu_pl1) as kube-emulator\n"
     final = await _wait_status(cluster, "calc", _finished)
     assert (final["phase"], final["toolCalls"]) == ("Succeeded", 1)
-    obj = await _request(cluster, "GET", f"{RUNS}/calc")
+    obj = await request(cluster, "GET", f"{RUNS}/calc")
     assert obj["spec"]["approvals"] == [
         {"toolUseId": "toolu_pl1", "decision": "approve", "by": "kube-emulator", "reason": "looks safe"}
     ]
@@ -206,7 +190,7 @@ async def test_approve_without_an_id_decides_the_only_pending_call_and_the_run_s
 async def test_deny_through_kubectl_plugin_discovery_shows_the_error_in_the_transcript(
     cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("nope"))
+    await request(cluster, "POST", RUNS, json=_manifest("nope"))
     await _wait_status(cluster, "nope", _awaiting)
     ran = await plugin(
         cluster, "deny", "nope", "toolu_pl1", "--reason", "do it by hand", "-n", "default", via_kubectl=True
@@ -230,7 +214,7 @@ async def test_approve_refuses_to_guess_between_several_pending_calls(cluster: K
     assert ran.code == 0, ran.err
     ran = await plugin(cluster, "deny", "two", "toolu_a")
     assert ran.code == 0, ran.err
-    approvals = (await _request(cluster, "GET", f"{RUNS}/two"))["spec"]["approvals"]
+    approvals = (await request(cluster, "GET", f"{RUNS}/two"))["spec"]["approvals"]
     assert approvals == [
         {"toolUseId": "toolu_b", "decision": "approve", "by": "carol"},
         {"toolUseId": "toolu_a", "decision": "deny", "by": "kube-emulator"},
@@ -241,16 +225,16 @@ async def test_deciding_a_call_that_is_not_pending_is_an_error(cluster: KubeEmul
     await _with_pending(cluster, "one", "toolu_a")
     ran = await plugin(cluster, "deny", "one", "toolu_zzz")
     assert ran.code == 1 and "toolu_zzz is not awaiting approval" in ran.err and "toolu_a" in ran.err
-    await _request(cluster, "POST", RUNS, json=_manifest("idle"))
+    await request(cluster, "POST", RUNS, json=_manifest("idle"))
     ran = await plugin(cluster, "approve", "idle")
     assert ran.code == 1 and "no tool call awaiting approval" in ran.err
 
 
 async def test_cancel_sets_spec_cancel_and_unknown_runs_are_reported(cluster: KubeEmulator) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("stop-me"))
+    await request(cluster, "POST", RUNS, json=_manifest("stop-me"))
     ran = await plugin(cluster, "cancel", "stop-me")
     assert (ran.code, ran.out) == (0, "agentrun.agentrun.dev/stop-me cancel requested\n")
-    assert (await _request(cluster, "GET", f"{RUNS}/stop-me"))["spec"]["cancel"] is True
+    assert (await request(cluster, "GET", f"{RUNS}/stop-me"))["spec"]["cancel"] is True
     ran = await plugin(cluster, "cancel", "ghost")
     assert ran.code == 1 and "agentrun default/ghost not found" in ran.err
     ran = await plugin(cluster, "transcript", "ghost", "--namespace", "elsewhere")
@@ -258,7 +242,7 @@ async def test_cancel_sets_spec_cancel_and_unknown_runs_are_reported(cluster: Ku
 
 
 async def test_transcript_of_a_run_that_has_not_started_says_so(cluster: KubeEmulator) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("fresh"))
+    await request(cluster, "POST", RUNS, json=_manifest("fresh"))
     ran = await plugin(cluster, "transcript", "fresh")
     assert (ran.code, ran.out) == (0, "agentrun default/fresh has no stored transcript yet\n")
 
@@ -268,4 +252,4 @@ async def test_a_decision_the_api_server_rejects_is_reported_not_retried(cluster
     ran = await plugin(cluster, "deny", "long", "--reason", "x" * 5000)
     assert ran.code == 1
     assert "HTTP 422" in ran.err and "reason" in ran.err and "kept changing" not in ran.err
-    assert "approvals" not in (await _request(cluster, "GET", f"{RUNS}/long"))["spec"]
+    assert "approvals" not in (await request(cluster, "GET", f"{RUNS}/long"))["spec"]

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
+from tests.support.kube_requests import request
 from tests.support.operator_process import OperatorProcess
 from tests.unit.tools.servers import Answer, WebhookReceiver
 
@@ -53,12 +53,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
-
-
-@pytest.fixture
 async def operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
@@ -78,23 +72,13 @@ async def operator(
         await process.stop()
 
 
-async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
-    ):
-        body = await r.json()
-        assert r.status < 300, body
-        return body
-
-
 async def _wait_status(
     cluster: KubeEmulator, name: str, phases: set[str], timeout: float = 30.0
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = (await _request(cluster, "GET", f"{RUNS}/{name}")).get("status") or {}
+        status = (await request(cluster, "GET", f"{RUNS}/{name}")).get("status") or {}
         if status.get("phase") in phases:
             return status
         await asyncio.sleep(0.2)
@@ -122,7 +106,7 @@ async def test_a_webhook_header_secret_created_later_takes_the_run_from_pending_
             model={"name": "claude-haiku-4-5"},
             tools=[{"http": webhook}],
         )
-        created = await _request(cluster, "POST", RUNS, json=manifest)
+        created = await request(cluster, "POST", RUNS, json=manifest)
         pending = await _wait_status(cluster, "notify", {"Pending", "Succeeded", "Failed"})
         assert pending["phase"] == "Pending"
         assert {c["type"]: c["reason"] for c in pending["conditions"]}["Succeeded"] == "SecretNotFound"
@@ -137,13 +121,13 @@ async def test_a_webhook_header_secret_created_later_takes_the_run_from_pending_
             "metadata": {"name": "hook-headers", "namespace": "default"},
             "data": {"headers": base64.b64encode(headers.encode()).decode()},
         }
-        await _request(cluster, "POST", "/api/v1/namespaces/default/secrets", json=secret)
+        await request(cluster, "POST", "/api/v1/namespaces/default/secrets", json=secret)
         final = await _wait_status(cluster, "notify", {"Succeeded", "Failed"})
     assert (final["phase"], final["result"]) == ("Succeeded", "Notified.")
-    [request] = receiver.received
-    assert request.body == {"text": "deploy finished"}
-    assert request.headers["Authorization"] == f"Bearer {HOOK_TOKEN}"
-    assert request.headers["Idempotency-Key"] == f"{created['metadata']['uid']}:toolu_hook1"
+    [received] = receiver.received
+    assert received.body == {"text": "deploy finished"}
+    assert received.headers["Authorization"] == f"Bearer {HOOK_TOKEN}"
+    assert received.headers["Idempotency-Key"] == f"{created['metadata']['uid']}:toolu_hook1"
     assert HOOK_TOKEN not in operator.logs() and HOOK_TOKEN not in json.dumps(final)
 
 
@@ -165,7 +149,7 @@ async def test_kubernetes_tools_in_the_operator_read_as_the_runs_service_account
         tools=[{"builtin": {"name": "pod_logs"}}],
         serviceAccountName="log-reader",
     )
-    await _request(cluster, "POST", RUNS, json=manifest)
+    await request(cluster, "POST", RUNS, json=manifest)
     final = await _wait_status(cluster, "logs", {"Succeeded", "Failed"})
     assert final["phase"] == "Succeeded", final
     [read] = [r for r in cluster.emulator.request_log if r.subresource == "log"]

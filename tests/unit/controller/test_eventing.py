@@ -136,15 +136,23 @@ async def test_a_count_bumped_while_rate_limited_is_written_before_the_terminal_
 
 async def test_a_failing_events_api_never_fails_the_run(cluster: Any, api_client: client.ApiClient) -> None:
     class Broken:
+        def __init__(self) -> None:
+            self.attempts: list[str] = []
+
         async def create(self, namespace: str, body: dict[str, Any]) -> None:
+            self.attempts.append(body["reason"])
             raise client.ApiException(status=403, reason="Forbidden")
 
         async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+            self.attempts.append("patch")
             raise client.ApiException(status=403, reason="Forbidden")
 
-    events = RunEvents(Broken(), RUN)
+    sink = Broken()
+    events = RunEvents(sink, RUN)
     await events.notify(RunStarted(resumed=False, progress=PROGRESS))
     await events.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), PROGRESS))
+    # Both Events were attempted, both refused, and neither refusal escaped into the run.
+    assert sink.attempts == ["Started", "EndTurn"]
 
 
 def test_messages_are_scrubbed_of_credentials_and_bounded() -> None:

@@ -1,0 +1,51 @@
+"""Talking to the emulated API server from integration tests: plain requests and waiting for runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+
+RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+FINISHED = ("Succeeded", "Failed", "Cancelled")
+
+
+async def request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
+    """The decoded answer; anything but a success fails the test with the server's Status."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
+    ):
+        body = await r.json()
+        assert r.status < 300, body
+        return body
+
+
+async def until(check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def wait_finished(cluster: KubeEmulator, name: str, timeout: float = 45.0) -> dict[str, Any]:
+    """The run in `default` once its phase is final."""
+    found: dict[str, Any] = {}
+
+    async def finished() -> bool:
+        nonlocal found
+        found = await request(cluster, "GET", f"{RUNS}/{name}")
+        return found.get("status", {}).get("phase") in FINISHED
+
+    await until(finished, f"{name} to finish", timeout)
+    return found
