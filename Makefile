@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
 help:
 	@echo "make demo   - offline demo: emulated Kubernetes API + scripted model + the real operator"
-	@echo "make test   - everything CI runs: lint, types, import contracts, unit, integration, chart"
+	@echo "make test   - everything CI runs: lint, types, import contracts, unit, integration, chart, bench smoke"
 	@echo "make bench  - benchmark harness; prints a table and writes bench/RESULTS.md"
 	@echo "make crds   - regenerate crds/ and the chart's copy from the pydantic models"
 	@echo "make e2e    - the integration scenarios against the cluster KUBECONFIG points at"
@@ -39,7 +39,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) tools lint typecheck
+test: $(STAMP) $(VENV)/.bench-installed tools lint typecheck
 	$(BIN)/python -m pytest
 
 chart-test: $(STAMP) tools

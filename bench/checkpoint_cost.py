@@ -5,6 +5,8 @@ per iteration) runs on the real operator against the emulator, with no model lat
 from the arrival of model request i to the arrival of request i+1 at the fake Messages API; its bytes are
 the request bodies of every write (status patches, transcript objects, whatever the operator sends) that
 reached the emulator in that span. A store that rewrote the whole transcript would grow linearly here.
+The operator runs with AGENTRUN_STATUS_INTERVAL_SECONDS=0 (progress in status after every iteration, the
+worst case), so every iteration makes the same writes and their sizes compare like for like.
 """
 
 from __future__ import annotations
@@ -52,7 +54,13 @@ async def one_run(workdir: Path, iterations: int, label: str) -> LongRun:
     async with (
         api.running() as server,
         running_stack(
-            workdir, model_url=server.url, api_key=API_KEY, max_concurrent_runs=10, label=label
+            workdir,
+            model_url=server.url,
+            api_key=API_KEY,
+            max_concurrent_runs=10,
+            label=label,
+            # Worst case: progress in status after every iteration, so each one writes the same kinds.
+            env={"AGENTRUN_STATUS_INTERVAL_SECONDS": "0"},
         ) as stack,
     ):
         manifest = agentrun_manifest(
@@ -68,7 +76,7 @@ async def one_run(workdir: Path, iterations: int, label: str) -> LongRun:
             await asyncio.sleep(0.05)
         if "long-run" not in stack.emulator.finished_at:
             raise RuntimeError(f"the long run did not finish; see {stack.operator.log_path}")
-        await asyncio.sleep(0.5)  # let the last writes (finalizer removal) land
+        await asyncio.sleep(0.5)  # let the last writes (the terminal Event) land
         writes = [t for t in stack.emulator.timed if t.is_write and not t.from_bench]
     arrivals = [r.arrived_at for r in api.requests]
     if len(arrivals) != iterations + 1:

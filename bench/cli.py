@@ -51,11 +51,31 @@ QUICK = Plan(
     checkpoint_marks=(2, 5, 20),
     checkpoint_repeats=1,
 )
+SMOKE = Plan(
+    loop_rounds=1,
+    parallel_repeats=1,
+    scale_sizes=(3,),
+    scale_repeats=1,
+    latency=0.2,
+    profile_size=3,
+    checkpoint_iterations=6,
+    checkpoint_marks=(2, 6),
+    checkpoint_repeats=1,
+)
+"""The smallest plan that still takes every code path, the profiled operator included: CI runs it so a
+broken harness fails a test, and its figures mean nothing."""
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats: a smoke run")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes and few repeats: a quick look")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, one repeat each: checks that every benchmark still runs "
+        "(CI runs it; its figures are meaningless)",
+    )
     parser.add_argument(
         "--only",
         action="append",
@@ -87,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    plan = QUICK if args.quick else FULL
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.scale_sizes:
         plan = dataclasses.replace(plan, scale_sizes=tuple(int(x) for x in args.scale_sizes.split(",")))
     if args.scale_repeats is not None:
@@ -160,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
     plan = _plan(args)
-    partial = args.quick or bool(args.only)
+    partial = args.quick or args.smoke or bool(args.only)
     results: Path = args.results or (
         Path(tempfile.gettempdir()) / "agentrun-bench-RESULTS.md" if partial else RESULTS
     )

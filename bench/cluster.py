@@ -225,6 +225,7 @@ async def running_stack(
     max_concurrent_runs: int,
     label: str,
     profile_path: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
     """Emulator in this process, operator in a child process pointed at it and at the fake model."""
     emulator = RecordingEmulator(strict=False)
@@ -232,7 +233,7 @@ async def running_stack(
         operator = OperatorProcess(
             kubeconfig=Path(kube.kubeconfig_path),
             log_path=workdir / f"operator-{label}.log",
-            env={"ANTHROPIC_API_KEY": api_key, "ANTHROPIC_BASE_URL": model_url},
+            env={"ANTHROPIC_API_KEY": api_key, "ANTHROPIC_BASE_URL": model_url, **(env or {})},
             args=("--max-concurrent-runs", str(max_concurrent_runs)),
             profile_path=profile_path,
         )

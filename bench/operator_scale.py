@@ -32,11 +32,9 @@ MODEL_REQUESTS = 5
 #: Code paths whose cumulative time the operator profile reports (file suffix : function).
 HOT_PATHS = {
     "one model request (adapter + SDK streaming + httpx2)": "model/messaging.py:complete",
-    "SDK stream accumulation (MessageStream events → snapshot)": (
-        "lib/streaming/_messages.py:accumulate_event"
-    ),
+    "stream accumulation (our StreamedMessage.add, per SSE event)": "model/streaming.py:add",
     "httpcore2 pool: assigning requests to connections": "connection_pool.py:_assign_requests_to_connections",
-    "status writes (StatusWriter.patch)": "controller/status_writing.py:patch",
+    "status writes (StatusWriter._patch)": "controller/status_writing.py:_patch",
     "Kopf: processing one watch event for one object": (
         "kopf/_core/reactor/processing.py:process_resource_event"
     ),
@@ -207,8 +205,9 @@ def _writes_note(runs: int, result: ScaleRun) -> str:
     )
     return (
         f"{runs} runs: writes per iteration by kind: {parts}. With {MODEL_REQUESTS} iterations per run, "
-        "each write made once per run (finalizer add and removal, the Running and terminal status "
-        f"patches, Events) adds 1/{MODEL_REQUESTS} = 0.2 per iteration."
+        "each write made once per run (the Running and terminal status patches, the Started and "
+        f"finished Events) adds 1/{MODEL_REQUESTS} = 0.2 per iteration; progress reaches status at most "
+        "every AGENTRUN_STATUS_INTERVAL_SECONDS (10 s)."
     )
 
 

@@ -37,6 +37,12 @@ class Settings(BaseModel):
         ge=0,
         description="Tool phases at least this long are persisted on their own (else with the next write).",
     )
+    status_interval_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="Least time between two progress writes to status; phase changes and the end are "
+        "written at once. 0: after every iteration.",
+    )
     secret_retry_seconds: float = Field(
         default=10.0, gt=0, description="Recheck interval for missing Secrets."
     )

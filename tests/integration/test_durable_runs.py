@@ -405,7 +405,8 @@ async def test_finished_runs_are_deleted_after_their_ttl_with_their_transcript(
 ) -> None:
     await start_operator()
     short = webhook_manifest("short-lived", "[durable:plain]", webhook)
-    short["spec"]["ttlSecondsAfterFinished"] = 1
+    # completionTime has whole seconds: a TTL of 1 s can run out a few ms after the run finishes.
+    short["spec"]["ttlSecondsAfterFinished"] = 2
     await request(cluster, "POST", RUNS, json=short)
     await request(
         cluster, "POST", RUNS, json=agentrun("kept", "[durable:plain] y", model={"name": "claude-haiku-4-5"})

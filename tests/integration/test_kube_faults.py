@@ -25,7 +25,7 @@ from tests.integration.test_durable_runs import (
     steps_requested,
     webhook_manifest,
 )
-from tests.support.kube_requests import request
+from tests.support.kube_requests import request, until
 from tests.support.operator_process import OperatorProcess
 
 TAG = "[faults:plain]"
@@ -110,6 +110,20 @@ async def test_dropped_and_expired_watch_streams_neither_lose_nor_repeat_a_run(
     await operator.start()
     try:
         await _run_once(cluster, model, webhook, operator, "watched")
+        # The run can finish before the third stream's half second is up; that cut must then make
+        # the operator list a finished run again, which must not start it anew.
+        await until(lambda: faults.rules[2].hits == 1, "the third watch stream to be cut", timeout=20)
+        await until(
+            lambda: (
+                sum(
+                    1 for r in cluster.emulator.request_log if r.verb == "watch" and r.resource == "agentruns"
+                )
+                >= 4
+            ),
+            "the operator to watch again after the third cut",
+            timeout=20,
+        )
+        assert steps_requested(model, TAG) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
     finally:
         await operator.stop()
     assert [rule.hits for rule in faults.rules] == [1, 1, 1], "every watch stream was cut"

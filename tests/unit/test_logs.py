@@ -115,3 +115,20 @@ def test_configure_installs_one_handler_in_the_chosen_format() -> None:
     finally:
         root.handlers[:], level = saved
         root.setLevel(level)
+
+
+def test_kopfs_per_event_success_lines_are_dropped_at_info_but_its_warnings_are_kept() -> None:
+    root = logging.getLogger()
+    kopf_objects = logging.getLogger("kopf.objects")
+    saved = root.handlers[:], root.level, kopf_objects.level
+    try:
+        logs.configure("json", "INFO")
+        assert not kopf_objects.isEnabledFor(logging.INFO)
+        assert kopf_objects.isEnabledFor(logging.WARNING)
+        assert logging.getLogger("agentrun.run").isEnabledFor(logging.INFO)
+        logs.configure("json", "DEBUG")
+        assert kopf_objects.isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], level, kopf_level = saved
+        root.setLevel(level)
+        kopf_objects.setLevel(kopf_level)

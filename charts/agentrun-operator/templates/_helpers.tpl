@@ -92,8 +92,8 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 "cluster" scope and by the Role in each watched namespace in "namespaces" scope.
 */}}
 {{- define "agentrun-operator.namespacedRules" -}}
-# The AgentRuns themselves: Kopf lists and watches them and patches finalizers and annotations;
-# finished runs are deleted after spec.ttlSecondsAfterFinished.
+# The AgentRuns themselves: Kopf lists and watches them and removes the finalizer earlier builds
+# put on runs; finished runs are deleted after spec.ttlSecondsAfterFinished.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentruns"]
   verbs: ["list", "watch", "patch", "delete"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -14,13 +14,11 @@ from agentrun.api import GROUP, PLURAL, VERSION
 from agentrun.api.conditions import observed_generation_patch
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.controller.running import RunRef, RunService
+from agentrun.controller.supervising import RunSupervisor
 from agentrun.controller.ttl_reaping import TTLReaper
 
 logger = logging.getLogger(__name__)
-
-
-def _unfinished(status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") not in FINISHED_PHASES
+run_logger = logging.getLogger("agentrun.run")
 
 
 def _plain(value: Any) -> Any:
@@ -46,55 +44,29 @@ def build_registry(service: RunService) -> kopf.OperatorRegistry:
         info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
         return info or kopf.login_with_kubeconfig(**kwargs)
 
-    @kopf.daemon(  # type: ignore[arg-type]
-        GROUP,
-        VERSION,
-        PLURAL,
-        id="run",
-        registry=registry,
-        when=_unfinished,
-        # Asked politely first: when our own terminal status patch flips `when`, the daemon is
-        # already returning and must not be cancelled mid-write.
-        cancellation_backoff=10.0,
-        cancellation_timeout=30.0,
-    )
-    async def run_daemon(
-        body: kopf.Body,
-        meta: kopf.Meta,
-        namespace: str,
-        name: str,
-        uid: str,
-        stopped: kopf.DaemonStopped,
-        logger: kopf.Logger,
-        **_: Any,
-    ) -> None:
+    async def execute(body: Mapping[str, Any], stopping: Callable[[], bool]) -> None:
+        metadata = body.get("metadata") or {}
         run = RunRef(
-            namespace=namespace,
-            name=name,
-            uid=uid,
-            generation=meta.get("generation"),
-            spec=_plain(body.get("spec", {})),
-            status=_plain(body.get("status", {})),
+            namespace=metadata.get("namespace") or "",
+            name=metadata.get("name") or "",
+            uid=metadata.get("uid") or "",
+            generation=metadata.get("generation"),
+            spec=_plain(body.get("spec") or {}),
+            status=_plain(body.get("status") or {}),
         )
-        work = asyncio.ensure_future(service.execute(run, stopping=stopped.is_set, log=logger))
-        halt = asyncio.ensure_future(stopped.wait())
-        try:
-            await asyncio.wait({work, halt}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (work, halt):
-                if not task.done():
-                    task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await halt
-        if work.cancelled():
-            return
-        with contextlib.suppress(asyncio.CancelledError):
-            await work
+        await service.execute(run, stopping=stopping, log=run_logger)
+
+    supervisor = RunSupervisor(execute)
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_runs(**_: Any) -> None:
+        await supervisor.close()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def watch_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         """Cancel requests and approvals reach the running loop within one watch event, no polling."""
         uid = body.metadata.uid
+        supervisor.observe(event.get("type"), body)
         if event.get("type") == "DELETED":
             reaper.forget(uid)
             service.cancels.pop(uid, None)
@@ -111,7 +83,7 @@ def build_registry(service: RunService) -> kopf.OperatorRegistry:
                     )
             return
         if spec.get("cancel"):
-            # Also before the daemon registered the run: it finds the request when it starts.
+            # Also before the run task registered the run: it finds the request when it starts.
             service.request_cancel(uid)
         approvals = body.get("spec", {}).get("approvals")
         if approvals:

@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 def kopf_settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    # Our own annotations and finalizer; Kopf's bookkeeping stays out of status.
+    # No handler needs a finalizer (runs are tasks started from watch events, controller/supervising.py);
+    # naming the one earlier builds put on runs lets Kopf take it off them.
     settings.persistence.finalizer = "agentrun.dev/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentrun.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(

@@ -68,9 +68,9 @@ def describe_validation_error(exc: pydantic.ValidationError, prefix: str = "spec
 class Fanout:
     """Delivers each event to every observer in order; the status writer comes first.
 
-    With `terminal_last`, the first observer hears RunFinished after the others: in the operator the
-    terminal status patch ends the Kopf daemon (its `when` flips) and cancels what would follow it,
-    so metrics, Events and logs must have the last word first.
+    With `terminal_last`, the first observer hears RunFinished after the others: the terminal status
+    patch is the run's last word (once it is stored, nothing reruns or resumes the run), so metrics,
+    Events and logs are recorded before it.
     """
 
     def __init__(self, *observers: Any, terminal_last: bool = False) -> None:
@@ -185,6 +185,7 @@ class RunService:
             status=run.status,
             stopping=stopping,
             transcript=store.reference,
+            progress_interval=self.settings.status_interval_seconds,
         )
         cancel = self.cancels.setdefault(run.uid, asyncio.Event())
         self.approvals[run.uid] = SpecApprovals(run.spec.get("approvals") or [])
@@ -197,6 +198,7 @@ class RunService:
             with logs.bound_run(logs.RunLogContext(run.namespace, run.name, run.uid)):
                 await self._execute(run, writer, cancel, log)
         finally:
+            await writer.close()
             self.cancels.pop(run.uid, None)
             self.stores.pop(run.uid, None)
             self.approvals.pop(run.uid, None)
@@ -296,7 +298,7 @@ class RunService:
                 )
                 return
             # Transcript first, then status: status only ever references persisted chunks, and the
-            # pair stays together (the terminal patch ends the daemon, so it must be the last write).
+            # pair stays together (the terminal patch is the run's last word, so it is the last write).
             observers: list[Any] = [
                 Fanout(self.stores[run.uid], writer),
                 metrics_observer,
@@ -413,8 +415,7 @@ class RunService:
             run.namespace, reason.value, "succeeded" if reason.succeeded else "failed"
         ).inc()
         finished = RunFinished(outcome=outcome, progress=progress)
-        # The Event goes first: the terminal status patch ends the daemon (its `when` turns false),
-        # and anything awaited after it may be cancelled.
+        # The Event goes first: the terminal status patch is the run's last word.
         events = self.run_events.get(run.uid)
         if events is not None:
             await events.notify(finished)

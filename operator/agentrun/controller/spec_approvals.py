@@ -1,7 +1,7 @@
 """spec.approvals as the loop's Approvals: watch events feed decisions in, waiting calls wake up.
 
 No polling: the Kopf event handler calls `update` with each new version of spec.approvals. The
-daemon seeds it from the object it started with, so decisions made while the operator was down
+run task seeds it from the object it started with, so decisions made while the operator was down
 (or before a call was even requested) apply as soon as the call asks.
 """
 

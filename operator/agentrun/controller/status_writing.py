@@ -1,15 +1,24 @@
-"""Writing run progress into status: about one merge patch per iteration plus phase changes.
+"""Writing run progress into status: phase changes at once, progress at most every few seconds.
 
 The writer is an observer of loop events. It never steers the loop; if the object is gone or the
-daemon is being stopped, it stops writing instead of failing the run.
+run is being stopped, it stops writing instead of failing the run.
+
+Why progress is coalesced: the transcript store already writes once per iteration, and that is the
+durable record a restart resumes from. Status progress (iterations, tokens, cost) is for people and
+kstatus; writing it every iteration would double the API writes of a busy operator. So a finished
+iteration is written when the last status write is at least `progress_interval` old, otherwise once
+that much time has passed (a timer, so a long model request still shows the latest progress).
+Phase changes and the end of the run always carry the latest progress with them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -115,6 +124,8 @@ class StatusWriter:
         stopping: Callable[[], bool],
         retries: int = 5,
         transcript: Callable[[], Mapping[str, Any] | None] = lambda: None,
+        progress_interval: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
         self._namespace = namespace
@@ -132,6 +143,14 @@ class StatusWriter:
         self._retries = retries
         # status.transcript rides along with the patches we make anyway: no write of its own.
         self._transcript = transcript
+        self._interval = progress_interval
+        self._clock = clock
+        self._last_write: float | None = None
+        self._unwritten: Progress | None = None  # a finished iteration not in status yet
+        self._flush: asyncio.Task[None] | None = None
+        # One write at a time, in order: a deferred progress write must never land after the end.
+        self._lock = asyncio.Lock()
+        self._finished = False
         self.gone = False
         self.writes = 0
 
@@ -157,23 +176,27 @@ class StatusWriter:
                 self._progress = progress
             case Checkpoint(trace=trace, progress=progress) if trace is not None:
                 self._progress = progress
-                await self.write(
-                    progress_status(progress),
-                    Phase.RUNNING,
-                    "Running",
-                    f"iteration {progress.iterations} done",
-                )
+                self._unwritten = progress
+                due = self._due()
+                if due <= 0:
+                    await self._write_progress()
+                elif self._flush is None or self._flush.done():
+                    self._flush = asyncio.create_task(self._write_progress_after(due))
             case RunFinished(outcome=outcome, progress=progress):
-                body = terminal_status(
-                    outcome,
-                    progress,
-                    now=now_rfc3339(),
-                    generation=self._generation,
-                    previous_conditions=self._conditions,
-                )
-                if self._pending or self._clear_pending:
-                    body["pendingApprovals"] = None
-                await self.patch(body)
+                # Not cancelled: a deferred progress write already on the wire finishes first (the
+                # lock), and one still waiting finds the run finished and writes nothing.
+                async with self._lock:
+                    self._finished = True
+                    body = terminal_status(
+                        outcome,
+                        progress,
+                        now=now_rfc3339(),
+                        generation=self._generation,
+                        previous_conditions=self._conditions,
+                    )
+                    if self._pending or self._clear_pending:
+                        body["pendingApprovals"] = None
+                    await self._patch(body)
             case ApprovalRequested(tool_use_id=call_id, tool_name=tool, input=call_input):
                 self._clear_pending = True
                 self._pending[call_id] = {
@@ -199,6 +222,39 @@ class StatusWriter:
             case _:
                 pass
 
+    def _due(self) -> float:
+        """Seconds until progress may be written again (0 or less: now)."""
+        if self._last_write is None or self._interval <= 0:
+            return 0.0
+        return self._last_write + self._interval - self._clock()
+
+    async def _write_progress(self) -> None:
+        progress = self._unwritten
+        if progress is None:
+            return
+        await self.write(
+            progress_status(progress), Phase.RUNNING, "Running", f"iteration {progress.iterations} done"
+        )
+
+    async def _write_progress_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        due = self._due()
+        if due > 0:  # another write happened meanwhile: wait for the interval after that one
+            self._flush = asyncio.create_task(self._write_progress_after(due))
+            return
+        try:
+            await self._write_progress()
+        except Exception as exc:  # nobody awaits this task; the next write carries the progress
+            logger.warning("could not write the run's progress to status (kept for the next write): %s", exc)
+
+    async def close(self) -> None:
+        """The run is over (or stopped): a deferred progress write has nothing left to say."""
+        flush, self._flush = self._flush, None
+        if flush is not None and not flush.done():
+            flush.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flush
+
     async def write_pending(self, what: str) -> None:
         count = len(self._pending)
         progress = progress_status(self._progress) if self._progress is not None else {}
@@ -218,19 +274,29 @@ class StatusWriter:
         await self.write({"phase": Phase.PENDING.value}, Phase.PENDING, reason, message)
 
     async def write(self, fields: dict[str, Any], phase: Phase, reason: str, message: str) -> None:
-        conditions = conditions_for(
-            phase,
-            reason=reason,
-            message=message,
-            now=now_rfc3339(),
-            generation=self._generation,
-            previous=self._conditions,
-        )
-        await self.patch(
-            {**fields, "message": message, "observedGeneration": self._generation, "conditions": conditions}
-        )
+        async with self._lock:
+            if self._finished:
+                return
+            if self._unwritten is not None and phase is not Phase.PENDING:
+                fields = {**progress_status(self._unwritten), **fields}
+            conditions = conditions_for(
+                phase,
+                reason=reason,
+                message=message,
+                now=now_rfc3339(),
+                generation=self._generation,
+                previous=self._conditions,
+            )
+            await self._patch(
+                {
+                    **fields,
+                    "message": message,
+                    "observedGeneration": self._generation,
+                    "conditions": conditions,
+                }
+            )
 
-    async def patch(self, status: dict[str, Any]) -> None:
+    async def _patch(self, status: dict[str, Any]) -> None:
         if self.gone or self._stopping():
             return
         reference = self._transcript()
@@ -250,6 +316,9 @@ class StatusWriter:
                     return
             else:
                 self.writes += 1
+                self._last_write = self._clock()
+                if "iterations" in status:
+                    self._unwritten = None
                 if "conditions" in status:
                     self._conditions = list(status["conditions"])
                 return

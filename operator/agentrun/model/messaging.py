@@ -1,13 +1,19 @@
 """Calling the Messages API through the real SDK, and translating its errors exactly once.
 
 Streaming is used for every request: long max_tokens values are allowed, and an overloaded error
-that arrives inside a 200 stream is seen (the SDK raises it as a plain APIStatusError).
+that arrives inside a 200 stream is seen (the SDK's event stream raises it as a plain APIStatusError).
 The SDK's own retries are off (max_retries=0): the loop owns the single retry layer.
 
+The request is a raw ``create(stream=True)`` whose events the SDK hands over as decoded JSON, folded
+into the answer by `streaming.StreamedMessage`. The SDK's ``messages.stream`` helper would build the
+same answer, but it rebuilds a typed snapshot of the message on every event: that made a streamed
+round trip cost about 1.9x a non-streaming one, against about 1.2x for the events alone
+(bench/RESULTS.md, loop overhead).
+
 A stream that ends before `message_stop` (a proxy or server dropping the body cleanly) is not an
-answer: the SDK would hand back a message with `stop_reason` None and partial tool input, so it is
-retried like a dropped connection. A server that ignores `stream: true` and answers with one JSON
-body is read as that body, so any server speaking the Messages API works.
+answer: it would hold a `stop_reason` of None and partial tool input, so it is retried like a
+dropped connection. A server that ignores `stream: true` and answers with one JSON body is read as
+that body, so any server speaking the Messages API works.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import httpx2
 
 from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModelError, RetryClass
 from agentrun.loop.protocols import ModelRequest, ModelResponse
-from agentrun.loop.usage import TokenUsage
+from agentrun.model.streaming import StreamedMessage, token_usage
 
 CONTEXT_TOO_LONG = re.compile(r"prompt is too long|context (window|length)|too many tokens", re.I)
 SPEND_LIMIT = re.compile(r"credit balance|spend(ing)? limit|billing|usage limit", re.I)
@@ -136,25 +142,6 @@ def _translate_status(exc: anthropic.APIStatusError) -> ModelCallError:
     )
 
 
-def to_response(message: anthropic.types.Message) -> ModelResponse:
-    usage = message.usage
-    stop_details = message.stop_details.model_dump(mode="json") if message.stop_details else None
-    return ModelResponse(
-        content=[block.model_dump(mode="json", exclude_none=True) for block in message.content],
-        stop_reason=message.stop_reason,
-        stop_sequence=message.stop_sequence,
-        usage=TokenUsage(
-            input_tokens=usage.input_tokens or 0,
-            output_tokens=usage.output_tokens or 0,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
-            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
-        ),
-        model=message.model,
-        request_id=getattr(message, "_request_id", None),
-        stop_details=stop_details,
-    )
-
-
 class AnthropicModel:
     """A ModelClient over one AsyncAnthropic client (shared by the runs of one pool shard)."""
 
@@ -167,24 +154,31 @@ class AnthropicModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         try:
-            async with self._client.messages.stream(**build_params(request)) as stream:
-                if stream.response.headers.get("content-type", "").startswith("application/json"):
-                    return response_from_json(await stream.response.aread(), stream.request_id)
-                started = stopped = False
-                async for event in stream:
-                    started = started or event.type == "message_start"
-                    stopped = stopped or event.type == "message_stop"
-                if not (started and stopped):
-                    missing = "message_stop" if started else "message_start"
-                    raise RetryableModelError(
-                        f"the Messages API stream ended before {missing} (the answer was cut off)",
-                        retry_class=RetryClass.CONNECTION,
-                        request_id=stream.request_id,
-                    )
-                message = await stream.get_final_message()
+            async with self._client.messages.with_streaming_response.create(
+                **build_params(request), stream=True
+            ) as raw:
+                if raw.headers.get("content-type", "").startswith("application/json"):
+                    return response_from_json(await raw.read(), raw.request_id)
+                message = await read_events(raw)
         except (anthropic.AnthropicError, httpx2.TransportError) as exc:
             raise translate(exc) from exc
-        return to_response(message)
+        return message.response()
+
+
+async def read_events(raw: anthropic.AsyncAPIResponse[Any]) -> StreamedMessage:
+    """Events parsed as `object` are handed over as their decoded JSON, with no model built for each;
+    the SDK still skips pings and raises an `error` event as an APIStatusError."""
+    message = StreamedMessage(raw.request_id)
+    try:
+        async for event in await raw.parse(to=anthropic.AsyncStream[object]):
+            message.add(event)
+    except json.JSONDecodeError as exc:
+        raise FatalModelError(
+            "unexpected response from the Messages API: an event that is not JSON",
+            reason="ModelError",
+            request_id=raw.request_id,
+        ) from exc
+    return message
 
 
 def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
@@ -207,23 +201,12 @@ def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
             reason="ModelError",
             request_id=request_id,
         )
-    usage = data.get("usage")
-
-    def tokens(name: str) -> int:
-        value = usage.get(name) if isinstance(usage, dict) else None
-        return value if isinstance(value, int) and value >= 0 else 0
-
     details = data.get("stop_details")
     return ModelResponse(
         content=[block for block in data["content"] if isinstance(block, dict)],
         stop_reason=data.get("stop_reason") if isinstance(data.get("stop_reason"), str) else None,
         stop_sequence=data.get("stop_sequence") if isinstance(data.get("stop_sequence"), str) else None,
-        usage=TokenUsage(
-            input_tokens=tokens("input_tokens"),
-            output_tokens=tokens("output_tokens"),
-            cache_creation_input_tokens=tokens("cache_creation_input_tokens"),
-            cache_read_input_tokens=tokens("cache_read_input_tokens"),
-        ),
+        usage=token_usage(data.get("usage")),
         model=str(data.get("model") or ""),
         request_id=request_id,
         stop_details=details if isinstance(details, dict) else None,

@@ -1,0 +1,132 @@
+"""Starting and stopping one loop task per unfinished AgentRun, driven by watch events.
+
+Why not a Kopf daemon: Kopf puts a finalizer on every object a daemon serves. That costs two writes
+per run (adding and removing it) plus one more watch event to process before the run can start, and
+while the operator is down a running AgentRun cannot be deleted at all. A run needs none of that:
+deletion shows in the watch stream (DELETED, or a deletionTimestamp while other finalizers hold the
+object), the task is stopped there, and whatever the run wrote is owned by the run, so the garbage
+collector removes it with the run.
+
+A task that ends by itself is remembered until the object is deleted: a watch event that still
+shows the run unfinished (sent before our terminal status patch) must not start it again. A task
+that fails with an unexpected error is started again after a backoff; it resumes from its
+transcript like after an operator restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentrun.api.status import FINISHED_PHASES
+
+logger = logging.getLogger(__name__)
+
+FIRST_RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 60.0
+
+
+class Execute(Protocol):
+    def __call__(self, body: Mapping[str, Any], stopping: Callable[[], bool]) -> Awaitable[None]: ...
+
+
+@dataclass
+class _Task:
+    body: Mapping[str, Any]  # the newest seen: a restarted attempt starts from the current status
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class RunSupervisor:
+    def __init__(
+        self,
+        execute: Execute,
+        *,
+        first_retry_seconds: float = FIRST_RETRY_SECONDS,
+        max_retry_seconds: float = MAX_RETRY_SECONDS,
+    ) -> None:
+        self._execute = execute
+        self._first_retry = first_retry_seconds
+        self._max_retry = max_retry_seconds
+        self._running: dict[str, _Task] = {}
+        self._ended: set[str] = set()
+        self._closed = False
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """One watch event (None: from the initial listing) of one AgentRun."""
+        metadata = body.get("metadata") or {}
+        uid = metadata.get("uid")
+        if not uid:
+            return
+        if event_type == "DELETED":
+            self.stop(uid)
+            self._ended.discard(uid)
+            return
+        if metadata.get("deletionTimestamp"):
+            self.stop(uid)
+            return
+        if (body.get("status") or {}).get("phase") in FINISHED_PHASES:
+            return
+        running = self._running.get(uid)
+        if running is not None:
+            running.body = body
+            return
+        if self._closed or uid in self._ended:
+            return
+        entry = _Task(body)
+        self._running[uid] = entry
+        entry.task = asyncio.create_task(self._supervise(uid, entry), name=f"agentrun:{uid}")
+
+    def stop(self, uid: str) -> None:
+        entry = self._running.get(uid)
+        if entry is None:
+            return
+        entry.stopped.set()
+        if entry.task is not None:
+            entry.task.cancel()
+
+    async def close(self) -> None:
+        """Operator shutdown: runs stop writing at once; a restart resumes them from the transcript."""
+        self._closed = True
+        entries = list(self._running.values())
+        for entry in entries:
+            entry.stopped.set()
+            if entry.task is not None:
+                entry.task.cancel()
+        tasks = [entry.task for entry in entries if entry.task is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _supervise(self, uid: str, entry: _Task) -> None:
+        delay = self._first_retry
+        try:
+            while not entry.stopped.is_set():
+                try:
+                    await self._execute(entry.body, entry.stopped.is_set)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    if entry.stopped.is_set():
+                        return
+                    logger.exception(
+                        "the run %s failed unexpectedly; starting it again from its transcript in %.0fs",
+                        uid,
+                        delay,
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(entry.stopped.wait(), timeout=delay)
+                    delay = min(delay * 2, self._max_retry)
+                else:
+                    self._ended.add(uid)
+                    return
+        finally:
+            if self._running.get(uid) is entry:
+                del self._running[uid]
