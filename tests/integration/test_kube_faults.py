@@ -51,11 +51,13 @@ def _operator(cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path) -> 
     return OperatorProcess(
         kubeconfig=Path(cluster.kubeconfig_path),
         log_path=tmp_path / "operator.log",
-        # Tool results are flushed on their own, so every checkpoint is a chunk write that can fail.
+        # Tool results are flushed on their own, so every checkpoint is a chunk write that can fail;
+        # progress goes to status after every iteration: more patches to refuse, more events to cut.
         env={
             "ANTHROPIC_API_KEY": API_KEY,
             "ANTHROPIC_BASE_URL": model.url,
             "AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "0",
+            "AGENTRUN_STATUS_INTERVAL_SECONDS": "0",
         },
     )
 

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from agentrun.api import GROUP, VERSION
-from agentrun.controller.kubeapi import KubeAPI
+from agentrun.controller.kubeapi import KubeAPI, unparsed
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -80,11 +80,13 @@ class KubeEventSink:
         self._core = kube.core
 
     async def create(self, namespace: str, body: dict[str, Any]) -> None:
-        await self._core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]
+        await unparsed(self._core.create_namespaced_event(namespace, body, _preload_content=False))  # type: ignore[arg-type]
 
     async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        await self._core.patch_namespaced_event(  # type: ignore[call-arg]
-            name, namespace, body, _content_type=MERGE_PATCH
+        await unparsed(
+            self._core.patch_namespaced_event(  # type: ignore[call-arg]
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            )
         )
 
 

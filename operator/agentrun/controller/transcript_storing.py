@@ -53,7 +53,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.api import GROUP, VERSION
-from agentrun.controller.kubeapi import is_transient
+from agentrun.controller.kubeapi import is_transient, unparsed
 from agentrun.loop.events import Checkpoint, Event, Progress, RunFinished, TraceRow
 from agentrun.loop.protocols import Message
 from agentrun.loop.state import RunState
@@ -298,8 +298,9 @@ async def list_chunk_objects(
     if run_name is not None:
         selectors.append(f"{RUN_LABEL}={run_label(run_name)}")
     lister = core.list_namespaced_secret if storage == "secret" else core.list_namespaced_config_map
-    response: Any = await lister(namespace, label_selector=",".join(selectors), _preload_content=False)
-    body = json.loads(await response.read())
+    body = json.loads(
+        await unparsed(lister(namespace, label_selector=",".join(selectors), _preload_content=False))
+    )
     kind = object_kind(storage)
     return [{"kind": kind, **item} for item in body.get("items") or []]
 
@@ -513,10 +514,12 @@ class TranscriptStore:
             if self._stopping():
                 raise StoreStopped(f"run {namespace}/{self._run.name} is stopping; chunk {name} not written")
             try:
-                if self._storage == "secret":
-                    await self._core.create_namespaced_secret(namespace, cast(Any, body))
-                else:
-                    await self._core.create_namespaced_config_map(namespace, cast(Any, body))
+                create = (
+                    self._core.create_namespaced_secret
+                    if self._storage == "secret"
+                    else self._core.create_namespaced_config_map
+                )
+                await unparsed(create(namespace, cast(Any, body), _preload_content=False))
             except ApiException as exc:
                 if exc.status == 409:
                     await self._check_existing(name, body)
@@ -548,8 +551,10 @@ class TranscriptStore:
             if self._storage == "secret"
             else self._core.read_namespaced_config_map
         )
-        response: Any = await reader(name, namespace, _preload_content=False)
-        existing = {"kind": self.kind, **json.loads(await response.read())}
+        existing = {
+            "kind": self.kind,
+            **json.loads(await unparsed(reader(name, namespace, _preload_content=False))),
+        }
         same_run = ((existing.get("metadata") or {}).get("labels") or {}).get(UID_LABEL) == self._run.uid
         ours = body.get("data") or body.get("binaryData") or {}
         theirs = existing.get("data") or existing.get("binaryData") or {}

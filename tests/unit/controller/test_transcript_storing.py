@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.controller.transcript_storing import (
     CHUNK_LABEL,
@@ -406,3 +407,18 @@ async def test_chunks_listed_in_any_order_decode_to_the_same_transcript(
     assert forward == backward
     assert [r.iteration for r in forward.trace_rows] == [1, 2, 3]
     assert decode_objects([]).empty and decode_objects([]).next_index == 0
+
+
+async def test_a_refused_chunk_listing_raises_instead_of_reading_as_an_empty_transcript(
+    cluster: KubeEmulator, core: client.CoreV1Api
+) -> None:
+    """An empty transcript would restart the run from its task, repeating every iteration."""
+    run, clock = make_run(cluster), FakeClock()
+    talk = Conversation(store_for(core, run, clock), clock)
+    await talk.start()
+    await talk.model_asked_for_tools()
+    cluster.emulator.faults.add(verb="list", resource="secrets", status=403, times=1)
+    with pytest.raises(ApiException) as refused:
+        await load(core, "default", "demo", uid=run.uid)
+    assert refused.value.status == 403
+    assert (await load(core, "default", "demo", uid=run.uid)).tools_pending
