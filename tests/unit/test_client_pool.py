@@ -19,3 +19,18 @@ async def test_runs_are_spread_over_shards_and_a_run_keeps_its_client() -> None:
         assert other_key.client is not clients["uid-7"]
     finally:
         await pool.close()
+
+
+async def test_every_client_shares_one_tls_context_so_the_ca_bundle_is_loaded_once() -> None:
+    pool = ClientPool(shards=4)
+    try:
+        clients = {
+            pool.model(api_key=key, base_url="https://127.0.0.1:9", shard_key=f"uid-{i}").client
+            for key in ("sk-ant-a", "sk-ant-b")
+            for i in range(32)
+        }
+        assert len(clients) == 8
+        contexts = {id(c._client._transport._pool._ssl_context) for c in clients}  # type: ignore[attr-defined]
+        assert len(contexts) == 1
+    finally:
+        await pool.close()

@@ -38,8 +38,17 @@ class KubeAPI:
 
     async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge patch on the status subresource (a status sent to the main object is ignored)."""
-        await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE_PATCH
+        await unparsed(
+            self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
         )
 
     async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:

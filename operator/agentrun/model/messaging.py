@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -225,6 +226,8 @@ class ClientPool:
         self, *, timeout_seconds: float = 600.0, max_connections: int = 2000, shards: int = 8
     ) -> None:
         self._clients: dict[tuple[str | None, str, int], anthropic.AsyncAnthropic] = {}
+        # One TLS context for every client: loading the CA bundle costs tens of ms of CPU each time.
+        self._tls: ssl.SSLContext | None = None
         self._timeout = timeout_seconds
         self._shards = max(shards, 1)
         self._max_connections = max(max_connections // self._shards, 1)
@@ -241,6 +244,7 @@ class ClientPool:
                 max_retries=0,
                 timeout=self._timeout,
                 http_client=anthropic.DefaultAsyncHttpxClient(
+                    verify=self._tls_context(),
                     limits=httpx2.Limits(
                         max_connections=self._max_connections,
                         max_keepalive_connections=min(200, self._max_connections),
@@ -249,6 +253,11 @@ class ClientPool:
             )
             self._clients[key] = client
         return AnthropicModel(client)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = httpx2.create_ssl_context()  # what verify=True builds, SSL_CERT_FILE included
+        return self._tls
 
     async def close(self) -> None:
         for client in self._clients.values():
