@@ -401,6 +401,9 @@ class TranscriptStore:
             case Checkpoint():
                 if self._should_write_now(event):
                     await self._write(None)
+                if event.tools_pending:
+                    # The tool phase starts once this write is done: a slow API server is not a slow tool.
+                    self._tools_since = self._monotonic()
             case RunFinished(outcome=outcome):
                 await self._write(outcome)
             case _:
@@ -411,7 +414,6 @@ class TranscriptStore:
         now = self._monotonic()
         if checkpoint.tools_pending:
             # Must be durable before any tool runs: a restart re-runs exactly these tool_use ids.
-            self._tools_since = now
             return True
         if self._tools_since is not None:
             started, self._tools_since = self._tools_since, None

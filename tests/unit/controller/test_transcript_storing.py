@@ -7,6 +7,7 @@ import gzip
 import json
 import random
 import string
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -422,3 +423,18 @@ async def test_a_refused_chunk_listing_raises_instead_of_reading_as_an_empty_tra
         await load(core, "default", "demo", uid=run.uid)
     assert refused.value.status == 403
     assert (await load(core, "default", "demo", uid=run.uid)).tools_pending
+
+
+async def test_a_slow_chunk_write_does_not_count_as_a_slow_tool_phase(
+    cluster: KubeEmulator, core: client.CoreV1Api
+) -> None:
+    """Under API server load, quick tool results still ride with the next write."""
+    run = make_run(cluster)
+    store = TranscriptStore(core, run, flush_after_seconds=0.3, monotonic=time.monotonic)
+    talk = Conversation(store, FakeClock())
+    await talk.start()
+    cluster.emulator.faults.add(verb="create", resource="secrets", status=None, delay=0.5, times=1)
+    await talk.model_asked_for_tools()
+    assert store.writes == 1
+    await talk.tools_answered()
+    assert store.writes == 1, "the 0.5 s write before the tools is not tool time"
