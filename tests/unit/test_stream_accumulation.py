@@ -30,6 +30,7 @@ from agentrun.sandbox.messages_script import (
     text_block,
     tool_use_block,
 )
+from tests.support.messages_handler import client_of
 
 MODEL = "claude-sonnet-4-6"
 KEY = "sk-ant-test-key"
@@ -190,19 +191,8 @@ async def replaying(events: Sequence[Event | tuple[str, str]]) -> AsyncIterator[
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/messages", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    client = anthropic.AsyncAnthropic(
-        api_key=KEY, base_url=f"http://127.0.0.1:{runner.addresses[0][1]}", max_retries=0
-    )
-    try:
+    async with client_of(handler, api_key=KEY) as client:
         yield client
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 def start(usage: dict[str, Any] | None = None) -> Event:

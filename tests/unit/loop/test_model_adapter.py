@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
-import anthropic
 import pytest
 from aiohttp import web
 
 from agentrun.loop.errors import RetryableModelError, RetryClass
 from agentrun.loop.protocols import ModelRequest
 from agentrun.model.messaging import AnthropicModel
+from tests.support.messages_handler import Handler, client_of
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MESSAGE = {
     "id": "msg_1",
     "type": "message",
@@ -32,19 +31,8 @@ MESSAGE = {
 
 @contextlib.asynccontextmanager
 async def _server(handler: Handler) -> AsyncIterator[AnthropicModel]:
-    app = web.Application()
-    app.router.add_post("/v1/messages", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    client = anthropic.AsyncAnthropic(
-        api_key="k", base_url=f"http://127.0.0.1:{runner.addresses[0][1]}", max_retries=0
-    )
-    try:
+    async with client_of(handler) as client:
         yield AnthropicModel(client)
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 REQUEST = ModelRequest(model="claude-haiku-4-5", max_tokens=100, messages=[{"role": "user", "content": "hi"}])

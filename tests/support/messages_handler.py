@@ -1,0 +1,29 @@
+"""An SDK client pointed at a one-route aiohttp server: for answers the fake Messages API cannot script."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anthropic
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def client_of(handler: Handler, *, api_key: str = "k") -> AsyncIterator[anthropic.AsyncAnthropic]:
+    """POST /v1/messages goes to `handler`; SDK retries are off, as in the operator."""
+    app = web.Application()
+    app.router.add_post("/v1/messages", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    client = anthropic.AsyncAnthropic(
+        api_key=api_key, base_url=f"http://127.0.0.1:{runner.addresses[0][1]}", max_retries=0
+    )
+    try:
+        yield client
+    finally:
+        await client.close()
+        await runner.cleanup()
