@@ -27,7 +27,7 @@ from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block
 from tests.support.builders import agentrun
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, running_operator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
@@ -67,16 +67,10 @@ async def cluster() -> AsyncIterator[KubeEmulator]:
 async def operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[OperatorProcess]:
-    process = OperatorProcess(
-        kubeconfig=Path(cluster.kubeconfig_path),
-        log_path=tmp_path_factory.mktemp("corpus") / "operator.log",
-        env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url},
-    )
-    await process.start()
-    try:
+    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
+    log = tmp_path_factory.mktemp("corpus") / "operator.log"
+    async with running_operator(Path(cluster.kubeconfig_path), log, env) as process:
         yield process
-    finally:
-        await process.stop()
 
 
 async def _send(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:

@@ -24,7 +24,7 @@ from agentrun.sandbox.messages_script import HttpError, Reply, Script, ScriptUsa
 from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
 from tests.support.kube_requests import request
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, running_operator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
@@ -82,21 +82,15 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 async def _operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path, *args: str
 ) -> AsyncIterator[OperatorProcess]:
-    process = OperatorProcess(
-        kubeconfig=Path(cluster.kubeconfig_path),
-        log_path=tmp_path / "operator.log",
-        env={
-            "ANTHROPIC_API_KEY": API_KEY,
-            "ANTHROPIC_BASE_URL": model.url,
-            "AGENTRUN_HEARTBEAT_SECONDS": "0.2",
-        },
-        args=args,
-    )
-    await process.start()
-    try:
+    env = {
+        "ANTHROPIC_API_KEY": API_KEY,
+        "ANTHROPIC_BASE_URL": model.url,
+        "AGENTRUN_HEARTBEAT_SECONDS": "0.2",
+    }
+    async with running_operator(
+        Path(cluster.kubeconfig_path), tmp_path / "operator.log", env, args
+    ) as process:
         yield process
-    finally:
-        await process.stop()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.kube_requests import request
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, running_operator
 from tests.unit.tools.servers import Answer, WebhookReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,20 +56,13 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 async def operator(
     cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
-    process = OperatorProcess(
-        kubeconfig=Path(cluster.kubeconfig_path),
-        log_path=tmp_path / "operator.log",
-        env={
-            "ANTHROPIC_API_KEY": API_KEY,
-            "ANTHROPIC_BASE_URL": model.url,
-            "AGENTRUN_SECRET_RETRY_SECONDS": "0.5",
-        },
-    )
-    await process.start()
-    try:
+    env = {
+        "ANTHROPIC_API_KEY": API_KEY,
+        "ANTHROPIC_BASE_URL": model.url,
+        "AGENTRUN_SECRET_RETRY_SECONDS": "0.5",
+    }
+    async with running_operator(Path(cluster.kubeconfig_path), tmp_path / "operator.log", env) as process:
         yield process
-    finally:
-        await process.stop()
 
 
 async def _wait_status(
