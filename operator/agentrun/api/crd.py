@@ -147,7 +147,9 @@ def crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version of the object."},
                                 "kind": {"type": "string", "description": "Kind of the object."},
-                                "metadata": {"type": "object", "description": "Standard object metadata."},
+                                # A real API server refuses anything but `type` here ("metadata is
+                                # implicitly specified"), descriptions included.
+                                "metadata": {"type": "object"},
                                 "spec": {**spec_schema(), "description": "The desired run."},
                                 "status": {
                                     **status_schema(),

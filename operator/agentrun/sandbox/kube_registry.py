@@ -257,7 +257,8 @@ def crd_problems(crd: Mapping[str, Any]) -> list[FieldError]:
         if not isinstance(version, Mapping) or not version.get("name"):
             errors.append(FieldError("FieldValueRequired", f"spec.versions[{index}].name"))
             continue
-        if not ((version.get("schema") or {}).get("openAPIV3Schema")):
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if not schema:
             errors.append(
                 FieldError(
                     "FieldValueRequired",
@@ -265,6 +266,8 @@ def crd_problems(crd: Mapping[str, Any]) -> list[FieldError]:
                     detail="schemas are required",
                 )
             )
+            continue
+        errors += _root_metadata_problems(schema, f"spec.versions[{index}].schema.openAPIV3Schema")
     expected = f"{names.get('plural')}.{group}"
     name = (crd.get("metadata") or {}).get("name")
     if not errors and name != expected:
@@ -274,3 +277,33 @@ def crd_problems(crd: Mapping[str, Any]) -> list[FieldError]:
             )
         )
     return errors
+
+
+_METADATA_SETTABLE = frozenset({"name", "generateName"})
+
+
+def _root_metadata_problems(schema: Mapping[str, Any], path: str) -> list[FieldError]:
+    """kube-apiserver's structural rule for the root `metadata`: only `type: object`, and at most the
+    `name`/`generateName` properties with string restrictions. A `description` there is refused too.
+    """
+    meta = (schema.get("properties") or {}).get("metadata")
+    if not isinstance(meta, Mapping):
+        return []
+    extra = set(meta) - {"type", "properties"}
+    props = meta.get("properties") or {}
+    if extra or not isinstance(props, Mapping) or set(props) - _METADATA_SETTABLE:
+        return [
+            FieldError(
+                "FieldValueForbidden",
+                f"{path}.properties[metadata]",
+                detail="must not specify anything other than name and generateName, "
+                "but metadata is implicitly specified",
+            )
+        ]
+    if meta.get("type", "object") != "object":
+        return [
+            FieldError(
+                "FieldValueInvalid", f"{path}.properties[metadata].type", meta.get("type"), "must be object"
+            )
+        ]
+    return []

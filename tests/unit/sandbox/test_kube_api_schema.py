@@ -262,3 +262,30 @@ async def test_a_crd_whose_name_does_not_match_its_names_is_rejected(client: Kub
     answer = await client.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     assert answer.status == 422
     assert answer.body["details"]["causes"][0]["field"] == "metadata.name"
+
+
+@pytest.mark.parametrize(
+    "metadata_schema",
+    [
+        {"type": "object", "description": "Standard object metadata."},
+        {"type": "object", "properties": {"labels": {"type": "object"}}},
+        {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    ],
+)
+async def test_a_crd_that_says_anything_about_metadata_but_its_type_is_refused_like_a_real_server(
+    client: KubeClient, metadata_schema: dict[str, Any]
+) -> None:
+    crd = gadgets_crd({"type": "object"})
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] = metadata_schema
+    [cause] = causes(await client.post(CRDS, crd))
+    assert cause["field"] == "spec.versions[0].schema.openAPIV3Schema.properties[metadata]"
+    assert "must not specify anything other than name and generateName" in cause["message"]
+
+
+async def test_a_crd_may_restrict_metadata_name(client: KubeClient) -> None:
+    crd = gadgets_crd({"type": "object"})
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}},
+    }
+    assert (await client.post(CRDS, crd)).status == 201
