@@ -267,7 +267,7 @@ def crd_problems(crd: Mapping[str, Any]) -> list[FieldError]:
                 )
             )
             continue
-        errors += _root_metadata_problems(schema, f"spec.versions[{index}].schema.openAPIV3Schema")
+        errors += _root_metadata_problems(schema, _schema_path(versions, index))
     expected = f"{names.get('plural')}.{group}"
     name = (crd.get("metadata") or {}).get("name")
     if not errors and name != expected:
@@ -280,6 +280,16 @@ def crd_problems(crd: Mapping[str, Any]) -> list[FieldError]:
 
 
 _METADATA_SETTABLE = frozenset({"name", "generateName"})
+
+
+def _schema_path(versions: list[Any], index: int) -> str:
+    """Where kube-apiserver reports a schema problem: versions that all share one schema are validated
+    as the internal top-level `spec.validation`, so its errors name that path.
+    """
+    schemas = [((v.get("schema") or {}).get("openAPIV3Schema")) for v in versions if isinstance(v, Mapping)]
+    if all(schema == schemas[0] for schema in schemas):
+        return "spec.validation.openAPIV3Schema"
+    return f"spec.versions[{index}].schema.openAPIV3Schema"
 
 
 def _root_metadata_problems(schema: Mapping[str, Any], path: str) -> list[FieldError]:
