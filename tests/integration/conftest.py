@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from agentrun.sandbox.kube_api import KubeAPI
+from tests.support.clusters import TestCluster, emulated_cluster, real_cluster
 from tests.support.rbac import SessionRecord
-
-CRD = Path(__file__).resolve().parents[2] / "crds" / "agentruns.agentrun.dev.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +39,11 @@ def operator_requests_are_allowed_by_the_chart(operator_requests: SessionRecord)
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeAPI]:
-    """A fresh emulated API server with the AgentRun CRD, per test."""
-    async with KubeAPI.running(crd_paths=[CRD]) as kube:
-        yield kube
+async def cluster(real_kubeconfig: Path | None) -> AsyncIterator[TestCluster]:
+    """The scenario's API server: a fresh emulator, or a namespace of its own on a real server."""
+    if real_kubeconfig is None:
+        async with emulated_cluster() as emulated:
+            yield emulated
+    else:
+        async with real_cluster(real_kubeconfig) as real:
+            yield real

@@ -30,6 +30,11 @@ from tests.support.operator_process import OperatorProcess
 
 TAG = "[faults:plain]"
 
+pytestmark = pytest.mark.emulator_only(
+    "injects API faults (409/500/429 on status patches, 5xx on Secret creates, cut and expired watch "
+    "streams) that a real API server cannot be made to produce on demand"
+)
+
 
 @pytest.fixture
 async def model() -> AsyncIterator[FakeMessagesAPI]:
@@ -49,7 +54,7 @@ async def webhook() -> AsyncIterator[Webhook]:
 
 def _operator(cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path) -> OperatorProcess:
     return OperatorProcess(
-        kubeconfig=Path(cluster.kubeconfig_path),
+        kubeconfig=cluster.kubeconfig,
         log_path=tmp_path / "operator.log",
         # Tool results are flushed on their own, so every checkpoint is a chunk write that can fail;
         # progress goes to status after every iteration: more patches to refuse, more events to cut.

@@ -1,4 +1,4 @@
-"""Talking to the emulated API server from integration tests: plain requests and waiting for runs."""
+"""Talking to the scenario's API server from integration tests: plain requests and waiting for runs."""
 
 from __future__ import annotations
 
@@ -7,23 +7,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
+from tests.support.clusters import TestCluster
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
-
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 
 
-async def request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
+async def request(cluster: TestCluster, method: str, path: str, **kwargs: Any) -> Any:
     """The decoded answer; anything but a success fails the test with the server's Status."""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
-    ):
-        body = await r.json()
-        assert r.status < 300, body
-        return body
+    return await cluster.request(method, path, **kwargs)
 
 
 async def until(check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 30.0) -> None:
@@ -38,13 +29,13 @@ async def until(check: Callable[[], Awaitable[bool] | bool], what: str, timeout:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def wait_finished(cluster: KubeEmulator, name: str, timeout: float = 45.0) -> dict[str, Any]:
-    """The run in `default` once its phase is final."""
+async def wait_finished(cluster: TestCluster, name: str, timeout: float = 45.0) -> dict[str, Any]:
+    """The run in the test namespace once its phase is final."""
     found: dict[str, Any] = {}
 
     async def finished() -> bool:
         nonlocal found
-        found = await request(cluster, "GET", f"{RUNS}/{name}")
+        found = await cluster.request("GET", f"{cluster.runs_path}/{name}")
         return found.get("status", {}).get("phase") in FINISHED
 
     await until(finished, f"{name} to finish", timeout)
