@@ -24,7 +24,7 @@ from tests.chart.tooling import (
     one,
 )
 
-MIN_KUBERNETES = "1.27.0"
+MIN_KUBERNETES = "1.33.0"
 CRD_FILE = "agentruns.agentrun.dev.yaml"
 OPERATOR_SA = "agentrun-operator"
 OPERATOR_SUBJECT = {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}
@@ -132,7 +132,7 @@ def env_of(manifests: list[Manifest]) -> dict[str, dict[str, Any]]:
 # --- helm lint, rendering and Kubernetes schema validation -----------------------------------------
 
 
-def test_chart_metadata_declares_an_application_chart_for_kubernetes_1_27_and_later() -> None:
+def test_chart_metadata_declares_an_application_chart_for_kubernetes_1_33_and_later() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
     assert chart["type"] == "application"
@@ -140,7 +140,8 @@ def test_chart_metadata_declares_an_application_chart_for_kubernetes_1_27_and_la
     assert chart["version"] == "0.1.0"
     assert chart["appVersion"] == "0.1.0"
     assert chart["description"].strip()
-    assert chart["kubeVersion"].startswith(">=1.27")
+    # 1.33: the CRD's append-only rule on spec.approvals uses CEL's two-variable comprehensions.
+    assert chart["kubeVersion"].startswith(">=1.33")
 
 
 def test_helm_lint_strict_passes_with_default_values(helm: Tool) -> None:
@@ -160,7 +161,14 @@ def test_rendered_manifests_are_valid_kubernetes_objects(
     renderer: Renderer, scenario: str, kubernetes: str
 ) -> None:
     crd_present = (CHART / "crds" / CRD_FILE).is_file()
-    manifests = renderer.render(SCENARIOS[scenario], api_versions=[MONITORING_API], include_crds=crd_present)
+    # Rendered for that Kubernetes version: what the chart installs depends on it (the approval policy).
+    rendered = renderer.template(
+        SCENARIOS[scenario],
+        api_versions=[MONITORING_API],
+        include_crds=crd_present,
+        extra=["--kube-version", kubernetes],
+    )
+    manifests = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
     assert manifests
     problems = []
     for manifest in manifests:
@@ -178,8 +186,8 @@ def test_rendered_manifests_are_valid_kubernetes_objects(
     assert not problems, "\n".join(problems)
 
 
-def test_the_chart_refuses_kubernetes_older_than_1_27(renderer: Renderer) -> None:
-    refused = renderer.template(check=False, extra=["--kube-version", "1.26.9"])
+def test_the_chart_refuses_kubernetes_older_than_1_33(renderer: Renderer) -> None:
+    refused = renderer.template(check=False, extra=["--kube-version", "1.32.9"])
     assert refused.returncode != 0
     assert "kubeVersion" in refused.stderr or "incompatible" in refused.stderr
     assert renderer.template(check=False, extra=["--kube-version", MIN_KUBERNETES]).returncode == 0

@@ -85,10 +85,13 @@ def test_spec_fields_except_cancel_and_approvals_are_immutable() -> None:
     }
     assert {"cancel", "approvals", "ttlSecondsAfterFinished"}.isdisjoint(immutable)
     assert {"task", "model", "tools", "limits"} <= immutable
-    # Decisions may be added while the run waits, never taken back.
+    # Decisions may be added while the run waits, never taken back, changed or moved (prefix equality,
+    # linear: a two-variable comprehension, API servers 1.33+), and the list stays once it has any.
     assert [v["rule"] for v in props["approvals"]["x-kubernetes-validations"]] == [
-        "size(self) >= size(oldSelf)"
+        "size(self) >= size(oldSelf) && oldSelf.all(i, recorded, self[i] == recorded)"
     ]
+    spec_rules = [v["rule"] for v in _openapi()["properties"]["spec"]["x-kubernetes-validations"]]
+    assert "!has(oldSelf.approvals) || size(oldSelf.approvals) == 0 || has(self.approvals)" in spec_rules
 
 
 def test_generated_yaml_parses_back_to_the_same_object() -> None:

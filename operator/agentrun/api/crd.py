@@ -97,7 +97,8 @@ def spec_schema() -> dict[str, Any]:
         {
             "rule": " && ".join(f"has(self.{n}) == has(oldSelf.{n})" for n in optional),
             "message": f"fields of spec {IMMUTABLE_MESSAGE}; they cannot be added or removed either",
-        }
+        },
+        *schema.get("x-kubernetes-validations", []),
     ]
     return schema
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -339,6 +339,20 @@ class Approval(_Model):
     reason: str | None = Field(default=None, max_length=4096, description="Why (shown to the model).")
 
 
+#: Recorded decisions are evidence: an update may only add entries after them. Linear in the list
+#: (a pairwise check blows the API server's runtime cost budget on long lists), with a two-variable
+#: comprehension: CEL library of Kubernetes 1.32, so API servers from 1.33 accept the rule (`slice`
+#: would need 1.35). The list rule is a transition rule, skipped when the new spec has no approvals
+#: at all; the spec-level rule closes that gap (removing the whole list).
+APPROVALS_APPEND_ONLY: dict[str, JsonValue] = {
+    "rule": "size(self) >= size(oldSelf) && oldSelf.all(i, recorded, self[i] == recorded)",
+    "message": "spec.approvals is append-only: recorded decisions cannot be changed, reordered or removed",
+}
+APPROVALS_KEPT: dict[str, JsonValue] = {
+    "rule": "!has(oldSelf.approvals) || size(oldSelf.approvals) == 0 || has(self.approvals)",
+    "message": "spec.approvals is append-only: the recorded decisions cannot be removed",
+}
+
 IMMUTABLE_SPEC_FIELDS = (
     "task",
     "systemPrompt",
@@ -353,6 +367,8 @@ IMMUTABLE_SPEC_FIELDS = (
 
 class AgentRunSpec(_Model):
     """The desired run. Immutable once created, except cancel, approvals and ttlSecondsAfterFinished."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [APPROVALS_KEPT]})
 
     task: str = Field(
         min_length=1,
@@ -400,16 +416,10 @@ class AgentRunSpec(_Model):
         max_length=1024,
         description=(
             "Decisions on calls awaiting approval (status.pendingApprovals), appended by people or "
-            "`kubectl agentrun approve|deny`. Append-only; the first decision for a toolUseId counts."
+            "`kubectl agentrun approve|deny`. Append-only: recorded entries never change, move or "
+            "disappear. The first decision for a toolUseId counts."
         ),
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "size(self) >= size(oldSelf)",
-                    "message": "spec.approvals is append-only: decisions cannot be removed",
-                }
-            ]
-        },
+        json_schema_extra={"x-kubernetes-validations": [APPROVALS_APPEND_ONLY]},
     )
 
     def tool_names(self) -> list[str]:
