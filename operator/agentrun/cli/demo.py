@@ -20,12 +20,15 @@ from typing import Any
 
 import aiohttp
 import yaml
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.api import GROUP, KIND, PLURAL, VERSION
 from agentrun.api.crd import crd
 from agentrun.api.status import FINISHED_PHASES
+from agentrun.controller import kubeconfig_loading
+from agentrun.controller.kube_failures import KubeFailure, explained
+from agentrun.controller.kubeconfig_loading import ClusterAccess
 
 NAMESPACE = "default"
 EMBEDDED_EXAMPLES: tuple[dict[str, Any], ...] = (
@@ -125,13 +128,23 @@ async def _model() -> AsyncIterator[tuple[str, str | None]]:
         yield "demo-key", api.url
 
 
-async def _install_crd(custom: client.ApiClient) -> None:
-    ext = client.ApiextensionsV1Api(custom)
-    try:
-        await ext.create_custom_resource_definition(crd())  # type: ignore[arg-type]
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+async def _install_crd(api: client.ApiClient, access: ClusterAccess) -> None:
+    """Before the operator starts: it checks at startup that it can list AgentRuns."""
+    manifest = crd()
+    ext = client.ApiextensionsV1Api(api)
+    with explained(
+        "create",
+        f"CustomResourceDefinition {manifest['metadata']['name']}",
+        access=access,
+        invalid="agentrun needs Kubernetes 1.27 or later (see `kubectl version`), or an admission "
+        "policy refuses the CRD",
+    ):
+        try:
+            await ext.create_custom_resource_definition(manifest)  # type: ignore[arg-type]
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    print(f"customresourcedefinition {manifest['metadata']['name']} installed", file=sys.stderr)
     await asyncio.sleep(2)  # a real API server publishes a new schema after a moment
 
 
@@ -156,7 +169,22 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 async def _demo(kubeconfig: str | None, examples: str | None, timeout: float) -> int:
     manifests = load_examples(examples)
-    async with _cluster(kubeconfig) as kubeconfig_path, _model() as (api_key, base_url):
+    async with _cluster(kubeconfig) as kubeconfig_path:
+        access = await kubeconfig_loading.load(kubeconfig_path)
+        async with access.api_client() as api:
+            if kubeconfig is not None:
+                await _install_crd(api, access)
+            return await _operate(api, access, kubeconfig_path, manifests, timeout)
+
+
+async def _operate(
+    api: client.ApiClient,
+    access: ClusterAccess,
+    kubeconfig_path: str,
+    manifests: list[dict[str, Any]],
+    timeout: float,
+) -> int:
+    async with _model() as (api_key, base_url):
         metrics_port, health_port = _free_port(), _free_port()
         env = {**os.environ, "KUBECONFIG": kubeconfig_path, "ANTHROPIC_API_KEY": api_key}
         if base_url:
@@ -182,9 +210,7 @@ async def _demo(kubeconfig: str | None, examples: str | None, timeout: float) ->
             )
         print(f"operator started (pid {proc.pid}, log: {log_file})", file=sys.stderr)
         try:
-            return await _drive(
-                kubeconfig_path, kubeconfig is not None, manifests, metrics_port, timeout, proc
-            )
+            return await _drive(api, access, manifests, metrics_port, timeout, proc, log_file)
         finally:
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
@@ -195,50 +221,48 @@ async def _demo(kubeconfig: str | None, examples: str | None, timeout: float) ->
 
 
 async def _drive(
-    kubeconfig_path: str,
-    real_cluster: bool,
+    api: client.ApiClient,
+    access: ClusterAccess,
     manifests: list[dict[str, Any]],
     metrics_port: int,
     timeout: float,
     proc: asyncio.subprocess.Process,
+    log_file: Path,
 ) -> int:
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=kubeconfig_path, client_configuration=configuration)
-    async with client.ApiClient(configuration) as api:
-        if real_cluster:
-            await _install_crd(api)
-        custom = client.CustomObjectsApi(api)
-        names = []
-        for manifest in manifests:
-            body = {**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}}
+    custom = client.CustomObjectsApi(api)
+    names = []
+    for manifest in manifests:
+        body = {**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}}
+        name = body["metadata"]["name"]
+        with explained("create", f"agentrun {NAMESPACE}/{name}", access=access):
             try:
                 await custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            names.append(body["metadata"]["name"])
-            print(f"agentrun.{GROUP}/{body['metadata']['name']} created", file=sys.stderr)
-        deadline = time.monotonic() + timeout
-        last = ""
-        objects: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                print(f"error: the operator exited with code {proc.returncode}", file=sys.stderr)
-                return 1
+        names.append(name)
+        print(f"agentrun.{GROUP}/{name} created", file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    last = ""
+    objects: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise KubeFailure(_operator_exit(proc.returncode, log_file))
+        with explained("list", f"agentruns in namespace {NAMESPACE}", access=access):
             listing = await custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
-            objects = [o for o in listing["items"] if o["metadata"]["name"] in names]
-            table = _table([_row(o) for o in objects])
-            if table != last:
-                print(table + "\n", flush=True)
-                last = table
-            if len(objects) == len(names) and all(
-                (o.get("status") or {}).get("phase") in FINISHED_PHASES for o in objects
-            ):
-                break
-            await asyncio.sleep(0.5)
-        else:
-            print(f"error: runs did not finish within {timeout:g}s", file=sys.stderr)
-            return 1
+        objects = [o for o in listing["items"] if o["metadata"]["name"] in names]
+        table = _table([_row(o) for o in objects])
+        if table != last:
+            print(table + "\n", flush=True)
+            last = table
+        if len(objects) == len(names) and all(
+            (o.get("status") or {}).get("phase") in FINISHED_PHASES for o in objects
+        ):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        print(f"error: runs did not finish within {timeout:g}s", file=sys.stderr)
+        return 1
     for obj in objects:
         status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("kopf", "conditions")}
         print(f"--- {obj['metadata']['name']} status")
@@ -259,5 +283,18 @@ async def _drive(
     return 0 if ok else 1
 
 
+def _operator_exit(code: int, log_file: Path) -> str:
+    """The operator's own last line says why (it ends with one line on error)."""
+    lines = [line for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
+    why = lines[-1].removeprefix("error: ") if lines else "no output"
+    return f"the operator exited with code {code}: {why} (log: {log_file})"
+
+
 def main(*, kubeconfig: str | None, examples: str | None, timeout: float) -> int:
-    return asyncio.run(_demo(kubeconfig, examples, timeout))
+    if kubeconfig:
+        kubeconfig = str(Path(kubeconfig).expanduser().absolute())  # the operator gets this path too
+    try:
+        return asyncio.run(_demo(kubeconfig, examples, timeout))
+    except KubeFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -16,7 +16,10 @@ import yaml
 
 from agentrun.api import API_VERSION, KIND
 from agentrun.api.spec import AgentRunSpec
+from agentrun.controller import kubeconfig_loading
+from agentrun.controller.kube_failures import KubeFailure, explained
 from agentrun.controller.kubeapi import KubeAPI, connect
+from agentrun.controller.kubeconfig_loading import ClusterAccess
 from agentrun.controller.running import Fanout, describe_validation_error
 from agentrun.controller.status_writing import now_rfc3339, terminal_status
 from agentrun.controller.tool_environment import RunToolEnvironment
@@ -109,34 +112,24 @@ def cluster_needs(spec: AgentRunSpec) -> list[str]:
     return needs
 
 
-def _kubeconfig() -> str | None:
-    """Where the cluster configuration comes from, or None when there is none."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        return "in-cluster service account"
-    paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    return paths if any(os.path.isfile(p) for p in paths.split(os.pathsep) if p) else None
-
-
 async def local_tool_environment(
     spec: AgentRunSpec, namespace: str, run_id: str, stack: contextlib.AsyncExitStack
 ) -> RunToolEnvironment:
     """Secrets and Kubernetes tools use the cluster KUBECONFIG points at; others need none."""
     needs = cluster_needs(spec)
     kube: KubeAPI | None = None
+    access: ClusterAccess | None = None
     if needs:
-        kubeconfig = _kubeconfig()
-        if kubeconfig is None:
-            raise ManifestError(
-                f"{', '.join(needs)} need a Kubernetes cluster, and none is configured "
-                "(set KUBECONFIG to a kubeconfig file)"
-            )
         try:
-            kube = KubeAPI(await connect())
-        except Exception as exc:
-            raise ManifestError(f"cannot load the cluster configuration ({kubeconfig}): {exc}") from exc
+            access = await kubeconfig_loading.load()
+        except KubeFailure as exc:
+            raise ManifestError(f"{', '.join(needs)} need a Kubernetes cluster: {exc}") from exc
+        kube = KubeAPI(await connect(access))
         stack.push_async_callback(kube.close)
     env = RunToolEnvironment(kube, namespace, run_id, spec.service_account_name)
-    missing = await env.first_missing(secret_uses(spec))
+    uses = secret_uses(spec)
+    with explained("read", f"the Secrets of {', '.join(u.field for u in uses)}", access=access):
+        missing = await env.first_missing(uses)
     if missing is not None:
         raise ManifestError(str(missing).replace("yet; the run starts once it does", "in the cluster"))
     return env
@@ -171,6 +164,10 @@ async def run_manifest(
         await tools_open.aclose()
         print(f"error: {path}: {exc}", file=stderr)
         return EXIT_INVALID
+    except KubeFailure as exc:
+        await tools_open.aclose()
+        print(f"error: {path}: {exc}", file=stderr)
+        return EXIT_FAILED
     except ToolStartError as exc:
         await tools_open.aclose()
         print(f"error: {path}: {exc}", file=stderr)

@@ -72,6 +72,7 @@ def _operator(args: argparse.Namespace) -> int:
     import pydantic
 
     from agentrun import logs
+    from agentrun.controller.kube_failures import explain
     from agentrun.controller.operating import operate
     from agentrun.settings import Settings
 
@@ -91,8 +92,16 @@ def _operator(args: argparse.Namespace) -> int:
         print(f"error: invalid settings: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(operate(settings))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(operate(settings))
+    except Exception as exc:
+        # Startup checks word their failures (KubeFailure); a cluster failure out of Kopf later too.
+        message = explain(exc, "watch", "agentruns")
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,16 +12,20 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.api import GROUP, PLURAL, VERSION
 from agentrun.cli.plugin_rendering import render_trace, render_transcript
+from agentrun.controller import kubeconfig_loading
+from agentrun.controller.kube_failures import KubeFailure, explain, explained
+from agentrun.controller.kubeconfig_loading import ClusterAccess
 from agentrun.controller.transcript_storing import StorageKind, Transcript, TranscriptError, load
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -29,8 +33,8 @@ JSON_PATCH = "application/json-patch+json"
 CONFLICT_RETRIES = 5
 
 
-class PluginError(Exception):
-    """A message for the user; the plugin prints it and exits 1."""
+class PluginError(KubeFailure):
+    """A message for the user; the plugin prints it and exits 1 (worded already: not explained again)."""
 
 
 @dataclass
@@ -38,6 +42,7 @@ class Session:
     api: client.ApiClient
     namespace: str
     user: str | None
+    access: ClusterAccess | None = None
 
     @property
     def custom(self) -> client.CustomObjectsApi:
@@ -49,37 +54,20 @@ class Session:
 
 
 async def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Session:
-    """Same resolution as kubectl: --kubeconfig, else KUBECONFIG, else ~/.kube/config; --context."""
-    try:
-        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
-    except config.ConfigException as exc:
-        raise PluginError(f"cannot read kubeconfig: {exc}") from exc
-    chosen = active
-    if context is not None:
-        chosen = next((c for c in contexts if c.get("name") == context), None)
-        if chosen is None:
-            raise PluginError(f"context {context!r} not found in kubeconfig")
-    details = (chosen or {}).get("context") or {}
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=kubeconfig, context=context, client_configuration=configuration, persist_config=False
-    )
+    """kubectl's resolution (controller/kubeconfig_loading.py): --kubeconfig, else KUBECONFIG, else the
+    service account, else ~/.kube/config; --context; relative paths, tokenFile and exec plugins."""
+    access = await kubeconfig_loading.load(kubeconfig, context)
     return Session(
-        api=client.ApiClient(configuration),
-        namespace=namespace or details.get("namespace") or "default",
-        user=details.get("user"),
+        api=access.api_client(),
+        namespace=namespace or access.namespace or "default",
+        user=access.user,
+        access=access,
     )
 
 
 def _api_error(exc: ApiException, what: str) -> PluginError:
-    if exc.status == 404:
-        return PluginError(f"{what} not found")
-    if exc.status in (401, 403):
-        return PluginError(f"not allowed: {what} (HTTP {exc.status}); check your RBAC")
-    detail = exc.reason
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        detail = json.loads(exc.body or b"{}").get("message", detail)
-    return PluginError(f"{what}: HTTP {exc.status} {detail}")
+    """The shared wording (controller/kube_failures.py), e.g. "agentrun ns/name not found"."""
+    return PluginError(explain(exc, "access", what) or f"cannot access {what}: {exc}")
 
 
 async def get_run(session: Session, name: str) -> dict[str, Any]:
@@ -168,11 +156,53 @@ def choose_call(run: dict[str, Any], tool_use_id: str | None) -> dict[str, Any]:
     )
 
 
+async def whoami(session: Session) -> str:
+    """The user name the API server authenticates us as, as `kubectl auth whoami` asks for it.
+
+    Not the kubeconfig's user entry: that is only a local label, while the server's approval policy
+    compares `by` with the authenticated name.
+    """
+    api = client.AuthenticationV1Api(session.api)
+    try:
+        review = await api.create_self_subject_review(client.V1SelfSubjectReview())
+    except ApiException as exc:
+        # A KubeFailure: worded here, so the command's wrapper passes it on instead of rewording it.
+        raise KubeFailure(
+            f"cannot tell who you are: the API server answered a SelfSubjectReview with HTTP {exc.status} "
+            "(Kubernetes 1.28 or later serves it); pass --by NAME"
+        ) from exc
+    user = review.status.user_info if review.status is not None else None
+    if user is None or not user.username:
+        raise PluginError(
+            "cannot tell who you are: the API server's SelfSubjectReview names nobody; pass --by NAME"
+        )
+    name: str = user.username
+    return name
+
+
+_POLICY_DENIAL = re.compile(r"ValidatingAdmissionPolicy '(?P<policy>[^']+)'.* denied request: (?P<why>.*)$")
+
+
+def _refused_decision(exc: ApiException, args: argparse.Namespace) -> KubeFailure | None:
+    """A decision an admission policy refused (e.g. `by` not the caller): the server's reason, plainly."""
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        message = str(json.loads(exc.body or b"{}").get("message", ""))
+        if match := _POLICY_DENIAL.search(message):
+            hint = "; without --by the decision is recorded under your own user name" if args.by else ""
+            return KubeFailure(
+                f"the API server refused the decision: {match['why']} "
+                f"(ValidatingAdmissionPolicy {match['policy']}){hint}"
+            )
+    return None
+
+
 async def decide(session: Session, args: argparse.Namespace, decision: str) -> str:
-    """Append to spec.approvals, guarded by resourceVersion so concurrent deciders never clobber."""
-    by = args.by or session.user
-    if not by:
-        raise PluginError("cannot tell who you are from the kubeconfig; pass --by NAME")
+    """Append to spec.approvals, guarded by resourceVersion so concurrent deciders never clobber.
+
+    `by` is the caller's authenticated user name unless --by says otherwise; the API server is the
+    judge of a different name (the chart's approval policy refuses it).
+    """
+    by = args.by or await whoami(session)
     for _ in range(CONFLICT_RETRIES):
         run = await get_run(session, args.name)
         call = choose_call(run, args.tool_use_id)
@@ -195,6 +225,9 @@ async def decide(session: Session, args: argparse.Namespace, decision: str) -> s
                 and (await get_run(session, args.name))["metadata"]["resourceVersion"] != seen
             ):
                 continue  # someone else changed the run meanwhile (the test op failed): read it again
+            refused = _refused_decision(exc, args) if exc.status in (403, 422) else None
+            if refused is not None:
+                raise refused from exc
             raise _api_error(exc, f"agentrun {session.namespace}/{args.name}") from exc
         verb = "approved" if decision == "approve" else "denied"
         what = f"{call.get('toolName')} ({call['toolUseId']})"
@@ -246,7 +279,11 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("name", help="AgentRun name")
         command.add_argument("tool_use_id", nargs="?", help="tool_use id from status.pendingApprovals")
         command.add_argument("--reason", help="why; the model sees it")
-        command.add_argument("--by", help="who decides (default: the kubeconfig context's user)")
+        command.add_argument(
+            "--by",
+            help="record the decision under this name (default: your user name as the API server "
+            "knows it, like `kubectl auth whoami`; with the approval policy only that name is accepted)",
+        )
     return top
 
 
@@ -262,7 +299,12 @@ COMMANDS = {
 async def run(args: argparse.Namespace) -> str:
     session = await connect(args.kubeconfig, args.context, args.namespace)
     try:
-        return await COMMANDS[args.command](session, args)
+        # API answers are worded where they happen; this words what never got an answer (no server, TLS).
+        action = {"transcript": "read the transcript of", "trace": "read the trace of"}.get(
+            args.command, args.command
+        )
+        with explained(action, f"agentrun {session.namespace}/{args.name}", access=session.access):
+            return await COMMANDS[args.command](session, args)
     finally:
         await session.api.close()
 
@@ -276,10 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         output = asyncio.run(run(args))
-    except PluginError as exc:
+    except KubeFailure as exc:  # PluginError included
         fail(str(exc))
-    except OSError as exc:  # connection refused, DNS, TLS files
-        fail(f"cannot reach the Kubernetes API: {exc}")
     sys.stdout.write(output)
     return 0
 

@@ -13,6 +13,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun.api import GROUP, PLURAL, VERSION
 from agentrun.api.conditions import observed_generation_patch
 from agentrun.api.status import FINISHED_PHASES
+from agentrun.controller import kubeconfig_loading
+from agentrun.controller.kube_failures import KubeFailure
+from agentrun.controller.kubeconfig_loading import ClusterAccess
 from agentrun.controller.running import RunRef, RunService
 from agentrun.controller.supervising import RunSupervisor
 from agentrun.controller.ttl_reaping import TTLReaper
@@ -30,6 +33,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def connection_info(access: ClusterAccess, *, trust_env: bool = False) -> kopf.ConnectionInfo:
+    """Kopf's view of resolved credentials; an exec plugin's expiry makes Kopf log in again in time."""
+    scheme, _, token = (access.authorization or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=access.server,
+        ca_path=access.ca_path,
+        insecure=access.insecure,
+        certificate_path=access.certificate_path,
+        private_key_path=access.private_key_path,
+        scheme=scheme or None,
+        token=token or None,
+        default_namespace=access.namespace,
+        proxy_url=access.proxy,
+        trust_env=trust_env,
+        expiration=access.expiration,
+    )
+
+
 def build_registry(service: RunService) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     reaper = TTLReaper(service.kube, service.settings.default_ttl_seconds_after_finished)
@@ -39,10 +60,14 @@ def build_registry(service: RunService) -> kopf.OperatorRegistry:
         await reaper.close()
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """In-cluster service account first, then KUBECONFIG: our registry has no default login."""
-        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
-        return info or kopf.login_with_kubeconfig(**kwargs)
+    async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        """kubectl's resolution, shared with our own client: Kopf's kubeconfig login reads relative paths
+        against the working directory and knows no tokenFile or exec plugin (kubeconfig_loading.py)."""
+        try:
+            access = await kubeconfig_loading.load()
+        except KubeFailure as exc:  # e.g. an exec plugin failing at a re-login: retried, said in one line
+            raise kopf.TemporaryError(str(exc), delay=10) from exc
+        return connection_info(access, trust_env=settings.networking.trust_env)
 
     async def execute(body: Mapping[str, Any], stopping: Callable[[], bool]) -> None:
         metadata = body.get("metadata") or {}

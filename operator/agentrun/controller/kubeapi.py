@@ -3,31 +3,81 @@
 from __future__ import annotations
 
 import base64
-import os
-from collections.abc import Awaitable
+import logging
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import __version__
 from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.controller import kubeconfig_loading
+from agentrun.controller.kube_failures import explained
+from agentrun.controller.kubeconfig_loading import ClusterAccess
+
+logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = f"agentrun-operator/{__version__}"
 
 
-async def connect() -> client.ApiClient:
-    """In-cluster credentials when present, else KUBECONFIG — the same order Kopf uses."""
-    configuration = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(client_configuration=configuration)
-    api_client = client.ApiClient(configuration)
+async def connect(access: ClusterAccess | None = None) -> client.ApiClient:
+    """A client for ``access``, by default the cluster Kopf logs in to (controller/kubeconfig_loading.py)."""
+    if access is None:
+        access = await kubeconfig_loading.load()
+    api_client = access.api_client()
     # Names the operator in API server audit logs (and lets tests tell its requests apart).
     api_client.user_agent = USER_AGENT
     return api_client
+
+
+CRD_MISSING = "the AgentRun CRD is not installed; install it with `agentrun crd | kubectl apply -f -`"
+
+
+async def connect_checked(namespaces: Sequence[str]) -> client.ApiClient:
+    """connect(), then one list of AgentRuns wherever the operator is to watch, before Kopf starts.
+
+    Why: Kopf retries an unreachable server for a minute and then dies with a traceback, and retries a
+    403 forever. This says which in one line (KubeFailure) and the operator exits, so a misconfiguration
+    is seen at startup, not guessed from silence. A missing CRD is different: it is often installed
+    right after the operator (a GitOps sync, a chart without its crds/), so the operator says so in one
+    warning and starts anyway; Kopf begins watching when the CRD appears, and no pod crash-loops.
+    """
+    access = await kubeconfig_loading.load()
+    api_client = await connect(access)
+    custom = client.CustomObjectsApi(api_client)
+    plain = [ns for ns in namespaces if not any(c in ns for c in "*?[!")]  # Kopf also takes patterns
+    try:
+        for namespace in plain if namespaces else [None]:
+            where = f"in namespace {namespace}" if namespace else "in all namespaces"
+            with explained("list", f"agentruns {where}", access=access):
+                if not await _crd_served(custom, namespace, where):
+                    break
+    except BaseException:
+        await api_client.close()
+        raise
+    return api_client
+
+
+async def _crd_served(custom: client.CustomObjectsApi, namespace: str | None, where: str) -> bool:
+    """Lists one AgentRun; False (with the warning) when the CRD is not there, other failures raise."""
+    try:
+        if namespace is None:
+            request = custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, limit=1, _preload_content=False
+            )
+        else:
+            request = custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, limit=1, _preload_content=False
+            )
+        await unparsed(request)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        logger.warning("cannot list agentruns %s: %s; waiting for it", where, CRD_MISSING)
+        return False
+    return True
 
 
 class KubeAPI:

@@ -13,7 +13,7 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from agentrun.controller.handlers import build_registry
-from agentrun.controller.kubeapi import KubeAPI, connect
+from agentrun.controller.kubeapi import KubeAPI, connect_checked
 from agentrun.controller.running import RunService
 from agentrun.metrics.observing import Metrics
 from agentrun.metrics.serving import keep_beating, start_metrics_server
@@ -58,7 +58,7 @@ def kopf_settings() -> kopf.OperatorSettings:
 async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None, **kopf_kwargs: Any) -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    api_client = await connect()
+    api_client = await connect_checked(settings.namespaces)
     kube = KubeAPI(api_client)
     clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
     provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None

@@ -1,0 +1,249 @@
+"""A cluster that cannot be used is one line on stderr and a non-zero exit, never a traceback.
+
+`agentrun operator`, `agentrun demo --kubeconfig`, `agentrun run` and `kubectl agentrun` each say what
+failed, what the server said and what to do next, for a refused request (401, 403, 422),
+an unreachable server and an unusable kubeconfig (missing file, unknown context). A missing CRD is
+one warning line: the operator waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrun.sandbox.kube_api import KubeAPI
+from tests.support.builders import agentrun
+from tests.support.clusters import CRD, TestCluster
+from tests.support.kube_requests import until
+from tests.support.kubeconfigs import write_kubeconfig
+from tests.support.operator_process import OperatorProcess
+from tests.support.ports import free_port
+
+BIN = Path(sys.executable).parent
+CRD_NAME = "agentruns.agentrun.dev"
+
+
+async def _run(
+    *command: str | Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[int, str]:
+    """Exit code and stderr; stdout must stay empty when a command fails."""
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_", "ANTHROPIC_"))
+    }
+    process = await asyncio.create_subprocess_exec(
+        *map(str, command),
+        env={**base, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    assert "Traceback" not in out.decode() + err.decode(), err.decode()
+    assert out.decode() == "", out.decode()
+    return process.returncode, err.decode()
+
+
+def _one_line(code: int, err: str) -> str:
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    return lines[0].removeprefix("error: ")
+
+
+def _operator(*args: str) -> list[str | Path]:
+    ports = ("--metrics-port", str(free_port()), "--health-port", str(free_port()))
+    return [BIN / "agentrun", "operator", "--bind-address", "127.0.0.1", *ports, *args]
+
+
+@pytest.fixture
+def closed_port_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig whose server refuses connections."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return write_kubeconfig(tmp_path / "kubeconfig", server=f"http://127.0.0.1:{port}", user={"token": "t"})
+
+
+# --- agentrun demo --kubeconfig
+
+
+@pytest.mark.emulator_only("makes the API server refuse the CRD with an injected 422")
+async def test_demo_says_in_one_line_that_the_server_refused_the_crd(cluster: TestCluster) -> None:
+    assert cluster.emulator is not None
+    refusal = (
+        f'CustomResourceDefinition.apiextensions.k8s.io "{CRD_NAME}" is invalid: spec.versions[0]: Forbidden'
+    )
+    cluster.emulator.faults.add(
+        verb="create", resource="apiextensions.k8s.io/customresourcedefinitions", status=422, message=refusal
+    )
+    code, err = await _run(BIN / "agentrun", "demo", "--kubeconfig", cluster.kubeconfig, "--timeout", "20")
+    assert _one_line(code, err) == (
+        f"cannot create CustomResourceDefinition {CRD_NAME}: the API server refused it "
+        f"(HTTP 422: {refusal}); agentrun needs Kubernetes 1.27 or later (see `kubectl version`), "
+        "or an admission policy refuses the CRD"
+    )
+
+
+async def test_demo_says_in_one_line_that_the_server_is_unreachable(closed_port_kubeconfig: Path) -> None:
+    code, err = await _run(BIN / "agentrun", "demo", "--kubeconfig", closed_port_kubeconfig)
+    line = _one_line(code, err)
+    assert line.startswith(
+        f"cannot create CustomResourceDefinition {CRD_NAME}: cannot reach the Kubernetes API at "
+    )
+    assert "(Connection refused); check that the cluster is running" in line
+    assert str(closed_port_kubeconfig) in line
+
+
+@pytest.mark.parametrize("problem", ["missing kubeconfig", "unknown current context"])
+async def test_demo_says_in_one_line_what_is_wrong_with_the_kubeconfig(problem: str, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    expected = f"kubeconfig {kubeconfig} does not exist"
+    if problem == "unknown current context":
+        write_kubeconfig(kubeconfig, server="http://127.0.0.1:1", name="prod")
+        text = kubeconfig.read_text().replace("current-context: prod", "current-context: staging")
+        kubeconfig.write_text(text)
+        expected = f"context 'staging' is not in kubeconfig {kubeconfig} (its contexts: prod)"
+    code, err = await _run(BIN / "agentrun", "demo", "--kubeconfig", kubeconfig)
+    assert _one_line(code, err) == expected
+
+
+# --- agentrun operator
+
+
+async def test_operator_with_a_missing_kubeconfig_says_so_and_exits(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    code, err = await _run(*_operator(), env={"KUBECONFIG": str(missing)})
+    assert _one_line(code, err) == (
+        f"KUBECONFIG names {missing}, and no such file exists; point it at a kubeconfig file"
+    )
+
+
+async def test_operator_with_an_unreachable_server_says_so_at_once(closed_port_kubeconfig: Path) -> None:
+    code, err = await _run(*_operator(), env={"KUBECONFIG": str(closed_port_kubeconfig)})
+    line = _one_line(code, err)
+    assert line.startswith(
+        "cannot list agentruns in all namespaces: cannot reach the Kubernetes API at http://"
+    )
+    assert line.endswith(
+        f"check that the cluster is running and that kubeconfig {closed_port_kubeconfig} "
+        "(context test) points at it"
+    )
+
+
+@pytest.mark.emulator_only("the emulator does not authenticate: the 401 is injected")
+async def test_operator_whose_credentials_are_refused_says_to_renew_them(cluster: TestCluster) -> None:
+    assert cluster.emulator is not None
+    cluster.emulator.faults.add(status=401, message="Unauthorized", times=None)
+    code, err = await _run(*_operator(), env={"KUBECONFIG": str(cluster.kubeconfig)})
+    assert _one_line(code, err) == (
+        f"cannot list agentruns in all namespaces: the API server at {cluster.url} did not accept the "
+        f"credentials of kubeconfig {cluster.kubeconfig} (context kube-emulator) (HTTP 401: Unauthorized); "
+        "log in again or renew the token, then retry"
+    )
+
+
+@pytest.mark.emulator_only("the 403 is injected for the default (unrestricted) identity")
+async def test_operator_without_rbac_for_its_namespace_names_the_missing_permission(
+    cluster: TestCluster,
+) -> None:
+    assert cluster.emulator is not None
+    said = (
+        'agentruns.agentrun.dev is forbidden: User "bot" cannot list resource "agentruns" in the namespace '
+        '"team-a"'
+    )
+    cluster.emulator.faults.add(verb="list", resource="agentruns", status=403, message=said, times=None)
+    code, err = await _run(*_operator("--namespace", "team-a"), env={"KUBECONFIG": str(cluster.kubeconfig)})
+    assert _one_line(code, err) == (
+        f"cannot list agentruns in namespace team-a: forbidden (HTTP 403: {said}); grant this identity the "
+        "RBAC permission the message names, or use another context"
+    )
+
+
+async def test_operator_without_the_crd_says_how_to_install_it_and_serves_runs_once_it_appears(
+    tmp_path: Path,
+) -> None:
+    """No crash loop: the CRD often arrives after the operator (a GitOps sync applying both at once)."""
+    async with KubeAPI.running() as bare:  # a cluster without the AgentRun CRD
+        operator = OperatorProcess(kubeconfig=Path(bare.kubeconfig_path), log_path=tmp_path / "operator.log")
+        await operator.start()
+        try:
+            assert (
+                "cannot list agentruns in all namespaces: the AgentRun CRD is not installed; install it "
+                "with `agentrun crd | kubectl apply -f -`; waiting for it"
+            ) in operator.logs()
+            bare.emulator.load_crd(CRD)
+            bare.emulator.create_object("agentruns", agentrun("after-crd", "hello"))
+
+            async def served() -> bool:
+                run = bare.emulator.get_object("agentruns", "default", "after-crd") or {}
+                return bool((run.get("status") or {}).get("phase"))
+
+            await until(served, "the operator to serve a run created after the CRD", timeout=60)
+            assert operator.process is not None and operator.process.returncode is None
+        finally:
+            await operator.stop()
+    assert "Traceback" not in operator.logs()
+
+
+# --- kubectl agentrun
+
+
+async def test_plugin_with_an_unreachable_server_says_which_command_failed(
+    closed_port_kubeconfig: Path,
+) -> None:
+    code, err = await _run(BIN / "kubectl-agentrun", "--kubeconfig", closed_port_kubeconfig, "cancel", "web")
+    line = _one_line(code, err)
+    assert line.startswith("cannot cancel agentrun default/web: cannot reach the Kubernetes API at http://")
+
+
+async def test_plugin_with_an_unknown_context_lists_the_known_ones(closed_port_kubeconfig: Path) -> None:
+    code, err = await _run(
+        BIN / "kubectl-agentrun", "--kubeconfig", closed_port_kubeconfig, "--context", "prod", "trace", "web"
+    )
+    assert (
+        _one_line(code, err)
+        == f"context 'prod' is not in kubeconfig {closed_port_kubeconfig} (its contexts: test)"
+    )
+
+
+@pytest.mark.emulator_only("the 403 is injected for the default (unrestricted) identity")
+async def test_plugin_refused_by_rbac_names_the_missing_permission(cluster: TestCluster) -> None:
+    assert cluster.emulator is not None
+    said = 'agentruns.agentrun.dev "web" is forbidden: User "dev" cannot get resource "agentruns"'
+    cluster.emulator.faults.add(verb="get", resource="agentruns", status=403, message=said, times=None)
+    code, err = await _run(BIN / "kubectl-agentrun", "--kubeconfig", cluster.kubeconfig, "trace", "web")
+    assert _one_line(code, err) == (
+        f"cannot access agentrun default/web: forbidden (HTTP 403: {said}); grant this identity the RBAC "
+        "permission the message names, or use another context"
+    )
+
+
+# --- agentrun run
+
+
+async def test_local_run_needing_an_unreachable_cluster_says_so(
+    closed_port_kubeconfig: Path, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text(
+        "apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: hooks}\nspec:\n"
+        "  task: t\n  model: {name: claude-haiku-4-5}\n  tools:\n"
+        "  - http: {name: n, description: d, url: 'http://127.0.0.1:9/', headersFrom: {name: hook-headers}}\n"
+    )
+    code, err = await _run(
+        BIN / "agentrun",
+        "run",
+        manifest,
+        env={"KUBECONFIG": str(closed_port_kubeconfig), "ANTHROPIC_API_KEY": "k"},
+    )
+    line = _one_line(code, err)
+    assert line.startswith(
+        f"{manifest}: cannot read the Secrets of spec.tools[0].http.headersFrom: "
+        "cannot reach the Kubernetes API"
+    ), line
