@@ -18,6 +18,7 @@ from urllib.parse import quote
 import aiohttp
 
 from agentrun.loop.errors import ToolError
+from agentrun.tools.body_reading import read_capped
 from agentrun.tools.environment import KubeConnection
 
 MAX_BODY_BYTES = 8_388_608
@@ -82,7 +83,7 @@ class KubeReader:
         url = self._connection.server.rstrip("/") + path
         try:
             async with self._client().get(url, params=dict(query or {}), headers=headers) as response:
-                raw = await response.content.read(MAX_BODY_BYTES)
+                raw = await read_capped(response.content, MAX_BODY_BYTES)
                 return response.status, raw.decode("utf-8", "replace")
         except TimeoutError:
             raise ToolError("timeout", f"the Kubernetes API did not answer to {action}") from None
@@ -114,9 +115,10 @@ class KubeReader:
                 "unauthorized", "the operator's Kubernetes credentials were rejected", recoverable=False
             )
         if status == 404:
-            return ToolError(
-                "not_found", f"not found: {message or action}", hint="check the name and namespace"
-            )
+            # Say what was asked: a pod's log answers 404 naming its node (`pods "node-1" not found`)
+            # when that node is gone, which alone reads as if the pod were missing.
+            said = f"{action} ({message})" if message else action
+            return ToolError("not_found", f"not found: {said}", hint="check the name and namespace")
         if status in (400, 422):
             return ToolError("bad_request", f"the API rejected the request: {message}", hint="fix the input")
         return ToolError(

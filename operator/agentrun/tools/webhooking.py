@@ -18,6 +18,7 @@ import jsonschema
 from agentrun.api.spec import HTTPTool
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
+from agentrun.tools.body_reading import read_capped
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -119,7 +120,7 @@ class WebhookTool:
         self, session: aiohttp.ClientSession, body: bytes, headers: Mapping[str, str]
     ) -> tuple[int, str]:
         async with session.post(self._url, data=body, headers=headers, allow_redirects=False) as response:
-            raw = await response.content.read(MAX_RESPONSE_BYTES + 1)
+            raw = await read_capped(response.content, MAX_RESPONSE_BYTES + 1)
             text = raw[:MAX_RESPONSE_BYTES].decode(response.charset or "utf-8", errors="replace")
             if len(raw) > MAX_RESPONSE_BYTES:
                 text += f"\n[... answer cut at {MAX_RESPONSE_BYTES} bytes]"

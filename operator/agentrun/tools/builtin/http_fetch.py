@@ -23,6 +23,7 @@ from yarl import URL
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.tools.addresses import AddressPolicy
+from agentrun.tools.body_reading import read_capped
 
 MAX_REDIRECTS = 3
 TEXT_TYPES = ("text/", "application/json", "application/xml", "application/yaml", "application/x-yaml")
@@ -184,7 +185,7 @@ class HTTPFetch:
 
     async def _answer(self, url: URL, response: aiohttp.ClientResponse) -> ToolOutput:
         content_type = response.headers.get("Content-Type", "")
-        raw = await response.content.read(self._config.max_bytes + 1)
+        raw = await read_capped(response.content, self._config.max_bytes + 1)
         truncated = len(raw) > self._config.max_bytes
         payload: dict[str, Any] = {"url": str(url), "status": response.status, "contentType": content_type}
         if content_type and not content_type.lower().startswith(TEXT_TYPES):
