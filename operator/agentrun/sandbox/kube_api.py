@@ -21,6 +21,8 @@ too naive for a real operator (see design.md, "Kopf against a real API server"),
   ``ownerReferences`` name a deleted (or never existing) owner (``Orphan`` strips the references
   instead; ``Foreground`` is treated as background); namespace deletion empties the namespace first;
   CRD deletion removes its custom resources first (both block on finalizers, as in a real cluster);
+  a pod bound to a node stays Terminating for its kubelet, which never comes (``gracePeriodSeconds=0``
+  removes it);
 * CRDs (``apiextensions.k8s.io/v1``) created through the API or with :meth:`KubeEmulator.load_crd`
   register their resources for discovery and every verb; writes are pruned, defaulted and validated
   against the version's ``openAPIV3Schema`` (:mod:`agentrun.sandbox.kube_schema`), with the server's
@@ -31,18 +33,28 @@ too naive for a real operator (see design.md, "Kopf against a real API server"),
   paging on lists; ``?watch=true`` with ``resourceVersion`` resumption from a bounded history
   (410 Expired beyond it), ``sendInitialEvents`` with the closing bookmark, ``timeoutSeconds``;
 * built-in types: v1 namespaces (``default`` and the ``kube-*`` ones exist), configmaps, secrets,
-  serviceaccounts, events, pods (with ``pods/log`` serving :attr:`KubeEmulator.pod_logs`),
+  serviceaccounts, events, pods (with ``pods/log`` serving :attr:`KubeEmulator.pod_logs` as the kubelet),
   events.k8s.io/v1 events, coordination.k8s.io/v1 leases, apiextensions.k8s.io/v1 CRDs; discovery on
   ``/api`` and ``/apis`` with scopes, verbs, kinds, short names and categories;
 * server-side Tables (printer columns), so ``kubectl get`` works;
 * optional authorization per bearer token (``KubeAPI.running(rbac={token: authorizer})``, see
-  :mod:`agentrun.sandbox.kube_authz`): 403 Forbidden with the server's wording, impersonation checks and
-  the owner-reference admission check; other tokens are unrestricted;
+  :mod:`agentrun.sandbox.kube_authz`): 403 Forbidden with the server's wording, impersonation checks
+  (legacy and constrained) and the owner-reference admission check; other tokens are unrestricted;
+* rbac.authorization.k8s.io/v1 Roles, ClusterRoles and bindings; with
+  :attr:`KubeEmulator.authorize_impersonated_users` they authorize impersonated requests as their
+  target (:mod:`agentrun.sandbox.kube_rbac`);
+* identities: a token registered in :attr:`KubeEmulator.identities` (``KubeAPI.running(identities=...)``)
+  is that user, an authorizer's token its user, any other token ``kube-emulator`` (system:masters);
+  ``Impersonate-User`` replaces it. ``kubectl auth whoami`` (SelfSubjectReview) answers with it;
+* ValidatingAdmissionPolicy/Binding (admissionregistration.k8s.io/v1, :mod:`agentrun.sandbox.kube_admission`)
+  on creates and updates after schema validation, seeing ``request.userInfo``; namespaces carry the
+  ``kubernetes.io/metadata.name`` label their selectors match on;
 * fault injection (:attr:`KubeEmulator.faults`, see :mod:`agentrun.sandbox.kube_faults`) applied before
   any state change, and a request log (:attr:`KubeEmulator.request_log`) with the RBAC view of each call.
 
 Not emulated: authentication, and RBAC unless an authorizer is given (by default every request is allowed
-and identities are only recorded; impersonated requests are never authorized as their target),
+and identities are only recorded; impersonated requests are authorized as their target only with
+``authorize_impersonated_users``; aggregated ClusterRoles are not expanded),
 admission webhooks, server-side apply (415), protobuf and CBOR bodies (415, so typed kubectl generators
 such as ``kubectl create namespace x`` fail; ``kubectl create -f`` / ``apply -f`` work), OpenAPI v2 and
 the built-in kinds' schemas (a minimal OpenAPI v3 is published: enough for kubectl's validation
@@ -93,6 +105,7 @@ import pathlib
 import random
 import re
 import signal
+import ssl
 import sys
 import tempfile
 import uuid
@@ -106,8 +119,19 @@ import attrs
 import kmock
 import yaml
 
-from agentrun.sandbox import kube_openapi, kube_patch, kube_schema, kube_tables
-from agentrun.sandbox.kube_authz import Authorizer, Decision, attributes_of, forbidden
+from agentrun.sandbox import kube_admission, kube_openapi, kube_patch, kube_schema, kube_tables
+from agentrun.sandbox.kube_authz import (
+    EMULATOR_ADMIN,
+    Attributes,
+    Authorizer,
+    Decision,
+    UserInfo,
+    attributes_of,
+    constrained_impersonation,
+    forbidden,
+    identify,
+    own_attributes,
+)
 from agentrun.sandbox.kube_faults import Faults
 from agentrun.sandbox.kube_http import (
     ApiError,
@@ -119,6 +143,7 @@ from agentrun.sandbox.kube_http import (
     status_body,
     truthy,
 )
+from agentrun.sandbox.kube_rbac import RbacObjects
 from agentrun.sandbox.kube_registry import (
     BUILTIN_NAMESPACES,
     BUILTIN_TYPES,
@@ -153,6 +178,9 @@ _MERGE = "application/merge-patch+json"
 _JSON_PATCH = "application/json-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
 _INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_SELF_SUBJECT_REVIEWS = ("authentication.k8s.io", "selfsubjectreviews")
+#: The label kube-apiserver keeps on every namespace (namespaceSelectors match on it).
+_NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 _ACTIONS = {
     "get": kmock.action.FETCH,
     "list": kmock.action.LIST,
@@ -242,7 +270,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     authorizers: dict[str, Authorizer] = attrs.field(factory=dict)
     #: One entry per request checked by an authorizer, allowed or not (bounded like request_log).
     decisions: list[Decision] = attrs.field(factory=list)
-    #: Text served by ``pods/log``, by ``(namespace, pod name)``.
+    #: Who a bearer token authenticates as (``request.userInfo`` of admission policies, SelfSubjectReview).
+    #: Tokens not listed here act as their authorizer's user, else as ``kube-emulator`` (the admin).
+    identities: dict[str, UserInfo] = attrs.field(factory=dict)
+    #: Authorize impersonated requests as their target, with the Roles, ClusterRoles and bindings stored
+    #: here (:mod:`agentrun.sandbox.kube_rbac`), as a real server does. Off by default: tests of the
+    #: Kubernetes tools impersonate service accounts they grant nothing.
+    authorize_impersonated_users: bool = False
+    #: Text served by ``pods/log``, by ``(namespace, pod name)``: what a kubelet would answer.
     pod_logs: dict[tuple[str, str], str] = attrs.field(factory=dict)
 
     _types: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
@@ -260,6 +295,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _pending: set[asyncio.Handle] = attrs.field(factory=set, init=False)
     _kmock_resources: dict[tuple[str, str, str], kmock.resource] = attrs.field(factory=dict, init=False)
     _served: int = attrs.field(default=0, init=False)
+    #: The impersonation mode that last worked, by impersonator: the server tries it first next time.
+    _impersonation_modes: dict[str, str] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         # Deliberately not calling super(): kmock's fallbacks would serve its naive store. Every Kubernetes
@@ -493,6 +530,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         record = self._record(request)
         if self.authorizers and (denied := self._authorize(record, request.data)) is not None:
             return self._respond(record, Reply(denied.code, denied.body()))
+        impersonated = self.authorize_impersonated_users and record.impersonate_user
+        if impersonated and (denied := self._authorize_as_target(record, request.data)) is not None:
+            return self._respond(record, Reply(denied.code, denied.body()))
         fault = self.faults.take_fault(record)
         if fault is not None:
             if fault.delay:
@@ -559,11 +599,55 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if authorizer is None:
             return None
         checks = attributes_of(record, authorizer.user, body, self._resolve_kind)
+        if record.impersonate_user:
+            return self._authorize_impersonation(record, authorizer, checks)
         refused = next((check for check in checks if not authorizer.allows(check)), None)
-        self.decisions.append(Decision(record, tuple(checks), refused is None))
+        self._decided(Decision(record, tuple(checks), refused is None))
+        return forbidden(refused) if refused is not None else None
+
+    def _authorize_impersonation(
+        self, record: RequestRecord, authorizer: Authorizer, legacy: list[Attributes]
+    ) -> ApiError | None:
+        """Legacy or constrained impersonation, in the order kube-apiserver v1.36 tries them."""
+        modes = {**constrained_impersonation(record, authorizer.user), "legacy": legacy}
+        remembered = self._impersonation_modes.get(authorizer.user)
+        order = sorted(modes, key=lambda mode: mode != remembered)  # stable: constrained before legacy
+        asked: list[Attributes] = []
+        first_refusal: Attributes | None = None
+        for mode in order:
+            refused = None
+            for check in modes[mode]:
+                asked.append(check)
+                if not authorizer.allows(check):
+                    refused = check
+                    break
+            if refused is None:
+                self._impersonation_modes[authorizer.user] = mode
+                self._decided(Decision(record, tuple(asked), True))
+                return None
+            first_refusal = first_refusal or refused
+        self._decided(Decision(record, tuple(asked), False))
+        assert first_refusal is not None
+        return forbidden(first_refusal)
+
+    def _decided(self, decision: Decision) -> None:
+        self.decisions.append(decision)
         if self.request_log_limit is not None and len(self.decisions) > self.request_log_limit * 1.1 + 10:
             del self.decisions[: len(self.decisions) - self.request_log_limit]
-        return forbidden(refused) if refused is not None else None
+
+    def _authorize_as_target(self, record: RequestRecord, body: Any) -> ApiError | None:
+        """The 403 for an impersonated request its target's stored RBAC does not allow."""
+        target = identify(record, self.identities, self.authorizers)
+        rbac = RbacObjects(
+            roles=self.list_objects("roles.rbac.authorization.k8s.io"),
+            cluster_roles=self.list_objects("clusterroles.rbac.authorization.k8s.io"),
+            role_bindings=self.list_objects("rolebindings.rbac.authorization.k8s.io"),
+            cluster_role_bindings=self.list_objects("clusterrolebindings.rbac.authorization.k8s.io"),
+        )
+        for check in own_attributes(record, target.username, body, self._resolve_kind):
+            if not rbac.allows(check, target.groups):
+                return forbidden(check)
+        return None
 
     def _resolve_kind(self, api_version: str, kind: str) -> tuple[str, str] | None:
         group = api_version.rpartition("/")[0]
@@ -613,6 +697,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if (sub is not None and verb not in allowed.get(sub, set())) or verb not in rtype.verbs:
             raise ApiError.method_not_allowed()
         namespace, name = route.namespace, route.name
+        user = identify(record, self.identities, self.authorizers)
+        if rtype.key == _SELF_SUBJECT_REVIEWS:
+            return self._self_subject_review(rtype, user)  # any body: nothing in it matters
         match verb:
             case "get" if sub == "log":
                 return self._serve_log(namespace or "", name or "", query)
@@ -630,10 +717,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             case "create":
                 if name is not None:
                     raise ApiError.method_not_allowed()
-                return self._op_create(rtype, namespace, decode_body(body, content_type), query)
+                return self._op_create(rtype, namespace, decode_body(body, content_type), query, user)
             case "update":
                 return self._op_update(
-                    rtype, namespace, name or "", decode_body(body, content_type), sub, query
+                    rtype, namespace, name or "", decode_body(body, content_type), sub, query, user
                 )
             case "patch":
                 patch_type = (content_type or "").split(";")[0].strip().lower()
@@ -643,7 +730,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if patch_type not in accepted:  # server-side apply included
                     raise _unsupported_media(rtype, patch_type)
                 return self._op_patch(
-                    rtype, namespace, name or "", decode_body(body, None), patch_type, sub, query
+                    rtype, namespace, name or "", decode_body(body, None), patch_type, sub, query, user
                 )
             case "delete":
                 options = decode_body(body, content_type) or {}
@@ -812,8 +899,31 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
 
     def _serve_log(self, namespace: str, name: str, query: Mapping[str, str]) -> Reply:
+        """What kube-apiserver answers (the container checked first), with :attr:`pod_logs` as the kubelet.
+
+        A pod no node runs has an empty log; one bound to a node reaches that node's kubelet, and with no
+        log registered here there is none: the server then fails to find the Node, and says so in its
+        own words (``pods "NODE" not found``, as a real server with no such Node does).
+        """
         pods = self._types[("", "v1", "pods")]
-        self._get(pods, namespace, name)
+        pod = self._get(pods, namespace, name)
+        spec = pod.get("spec") or {}
+        names = [
+            str(c.get("name"))
+            for key in ("initContainers", "containers", "ephemeralContainers")
+            for c in spec.get(key) or ()
+        ]
+        container = query.get("container")
+        if container and container not in names:
+            raise ApiError.bad_request(f"container {container} is not valid for pod {name}")
+        if not container and len(spec.get("containers") or ()) > 1:  # none: a real server refuses the pod
+            choices = " ".join(names)
+            raise ApiError.bad_request(
+                f"a container name must be specified for pod {name}, choose one of: [{choices}]"
+            )
+        node = spec.get("nodeName")
+        if node and (namespace, name) not in self.pod_logs:
+            raise ApiError(404, "NotFound", f'pods "{node}" not found', {"name": node, "kind": "pods"})
         text = self.pod_logs.get((namespace, name), "")
         if tail := query.get("tailLines"):
             lines = text.splitlines(keepends=True)
@@ -1164,27 +1274,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _check_meta(self, rtype: ResourceType, obj: Mapping[str, Any], errors: list[FieldError]) -> None:
         meta = _meta(obj)
         name = meta.get("name", "")
-        if rtype.key == ("", "namespaces"):
-            if not _LABEL_NAME_RE.match(name) or len(name) > 63:
-                errors.append(
-                    FieldError(
-                        "FieldValueInvalid",
-                        "metadata.name",
-                        name,
-                        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
-                        "or '-', and must start and end with an alphanumeric character",
-                    )
-                )
-        elif not _NAME_RE.match(name) or len(name) > 253:
-            errors.append(
-                FieldError(
-                    "FieldValueInvalid",
-                    "metadata.name",
-                    name,
-                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
-                    "'-' or '.', and must start and end with an alphanumeric character",
-                )
-            )
+        for detail in _name_problems(name, label=rtype.key == ("", "namespaces")):
+            errors.append(FieldError("FieldValueInvalid", "metadata.name", name, detail))
         for field_name, value, detail in label_problems(meta.get("labels"), "metadata.labels"):
             errors.append(FieldError("FieldValueInvalid", field_name, value, detail))
         annotations = meta.get("annotations")
@@ -1199,9 +1290,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
             elif sum(len(k) + len(v) for k, v in annotations.items()) > 256 * 1024:
                 errors.append(
-                    FieldError(
-                        "FieldValueTooLong", "metadata.annotations", "", "may not be longer than 262144"
-                    )
+                    FieldError("FieldValueTooLong", "metadata.annotations", "", kube_schema.too_long(262144))
                 )
         for index, ref in enumerate(meta.get("ownerReferences") or []):
             for required in ("apiVersion", "kind", "name", "uid"):
@@ -1232,27 +1321,52 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
 
     def _admit(
-        self, rtype: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None, query: Mapping[str, str]
+        self,
+        rtype: ResourceType,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        query: Mapping[str, str],
+        *,
+        subresource: str | None = None,
     ) -> list[str]:
         """Prune, default and validate ``obj`` in place; return the warnings for pruned fields."""
         schema = rtype.schema if rtype.custom else None
         pruned = kube_schema.prune(obj, schema)
         if pruned and query.get("fieldValidation") == "Strict":
             unknown = ", ".join(f'unknown field "{p}"' for p in pruned)
-            raise ApiError.bad_request(f"strict decoding error: {unknown}")
+            version = str(obj.get("apiVersion") or rtype.version).rpartition("/")[2]
+            raise ApiError.bad_request(
+                f'{rtype.kind} in version "{version}" cannot be handled as a {rtype.kind}: '
+                f"strict decoding error: {unknown}"
+            )
         kube_schema.apply_defaults(obj, schema)
         errors: list[FieldError] = []
         self._check_meta(rtype, obj, errors)
         if schema is not None:
-            errors += kube_schema.validate(obj, schema, kube_schema._MISSING if old is None else old)
+            old_obj = kube_schema._MISSING if old is None else old
+            body_root = "status" if subresource == "status" else ""
+            errors += kube_schema.validate(obj, schema, old_obj, prior=errors, body_root=body_root)
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             errors += crd_problems(obj)
+        elif rtype.key == kube_admission.POLICIES:
+            kube_admission.default_policy(obj)
+            errors += kube_admission.policy_problems(obj)
+        elif rtype.key == kube_admission.BINDINGS:
+            kube_admission.default_binding(obj)
+            errors += kube_admission.binding_problems(obj)
+        elif rtype.key == ("", "events"):
+            errors += _event_problems(obj)
         if errors:
             raise self._invalid(rtype, _meta(obj).get("name", ""), errors)
         return [f'unknown field "{p}"' for p in pruned]
 
     def _op_create(
-        self, rtype: ResourceType, namespace: str | None, body: Any, query: Mapping[str, str]
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        body: Any,
+        query: Mapping[str, str],
+        user: UserInfo = EMULATOR_ADMIN,
     ) -> Reply:
         if not isinstance(body, dict):
             raise ApiError.bad_request("the body of the request was in an unknown format")
@@ -1299,6 +1413,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             obj.pop("status", None)
         self._prepare_special_create(rtype, obj)
         warnings = self._admit(rtype, obj, None, query)
+        warnings += self._validating_admission("CREATE", rtype, obj, None, None, user, query)
         if (namespace, name) in self._live[rtype.key]:
             raise ApiError.already_exists(rtype.group, rtype.plural, name)
         meta["uid"] = str(uuid.uuid4())
@@ -1311,6 +1426,54 @@ class KubeEmulator(kmock.KubernetesEmulator):
         stored = self._store(rtype, (namespace, name), None, obj)
         self._after_write(rtype, None, stored)
         return Reply(201, self._present(rtype, stored), warnings=warnings)
+
+    def _validating_admission(
+        self,
+        operation: str,
+        rtype: ResourceType,
+        obj: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        subresource: str | None,
+        user: UserInfo,
+        query: Mapping[str, str],
+    ) -> list[str]:
+        """ValidatingAdmissionPolicies on a write that passed validation: warnings, or the denial raised."""
+        policies = list(self._live.get(kube_admission.POLICIES, {}).values())
+        if not policies:
+            return []
+        meta = _meta(obj)
+        namespace = meta.get("namespace") if rtype.namespaced else None
+        request = kube_admission.AdmissionRequest(
+            operation=operation,
+            group=rtype.group,
+            version=rtype.version,
+            resource=rtype.plural,
+            subresource=subresource or "",
+            kind=rtype.kind,
+            namespaced=rtype.namespaced,
+            namespace=namespace,
+            name=meta.get("name") or meta.get("generateName") or "",
+            obj=obj,
+            old=old,
+            user=user,
+            namespace_object=self._live[("", "namespaces")].get((None, namespace)) if namespace else None,
+            dry_run=_dry_run(query),
+        )
+        bindings = self._live.get(kube_admission.BINDINGS, {}).values()
+        verdict = kube_admission.evaluate(policies, bindings, request)
+        if verdict.denial is not None:
+            raise verdict.denial
+        return list(verdict.warnings)
+
+    def _self_subject_review(self, rtype: ResourceType, user: UserInfo) -> Reply:
+        """``kubectl auth whoami``: who the request authenticated as; nothing is stored."""
+        review = {
+            "kind": rtype.kind,
+            "apiVersion": rtype.api_version,
+            "metadata": {"creationTimestamp": _now()},
+            "status": {"userInfo": user.as_dict()},
+        }
+        return Reply(201, review)
 
     def _check_kind(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
         kind = obj.setdefault("kind", rtype.kind)
@@ -1346,6 +1509,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if rtype.key == ("", "namespaces"):
             obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
             obj["status"] = {"phase": "Active"}
+            _label_namespace(obj)
         elif rtype.key == ("", "pods"):
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
@@ -1383,6 +1547,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         body: Any,
         subresource: str | None,
         query: Mapping[str, str],
+        user: UserInfo = EMULATOR_ADMIN,
     ) -> Reply:
         if not isinstance(body, dict):
             raise ApiError.bad_request("the body of the request was in an unknown format")
@@ -1398,7 +1563,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 f"the name of the object ({body_name}) does not match the name on the URL ({name})"
             )
         new["metadata"]["name"] = name
-        return self._commit_update(rtype, (namespace, name), old, new, subresource, query)
+        return self._commit_update(rtype, (namespace, name), old, new, subresource, query, user)
 
     def _op_patch(
         self,
@@ -1409,6 +1574,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         patch_type: str,
         subresource: str | None,
         query: Mapping[str, str],
+        user: UserInfo = EMULATOR_ADMIN,
     ) -> Reply:
         old = self._live[rtype.key].get((namespace, name))
         if old is None:
@@ -1442,7 +1608,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 f"does not match the name on the URL ({name})"
             )
         new["metadata"]["name"] = name
-        return self._commit_update(rtype, (namespace, name), old, new, subresource, query)
+        return self._commit_update(rtype, (namespace, name), old, new, subresource, query, user)
 
     def _commit_update(
         self,
@@ -1452,6 +1618,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new: dict[str, Any],
         subresource: str | None,
         query: Mapping[str, str],
+        user: UserInfo = EMULATOR_ADMIN,
     ) -> Reply:
         name = okey[1]
         self._check_kind(rtype, new)
@@ -1487,7 +1654,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             else:
                 new.pop("status", None)
         old_view = self._present(rtype, old)
-        warnings = self._admit(rtype, new, old_view, query)
+        warnings = self._admit(rtype, new, old_view, query, subresource=subresource)
         if old_meta.get("deletionTimestamp"):
             added = [
                 f
@@ -1502,8 +1669,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     f"found new finalizers {json.dumps(added)}",
                 )
                 raise self._invalid(rtype, name, [error])
+        warnings += self._validating_admission("UPDATE", rtype, new, old_view, subresource, user, query)
         if rtype.key == ("", "namespaces") and subresource != "finalize":
             new.setdefault("spec", {})["finalizers"] = (old.get("spec") or {}).get("finalizers", [])
+        if rtype.key == ("", "namespaces"):
+            _label_namespace(new)
         if rtype.generation and "generation" in old_meta:
             ignored = ("metadata", "status") if rtype.status_subresource else ("metadata",)
             if _without(new, *ignored) != _without(old_view, *ignored):
@@ -1550,8 +1720,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             propagation = "Orphan"
         if _dry_run(query) or "All" in (options.get("dryRun") or []):
             return Reply(200, self._present(rtype, old))
+        grace = options.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
         result = self._delete_stored(
-            self._storage_type(rtype.key), (namespace, name), old, propagation=propagation
+            self._storage_type(rtype.key),
+            (namespace, name),
+            old,
+            propagation=propagation,
+            grace_seconds=None if grace is None else int(grace),
         )
         current = self._live[rtype.key].get((namespace, name))
         if current is not None:  # deletion is pending on finalizers
@@ -1565,12 +1740,32 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
 
     def _delete_stored(
-        self, rtype: ResourceType, okey: ObjKey, old: dict[str, Any], *, propagation: str
+        self,
+        rtype: ResourceType,
+        okey: ObjKey,
+        old: dict[str, Any],
+        *,
+        propagation: str,
+        grace_seconds: int | None = None,
     ) -> dict[str, Any]:
-        """Delete now, or mark for deletion when finalizers (or controllers) must run first."""
+        """Delete now, or mark for deletion when finalizers (or controllers, or a kubelet) must act first."""
         meta = old["metadata"]
+        grace = _kubelet_grace(rtype, old, grace_seconds)
         if meta.get("deletionTimestamp"):
+            waiting_for_kubelet = rtype.key == ("", "pods") and meta.get("deletionGracePeriodSeconds")
+            if waiting_for_kubelet and grace == 0 and not meta.get("finalizers"):
+                return self._drop(rtype, okey, old, orphan=propagation == "Orphan")  # grace 0 skips it
             return old  # already being deleted: nothing changes
+        if grace:
+            # A pod bound to a node stays until its kubelet has stopped it: with none, until a
+            # DELETE with gracePeriodSeconds=0 (as on a real server without kubelets).
+            new = kube_patch.clone(old)
+            deadline = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(seconds=grace)
+            new["metadata"]["deletionTimestamp"] = deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+            new["metadata"]["deletionGracePeriodSeconds"] = grace
+            if new["metadata"].get("generation", 0) > 0:
+                new["metadata"]["generation"] += 1
+            return self._store(rtype, okey, old, new)
         is_namespace = rtype.key == ("", "namespaces")
         if not meta.get("finalizers") and not is_namespace:
             return self._drop(rtype, okey, old, orphan=propagation == "Orphan")
@@ -1618,6 +1813,66 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return Reply(
             200, {"kind": rtype.list_kind, "apiVersion": rtype.api_version, "metadata": meta, "items": items}
         )
+
+
+def _kubelet_grace(rtype: ResourceType, obj: Mapping[str, Any], requested: int | None) -> int:
+    """Seconds a pod's kubelet gets to stop it on deletion (the pod strategy's CheckGracefulDelete):
+    none for other objects, pods no node runs and finished pods."""
+    if rtype.key != ("", "pods"):
+        return 0
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+        return 0
+    if requested is not None:
+        return max(requested, 0)
+    return int(spec.get("terminationGracePeriodSeconds", 30))
+
+
+def _name_problems(name: str, *, label: bool) -> list[str]:
+    """apimachinery's IsDNS1123Label (namespaces) or IsDNS1123Subdomain (the rest), with its messages."""
+    problems: list[str] = []
+    limit = 63 if label else 253
+    if len(name) > limit:
+        problems.append(f"must be no more than {limit} characters")
+    if label and not _LABEL_NAME_RE.match(name):
+        problems.append(
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+            "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
+            "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        )
+    elif not label and not _NAME_RE.match(name):
+        problems.append(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+            "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
+            "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        )
+    return problems
+
+
+def _event_problems(event: Mapping[str, Any]) -> list[FieldError]:
+    """A core/v1 Event must be about an object of its own namespace (measured on kube-apiserver v1.36).
+
+    An involvedObject without a namespace is accepted only for events in ``default`` (old clients).
+    """
+    involved = event.get("involvedObject")
+    involved_namespace = (involved.get("namespace") or "") if isinstance(involved, Mapping) else ""
+    namespace = _meta(event).get("namespace") or ""
+    if involved_namespace == namespace or (not involved_namespace and namespace == "default"):
+        return []
+    return [
+        FieldError(
+            "FieldValueInvalid",
+            "involvedObject.namespace",
+            involved_namespace,
+            "does not match event.namespace",
+        )
+    ]
+
+
+def _label_namespace(obj: dict[str, Any]) -> None:
+    meta = obj.setdefault("metadata", {})
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    meta["labels"] = {**labels, _NAMESPACE_NAME_LABEL: meta.get("name", "")}
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -1743,8 +1998,10 @@ class KubeAPI:
         emulator: KubeEmulator | None = None,
         strict: bool = True,
         rbac: Mapping[str, Authorizer] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        identities: Mapping[str, UserInfo] | None = None,
     ) -> AsyncIterator[KubeAPI]:
-        """Serve on ``host:port`` (0: any free port) until the block exits.
+        """Serve on ``host:port`` (0: any free port) until the block exits; over TLS with ``ssl_context``.
 
         With ``strict`` (the default), an unexpected exception inside the emulator (a bug, not an API
         error answer) is re-raised when the block exits, so tests cannot pass over it.
@@ -1752,9 +2009,13 @@ class KubeAPI:
         ``rbac`` maps bearer tokens to authorizers: requests with such a token are authorized and
         refused with 403 as a real server would (:mod:`agentrun.sandbox.kube_authz`); give that
         identity a kubeconfig with :meth:`kubeconfig_for`. The default token stays unrestricted.
+
+        ``identities`` maps bearer tokens to the users they authenticate as (``request.userInfo`` of
+        admission policies, SelfSubjectReview); every other token acts as ``kube-emulator``, the admin.
         """
         emulator = emulator if emulator is not None else KubeEmulator(strict=strict)
         emulator.authorizers.update(rbac or {})
+        emulator.identities.update(identities or {})
         for crd_path in crd_paths:
             emulator.load_crd(crd_path)
         async with contextlib.AsyncExitStack() as stack:
@@ -1764,10 +2025,10 @@ class KubeAPI:
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
             stack.callback(emulator.close)
-            site = aiohttp.web.TCPSite(runner, host, port)
+            site = aiohttp.web.TCPSite(runner, host, port, ssl_context=ssl_context)
             await site.start()
             bound_host, bound_port = runner.addresses[0][:2]
-            url = f"http://{bound_host}:{bound_port}"
+            url = f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}"
             emulator._server_address = f"{bound_host}:{bound_port}"
             if kubeconfig_path is None:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kube-emulator-"))

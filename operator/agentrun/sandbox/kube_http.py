@@ -136,6 +136,8 @@ def status_body(
         "details": {k: v for k, v in (details or {}).items() if v not in (None, "", [])},
         "code": code,
     }
+    if reason == "BadRequest" and not body["details"]:
+        del body["details"]  # errors.NewBadRequest carries none, and the field is omitempty
     return body
 
 

@@ -82,18 +82,32 @@ def index(types: Iterable[ResourceType]) -> dict[str, Any]:
     return {"paths": paths}
 
 
+_CONVENTIONS = "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md"
+#: What kube-apiserver publishes for every kind's apiVersion, kind and metadata, whatever a CRD's schema
+#: says about them (its own descriptions there are replaced, so `kubectl explain` shows these).
+_TYPE_META = {
+    "apiVersion": {
+        "description": "APIVersion defines the versioned schema of this representation of an object. Servers "
+        "should convert recognized schemas to the latest internal value, and may reject unrecognized "
+        f"values. More info: {_CONVENTIONS}#resources",
+        "type": "string",
+    },
+    "kind": {
+        "description": "Kind is a string value representing the REST resource this object represents. "
+        "Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In "
+        f"CamelCase. More info: {_CONVENTIONS}#types-kinds",
+        "type": "string",
+    },
+    "metadata": {
+        "description": f"Standard object's metadata. More info: {_CONVENTIONS}#metadata",
+        "allOf": [{"$ref": f"#/components/schemas/{_OBJECT_META}"}],
+    },
+}
+
+
 def _with_meta(schema: Mapping[str, Any]) -> dict[str, Any]:
     result = dict(schema)
-    properties = dict(result.get("properties") or {})
-    ref = f"#/components/schemas/{_OBJECT_META}"
-    properties["metadata"] = {"$ref": ref, "description": _META_SCHEMA["description"]}
-    properties.setdefault(
-        "apiVersion", {"type": "string", "description": "The versioned schema of this object."}
-    )
-    properties.setdefault(
-        "kind", {"type": "string", "description": "The REST resource this object represents."}
-    )
-    result["properties"] = properties
+    result["properties"] = {**(result.get("properties") or {}), **_TYPE_META}
     return result
 
 

@@ -153,6 +153,23 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         returns_deleted=False,
         strategic_merge=True,
     ),
+    *(
+        ResourceType(
+            group="rbac.authorization.k8s.io",
+            version="v1",
+            plural=plural,
+            kind=kind,
+            namespaced=namespaced,
+            returns_deleted=False,
+            strategic_merge=True,
+        )
+        for plural, kind, namespaced in (
+            ("roles", "Role", True),
+            ("rolebindings", "RoleBinding", True),
+            ("clusterroles", "ClusterRole", False),
+            ("clusterrolebindings", "ClusterRoleBinding", False),
+        )
+    ),
     ResourceType(
         group="apiextensions.k8s.io",
         version="v1",
@@ -163,6 +180,34 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         categories=("api-extensions",),
         subresources=frozenset({"status"}),
         generation=True,
+    ),
+    ResourceType(
+        group="admissionregistration.k8s.io",
+        version="v1",
+        plural="validatingadmissionpolicies",
+        kind="ValidatingAdmissionPolicy",
+        namespaced=False,
+        subresources=frozenset({"status"}),
+        generation=True,
+        categories=("api-extensions",),
+    ),
+    ResourceType(
+        group="admissionregistration.k8s.io",
+        version="v1",
+        plural="validatingadmissionpolicybindings",
+        kind="ValidatingAdmissionPolicyBinding",
+        namespaced=False,
+        generation=True,
+        categories=("api-extensions",),
+    ),
+    # Answered from the request's identity, never stored (kubectl auth whoami).
+    ResourceType(
+        group="authentication.k8s.io",
+        version="v1",
+        plural="selfsubjectreviews",
+        kind="SelfSubjectReview",
+        namespaced=False,
+        verbs=("create",),
     ),
 )
 

@@ -9,7 +9,10 @@ cluster and operators read these errors:
    nested inside a defaulted object apply too;
 3. validation reports :class:`FieldError` items whose text matches ``field.Error`` in apimachinery, e.g.
    ``spec.limits.maxIterations: Invalid value: 0: spec.limits.maxIterations in body should be greater than
-   or equal to 1``.
+   or equal to 1``;
+4. CEL rules run after the whole OpenAPI pass, and not at all once it found a blocking error (a wrong
+   type, a missing required field, an enum miss, too long, too many): the server then appends
+   :data:`RULES_NOT_CHECKED` instead (``hasBlockingErr`` in apiextensions' customresource strategy).
 
 ``format`` is not checked (the server only checks a few string formats); ``int32``/``int64`` are accepted
 as plain integers. Validation ratcheting (unchanged invalid values pass on update) is not emulated.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +77,7 @@ _OMIT: Any = object()
 def go_value(value: Any) -> str:
     """Render a value as Go's ``%v``/``%q`` would inside a field error."""
     if value is None:
-        return '"null"'
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -108,6 +111,26 @@ class FieldError:
 
     def cause(self) -> dict[str, str]:
         return {"reason": self.type, "message": self.body(), "field": self.field}
+
+
+#: What the server appends instead of CEL errors when the OpenAPI pass found a blocking error.
+RULES_NOT_CHECKED = FieldError(
+    "FieldValueInvalid",
+    "<nil>",
+    None,
+    "some validation rules were not checked because the object was invalid; correct the existing errors "
+    "to complete validation",
+)
+#: field.ErrorTypes that keep CEL rules from running (``hasBlockingErr``).
+BLOCKING = frozenset(
+    {
+        "FieldValueNotSupported",
+        "FieldValueRequired",
+        "FieldValueTooLong",
+        "FieldValueTooMany",
+        "FieldValueTypeInvalid",
+    }
+)
 
 
 def _child(path: str, key: str) -> str:
@@ -144,11 +167,13 @@ def prune(obj: dict[str, Any], schema: Schema | None, *, root_meta: bool = True)
     pruned: list[str] = []
     if root_meta and isinstance(obj.get("metadata"), dict):
         meta = obj["metadata"]
-        for key in [k for k in meta if k not in OBJECT_META_FIELDS]:
+        for key in sorted(k for k in meta if k not in OBJECT_META_FIELDS):
             del meta[key]
             pruned.append(f"metadata.{key}")
     if schema is not None:
-        _prune(obj, schema, "", pruned, root=True)
+        in_schema: list[str] = []
+        _prune(obj, schema, "", in_schema, root=True)
+        pruned += sorted(in_schema)  # the server sorts them (its walk goes in Go's random map order)
     return pruned
 
 
@@ -229,26 +254,69 @@ def _compiled(rule: str) -> kube_cel.CelRule | None:
     return _COMPILED[rule]
 
 
-def validate(obj: Any, schema: Schema | None, old: Any = _MISSING) -> list[FieldError]:
-    """Validate ``obj`` (already pruned and defaulted); ``old`` enables CEL transition rules."""
+def validate(
+    obj: Any,
+    schema: Schema | None,
+    old: Any = _MISSING,
+    *,
+    prior: Sequence[FieldError] = (),
+    body_root: str = "",
+) -> list[FieldError]:
+    """Validate ``obj`` (already pruned and defaulted); ``old`` enables CEL transition rules.
+
+    ``prior`` are the errors found before the schema (``metadata``): a blocking one among them keeps the
+    CEL rules from running too, as on the server.
+
+    ``body_root`` is where the server's schema validator starts: a write to the status subresource is
+    validated against the ``status`` schema alone, so its "in body" texts name paths below ``status``
+    (``status.iterations: Invalid value: "string": iterations in body must be of type integer``) while
+    the field stays the full path.
+    """
     errors: list[FieldError] = []
-    if schema is not None:
-        _Validator(errors).check(obj, schema, "", old, root=True)
+    if schema is None:
+        return errors
+    validator = _Validator(errors, body_root)
+    validator.check(obj, schema, "", old, root=True)
+    if has_rules(schema):
+        if any(error.type in BLOCKING for error in (*prior, *errors)):
+            errors.append(RULES_NOT_CHECKED)
+        else:
+            validator.rules(obj, schema, "", old, root=True)
     return errors
 
 
+def has_rules(schema: Any) -> bool:
+    """Whether any ``x-kubernetes-validations`` is declared (the server builds no CEL validator otherwise)."""
+    if isinstance(schema, Mapping):
+        if schema.get("x-kubernetes-validations"):
+            return True
+        return any(
+            has_rules(value) for key, value in schema.items() if key not in ("default", "enum", "example")
+        )
+    if isinstance(schema, list):
+        return any(has_rules(item) for item in schema)
+    return False
+
+
 class _Validator:
-    def __init__(self, errors: list[FieldError]) -> None:
+    def __init__(self, errors: list[FieldError], body_root: str = "") -> None:
         self.errors = errors
+        self.body_root = body_root
+
+    def in_body(self, path: str) -> str:
+        """``path`` as the schema validator names it in its messages (relative to ``body_root``)."""
+        if not self.body_root or not (path == self.body_root or path.startswith(f"{self.body_root}.")):
+            return path
+        return path.removeprefix(self.body_root).removeprefix(".")
 
     def add(self, kind: str, path: str, value: Any = _OMIT, detail: str = "") -> None:
         self.errors.append(FieldError(kind, path, value, detail))
 
     def invalid(self, path: str, value: Any, detail: str) -> None:
-        self.add("FieldValueInvalid", path, value, f"{path} in body {detail}")
+        self.add("FieldValueInvalid", path, value, f"{self.in_body(path)} in body {detail}")
 
     def check(self, value: Any, schema: Schema, path: str, old: Any, *, root: bool = False) -> None:
-        before = len(self.errors)
+        """The OpenAPI pass (kube-openapi's validator); CEL rules are :meth:`rules`."""
         if not self._check_type(value, schema, path):
             return
         if value is not None:
@@ -262,9 +330,30 @@ class _Validator:
             elif isinstance(value, dict):
                 self._check_object(value, schema, path, old, root=root)
             self._check_junctors(value, schema, path)
-        if len(self.errors) == before:
-            # The server skips CEL rules of values that already failed their schema.
-            self._check_rules(value, schema, path, old)
+
+    def rules(self, value: Any, schema: Schema, path: str, old: Any, *, root: bool = False) -> None:
+        """The CEL pass, in the server's order: a node's rules, its ``allOf`` rules, then its children."""
+        if value is None:
+            return
+        self._check_rules(value, schema, path, old)
+        for sub in schema.get("allOf") or []:
+            self.rules(value, sub, path, old)
+        if isinstance(value, dict):
+            props: Mapping[str, Any] = schema.get("properties") or {}
+            extra = schema.get("additionalProperties")
+            old_map = old if isinstance(old, dict) else {}
+            for key, child in value.items():
+                if root and key in _ROOT_FIELDS:
+                    continue
+                sub = props.get(key)
+                if sub is None and isinstance(extra, Mapping):
+                    sub = extra
+                if sub is not None:
+                    self.rules(child, sub, _child(path, key), old_map.get(key, _MISSING))
+        elif isinstance(value, list) and isinstance(items := schema.get("items"), Mapping):
+            olds = _old_items(value, schema, old)
+            for index, item in enumerate(value):
+                self.rules(item, items, f"{path}[{index}]", olds[index])
 
     def _check_type(self, value: Any, schema: Schema, path: str) -> bool:
         if value is None:
@@ -272,7 +361,10 @@ class _Validator:
                 return True
             expected = "integer,string" if schema.get("x-kubernetes-int-or-string") else schema["type"]
             self.add(
-                "FieldValueTypeInvalid", path, None, f'{path} in body must be of type {expected}: "null"'
+                "FieldValueTypeInvalid",
+                path,
+                "null",
+                f'{self.in_body(path)} in body must be of type {expected}: "null"',
             )
             return False
         if schema.get("x-kubernetes-int-or-string"):
@@ -281,8 +373,8 @@ class _Validator:
             self.add(
                 "FieldValueTypeInvalid",
                 path,
-                value,
-                f'{path} in body must be of type integer,string: "{_type_name(value)}"',
+                _type_name(value),  # kube-openapi's InvalidType carries the type name, not the value
+                f'{self.in_body(path)} in body must be of type integer,string: "{_type_name(value)}"',
             )
             return False
         expected = schema.get("type")
@@ -290,8 +382,8 @@ class _Validator:
             self.add(
                 "FieldValueTypeInvalid",
                 path,
-                value,
-                f'{path} in body must be of type {expected}: "{_type_name(value)}"',
+                _type_name(value),
+                f'{self.in_body(path)} in body must be of type {expected}: "{_type_name(value)}"',
             )
             return False
         return True
@@ -322,12 +414,13 @@ class _Validator:
             self.invalid(path, value, f"should be a multiple of {go_value(multiple)}")
 
     def _check_string(self, value: str, schema: Schema, path: str) -> None:
+        """maxLength, minLength, pattern: only the first that fails is reported (kube-openapi's order)."""
         length = len(value)
-        if (min_length := schema.get("minLength")) is not None and length < min_length:
-            self.invalid(path, value, f"should be at least {min_length} chars long")
         if (max_length := schema.get("maxLength")) is not None and length > max_length:
-            self.add("FieldValueTooLong", path, value, f"may not be longer than {max_length}")
-        if (pattern := schema.get("pattern")) is not None and re.search(pattern, value) is None:
+            self.add("FieldValueTooLong", path, value, too_long(max_length))
+        elif (min_length := schema.get("minLength")) is not None and length < min_length:
+            self.invalid(path, value, f"should be at least {min_length} chars long")
+        elif (pattern := schema.get("pattern")) is not None and re.search(pattern, value) is None:
             self.invalid(path, value, f"should match '{pattern}'")
 
     def _check_array(self, value: list[Any], schema: Schema, path: str, old: Any) -> None:
@@ -337,9 +430,7 @@ class _Validator:
             self.add("FieldValueTooMany", path, len(value), f"must have at most {max_items} items")
         list_type = schema.get("x-kubernetes-list-type")
         keys: list[str] = list(schema.get("x-kubernetes-list-map-keys") or [])
-        old_by_key: dict[str, Any] = {}
-        if list_type == "map" and keys and isinstance(old, list):
-            old_by_key = {_map_key(item, keys): item for item in old if isinstance(item, dict)}
+        olds = _old_items(value, schema, old)
         seen: set[str] = set()
         items = schema.get("items")
         for index, item in enumerate(value):
@@ -351,16 +442,12 @@ class _Validator:
                     self.add("FieldValueDuplicate", item_path, shown)
                 seen.add(identity)
             if isinstance(items, Mapping):
-                old_item = old_by_key.get(_map_key(item, keys), _MISSING) if old_by_key else _MISSING
-                self.check(item, items, item_path, old_item)
+                self.check(item, items, item_path, olds[index])
 
     def _check_object(
         self, value: dict[str, Any], schema: Schema, path: str, old: Any, *, root: bool
     ) -> None:
         props: Mapping[str, Any] = schema.get("properties") or {}
-        for name in schema.get("required") or []:
-            if name not in value:
-                self.add("FieldValueRequired", _child(path, name))
         count = len(value)
         if (min_props := schema.get("minProperties")) is not None and count < min_props:
             self.invalid(path, value, f"should have at least {min_props} properties")
@@ -376,6 +463,10 @@ class _Validator:
                 sub = extra
             if sub is not None:
                 self.check(child, sub, _child(path, key), old_map.get(key, _MISSING))
+        # After the properties' own errors, in declared order (those come in Go's random map order).
+        for name in schema.get("required") or []:
+            if name not in value:
+                self.add("FieldValueRequired", _child(path, name))
 
     def _check_junctors(self, value: Any, schema: Schema, path: str) -> None:
         for sub in schema.get("allOf") or []:
@@ -399,22 +490,41 @@ class _Validator:
                 continue
             if rule.uses_old_self and old is _MISSING and not entry.get("optionalOldSelf"):
                 continue  # transition rules only run on updates that have an old value here
-            message = entry.get("message") or f"failed rule: {source.strip()}"
+            type_name = schema.get("type") or ("object" if isinstance(value, dict) else _type_name(value))
             try:
                 ok = rule.evaluate(value, old)
             except kube_cel.CelEvalError as exc:
-                ok, message = False, f"{exc} evaluating rule: {source.strip()}"
+                # An evaluation error names the schema type, not the value (field.Invalid(path, sts.Type)).
+                self.add("FieldValueInvalid", path, type_name, f"{exc} evaluating rule: {source.strip()}")
+                continue
             if ok:
                 continue
+            message = entry.get("message") or f"failed rule: {source.strip()}"
             target = path
             if field_path := entry.get("fieldPath"):
                 target = path + field_path if field_path.startswith(("[", ".")) else _child(path, field_path)
             reason = entry.get("reason") or "FieldValueInvalid"
-            shown = schema.get("type") or ("object" if isinstance(value, dict) else _type_name(value))
+            # A failed rule shows a scalar's value and omits objects and arrays (apiextensions' cel
+            # validator since Kubernetes 1.3x), e.g. `spec.approvals: Invalid value: <message>`.
+            shown = _OMIT if type_name in ("object", "array") else value
             if reason in ("FieldValueForbidden", "FieldValueRequired"):
                 self.add(reason, target, _OMIT, message)
             else:
                 self.add(reason, target, shown, message)
+
+
+def too_long(max_length: int) -> str:
+    """field.TooLong's detail."""
+    return f"may not be more than {max_length} {'byte' if max_length == 1 else 'bytes'}"
+
+
+def _old_items(value: list[Any], schema: Schema, old: Any) -> list[Any]:
+    """Each item's old value: only items of a map-type list correlate with the old list (by their keys)."""
+    keys: list[str] = list(schema.get("x-kubernetes-list-map-keys") or [])
+    if schema.get("x-kubernetes-list-type") != "map" or not keys or not isinstance(old, list):
+        return [_MISSING] * len(value)
+    by_key = {_map_key(item, keys): item for item in old if isinstance(item, dict)}
+    return [by_key.get(_map_key(item, keys), _MISSING) for item in value]
 
 
 def _passes(value: Any, schema: Schema, path: str) -> bool:
