@@ -58,7 +58,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 e2e: $(STAMP)
-	$(BIN)/python -m pytest -m e2e tests/e2e
+	$(BIN)/python -m pytest --real-cluster tests/integration
 
 e2e-kind: $(STAMP)
 	bash scripts/e2e-kind.sh

@@ -2,7 +2,7 @@
 # `make e2e-kind`: the end-to-end tier on a throwaway kind cluster, for machines with Docker.
 #
 #   1. creates a kind cluster (its kubeconfig in a temporary file, yours is left alone);
-#   2. runs the e2e tests (pytest -m e2e tests/e2e) against it;
+#   2. runs the integration scenarios against it (pytest --real-cluster tests/integration, as make e2e);
 #   3. builds the operator image, loads it into kind, installs the chart in "namespaces" scope
 #      (watching agentrun-examples, the namespace of examples/kustomization.yaml), waits for the
 #      operator to become ready, checks its RBAC with `kubectl auth can-i`, applies the examples
@@ -65,9 +65,9 @@ create_args=(--name "$CLUSTER" --kubeconfig "$KUBECONFIG" --wait 180s)
 kind create cluster "${create_args[@]}"
 kubectl version
 
-log "running the e2e tests"
+log "running the integration scenarios against the kind cluster"
 # shellcheck disable=SC2086  # PYTEST_ARGS is split on purpose
-"$PYTHON" -m pytest -m e2e tests/e2e ${PYTEST_ARGS:-}
+"$PYTHON" -m pytest --real-cluster tests/integration ${PYTEST_ARGS:-}
 
 if [[ $E2E_CHART != 1 ]]; then
     exit 0

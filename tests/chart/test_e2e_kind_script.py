@@ -24,7 +24,7 @@ def test_e2e_kind_installs_the_chart_applies_the_examples_and_waits_for_success(
     text = SCRIPT.read_text().split("set -euo pipefail", 1)[1]  # the commands, not the header
     order = [
         "kind create cluster",
-        "pytest -m e2e tests/e2e",
+        "pytest --real-cluster tests/integration",
         "docker build",
         "kind load docker-image",
         "helm upgrade --install",

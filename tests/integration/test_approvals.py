@@ -1,4 +1,9 @@
-"""Human approval end to end: the real operator process, the emulated API server, the fake model."""
+"""Human approval end to end: the real operator process, the scenario's API server, the fake model.
+
+Runs against the emulator and, with `--real-cluster`, a real kube-apiserver. Decisions written by hand
+carry the requester's own user name (asked from the server): a shared real server may have the approval
+policy installed cluster-wide, which admits a new decision only in its recorder's name.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,17 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
-from tests.support.operator_process import OperatorProcess, running_operator
+from tests.support.clusters import TestCluster
+from tests.support.operator_process import OperatorProcess
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-approvals-0123456789"
 SCENARIO = "[scenario:approve-calc]"
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
 
 @pytest.fixture
@@ -45,44 +47,30 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 @pytest.fixture
 async def operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
     env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with running_operator(Path(cluster.kubeconfig_path), tmp_path / "operator.log", env) as process:
+    async with cluster.operator(tmp_path / "operator.log", env) as process:
         yield process
 
 
-async def _call(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as r,
-    ):
-        return r.status, await r.json()
+async def _create(cluster: TestCluster, manifest: dict[str, Any]) -> None:
+    await cluster.request("POST", cluster.runs_path, json=manifest)
 
 
-async def _request(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> Any:
-    status, body = await _call(cluster, method, path, **kwargs)
-    assert status < 300, body
-    return body
-
-
-async def _merge_patch(cluster: KubeEmulator, name: str, patch: dict[str, Any]) -> tuple[int, Any]:
-    return await _call(
-        cluster,
-        "PATCH",
-        f"{RUNS}/{name}",
-        data=json.dumps(patch),
-        headers={"Content-Type": "application/merge-patch+json"},
+async def _merge_patch(cluster: TestCluster, name: str, patch: dict[str, Any]) -> tuple[int, Any]:
+    return await cluster.status_of(
+        "PATCH", f"{cluster.runs_path}/{name}", data=json.dumps(patch), headers=MERGE_PATCH
     )
 
 
 async def _wait_status(
-    cluster: KubeEmulator, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+    cluster: TestCluster, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 90.0
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = (await _request(cluster, "GET", f"{RUNS}/{name}")).get("status", {})
+        status = (await cluster.request("GET", f"{cluster.runs_path}/{name}")).get("status", {})
         if done(status):
             return status
         await asyncio.sleep(0.2)
@@ -97,10 +85,11 @@ def _awaiting(status: dict[str, Any]) -> bool:
     return status.get("phase") == "AwaitingApproval"
 
 
-def _manifest(name: str, **limits: Any) -> dict[str, Any]:
+def _manifest(cluster: TestCluster, name: str, **limits: Any) -> dict[str, Any]:
     return agentrun(
         name,
         f"{SCENARIO} how many pods?",
+        namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         tools=[{"builtin": {"name": "calculator"}, "requiresApproval": True}],
         limits=limits,
@@ -108,9 +97,10 @@ def _manifest(name: str, **limits: Any) -> dict[str, Any]:
 
 
 async def test_run_waits_in_awaiting_approval_until_spec_approvals_approves_then_succeeds(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("gated"))
+    me = await cluster.whoami()
+    await _create(cluster, _manifest(cluster, "gated"))
     status = await _wait_status(cluster, "gated", _awaiting)
     [pending] = status["pendingApprovals"]
     assert (pending["toolUseId"], pending["toolName"], pending["input"]) == (
@@ -131,7 +121,7 @@ async def test_run_waits_in_awaiting_approval_until_spec_approvals_approves_then
     code, body = await _merge_patch(
         cluster,
         "gated",
-        {"spec": {"approvals": [{"toolUseId": "toolu_ap1", "decision": "approve", "by": "alice"}]}},
+        {"spec": {"approvals": [{"toolUseId": "toolu_ap1", "decision": "approve", "by": me}]}},
     )
     assert code == 200, body
     final = await _wait_status(cluster, "gated", _finished)
@@ -139,15 +129,16 @@ async def test_run_waits_in_awaiting_approval_until_spec_approvals_approves_then
     assert "pendingApprovals" not in final
     result = model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]
     assert result["tool_use_id"] == "toolu_ap1" and '"value": 395' in result["content"]
-    assert "approved by alice" in operator.logs()
+    assert f"approved by {me}" in operator.logs()
 
 
 async def test_denied_call_reaches_the_model_as_an_error_with_the_reason(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("denied"))
+    me = await cluster.whoami()
+    await _create(cluster, _manifest(cluster, "denied"))
     await _wait_status(cluster, "denied", _awaiting)
-    decision = {"toolUseId": "toolu_ap1", "decision": "deny", "by": "bob", "reason": "use your head"}
+    decision = {"toolUseId": "toolu_ap1", "decision": "deny", "by": me, "reason": "use your head"}
     code, body = await _merge_patch(cluster, "denied", {"spec": {"approvals": [decision]}})
     assert code == 200, body
     final = await _wait_status(cluster, "denied", _finished)
@@ -155,13 +146,13 @@ async def test_denied_call_reaches_the_model_as_an_error_with_the_reason(
     result = model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]
     assert result["is_error"] is True
     error = json.loads(result["content"])
-    assert (error["code"], error["reason"], error["by"]) == ("denied", "use your head", "bob")
+    assert (error["code"], error["reason"], error["by"]) == ("denied", "use your head", me)
 
 
 async def test_undecided_call_is_denied_when_the_approval_timeout_passes(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("timeout", approvalTimeoutSeconds=1))
+    await _create(cluster, _manifest(cluster, "timeout", approvalTimeoutSeconds=1))
     final = await _wait_status(cluster, "timeout", _finished)
     assert (final["phase"], final["toolCalls"]) == ("Succeeded", 0)
     error = json.loads(model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]["content"])
@@ -169,9 +160,9 @@ async def test_undecided_call_is_denied_when_the_approval_timeout_passes(
 
 
 async def test_cancel_while_awaiting_approval_ends_cancelled_and_clears_pending_approvals(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("cancelled"))
+    await _create(cluster, _manifest(cluster, "cancelled"))
     await _wait_status(cluster, "cancelled", _awaiting)
     code, body = await _merge_patch(cluster, "cancelled", {"spec": {"cancel": True}})
     assert code == 200, body
@@ -182,11 +173,12 @@ async def test_cancel_while_awaiting_approval_ends_cancelled_and_clears_pending_
 
 
 async def test_spec_approvals_can_be_appended_but_not_removed_and_other_fields_stay_immutable(
-    cluster: KubeEmulator,
+    cluster: TestCluster,
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("schema"))
-    first = {"toolUseId": "toolu_1", "decision": "approve", "by": "alice"}
-    second = {"toolUseId": "toolu_2", "decision": "deny", "by": "bob", "reason": "no"}
+    me = await cluster.whoami()
+    await _create(cluster, _manifest(cluster, "schema"))
+    first = {"toolUseId": "toolu_1", "decision": "approve", "by": me}
+    second = {"toolUseId": "toolu_2", "decision": "deny", "by": me, "reason": "no"}
     assert (await _merge_patch(cluster, "schema", {"spec": {"approvals": [first]}}))[0] == 200
     assert (await _merge_patch(cluster, "schema", {"spec": {"approvals": [first, second]}}))[0] == 200
     code, body = await _merge_patch(cluster, "schema", {"spec": {"approvals": [second]}})
@@ -200,16 +192,17 @@ async def test_spec_approvals_can_be_appended_but_not_removed_and_other_fields_s
 
 
 async def test_pending_approval_survives_an_operator_restart_and_a_decision_made_meanwhile_applies(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await _request(cluster, "POST", RUNS, json=_manifest("durable"))
+    me = await cluster.whoami()
+    await _create(cluster, _manifest(cluster, "durable"))
     before = await _wait_status(cluster, "durable", _awaiting)
     assert before["iterations"] == 1 and before["usage"]["totalTokens"] > 0
     await operator.stop(kill=True)
     await operator.start()
     # The restarted operator resumes from the stored model answer and asks again, without a new
     # model request; `since` keeps the time the wait really began.
-    for _ in range(150):
+    for _ in range(300):  # a minute: a real server under load is slow
         if operator.logs().count("is waiting for approval") >= 2:
             break
         await asyncio.sleep(0.2)
@@ -222,7 +215,7 @@ async def test_pending_approval_survives_an_operator_restart_and_a_decision_made
     code, body = await _merge_patch(
         cluster,
         "durable",
-        {"spec": {"approvals": [{"toolUseId": "toolu_ap1", "decision": "approve", "by": "alice"}]}},
+        {"spec": {"approvals": [{"toolUseId": "toolu_ap1", "decision": "approve", "by": me}]}},
     )
     assert code == 200, body
     await operator.start()

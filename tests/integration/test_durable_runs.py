@@ -2,7 +2,9 @@
 
 Kill moments are chosen from what the fake servers have seen (the Messages API recorded request N;
 the webhook holds a call), never from sleeps. The webhook tool is a real aiohttp server that counts
-each Idempotency-Key it receives.
+each Idempotency-Key it receives. The operator talks to the API server through a recording proxy
+(tests/support/recording_proxy.py), so what it wrote is counted the same way on the emulator and on a
+real server, failed and no-op writes included.
 """
 
 from __future__ import annotations
@@ -13,12 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from agentrun.controller.transcript_storing import UID_LABEL, Transcript, decode_objects
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import (
     Reply,
@@ -29,17 +29,17 @@ from agentrun.sandbox.messages_script import (
     tool_use_block,
 )
 from tests.support.builders import agentrun
+from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
 from tests.support.ports import free_port
+from tests.support.recording_proxy import RecordingProxy, recording_proxy
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-durable-test-0123456789"
 STEP_USAGE = [ScriptUsage(100, 10, 0, 0), ScriptUsage(200, 20, 50, 0), ScriptUsage(300, 30, 0, 60)]
 FINAL_USAGE = ScriptUsage(400, 40, 0, 0)
 HOLD_FOREVER = 120.0  # the model "answers" only after the operator was killed
+WAIT = 60.0  # seconds for the operator to get somewhere: a loaded machine and a real server are slow
 
 
 class Webhook:
@@ -125,17 +125,24 @@ OperatorFactory = Callable[..., Awaitable[OperatorProcess]]
 
 
 @pytest.fixture
+async def proxy(cluster: TestCluster) -> AsyncIterator[RecordingProxy]:
+    """Between the operator and the API server; outlives every operator the test starts."""
+    async with recording_proxy(cluster) as recording:
+        yield recording
+
+
+@pytest.fixture
 async def start_operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, proxy: RecordingProxy, tmp_path: Path
 ) -> AsyncIterator[OperatorFactory]:
     started: list[OperatorProcess] = []
 
     async def start(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> OperatorProcess:
         process = OperatorProcess(
-            kubeconfig=Path(cluster.kubeconfig_path),
+            kubeconfig=proxy.kubeconfig,
             log_path=tmp_path / f"operator-{len(started)}.log",
             env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url, **(env or {})},
-            args=args,
+            args=cluster.operator_args(args),
         )
         await process.start()
         started.append(process)
@@ -146,13 +153,21 @@ async def start_operator(
         await process.stop()
 
 
-def transcript_of(cluster: KubeEmulator, uid: str) -> Transcript:
-    objects = [
-        obj
-        for obj in cluster.emulator.list_objects("secrets", "default")
-        if obj["metadata"].get("labels", {}).get(UID_LABEL) == uid
-    ]
+async def transcript_of(cluster: TestCluster, uid: str) -> Transcript:
+    """The run's transcript as any client reads it: its labelled Secrets, listed through the API."""
+    listed = await request(
+        cluster, "GET", cluster.path("secrets"), params={"labelSelector": f"{UID_LABEL}={uid}"}
+    )
+    objects = [obj for obj in listed["items"] if obj["metadata"].get("labels", {}).get(UID_LABEL) == uid]
     return decode_objects([{"kind": "Secret", **obj} for obj in objects])
+
+
+async def transcript_collected(cluster: TestCluster, uid: str) -> bool:
+    return not (await transcript_of(cluster, uid)).chunks
+
+
+async def run_gone(cluster: TestCluster, name: str) -> bool:
+    return await cluster.get_run(name) is None
 
 
 def assert_consistent(transcript: Transcript) -> None:
@@ -176,10 +191,11 @@ def assert_consistent(transcript: Transcript) -> None:
     assert iterations == sorted(set(iterations)), iterations
 
 
-def webhook_manifest(name: str, tag: str, hook: Webhook) -> dict[str, Any]:
+def webhook_manifest(cluster: TestCluster, name: str, tag: str, hook: Webhook) -> dict[str, Any]:
     return agentrun(
         name,
         f"{tag} record three steps",
+        namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         tools=[
             {
@@ -200,9 +216,9 @@ def steps_requested(model: FakeMessagesAPI, tag: str) -> Counter[int]:
 
 
 async def assert_succeeded_once_each(
-    cluster: KubeEmulator, model: FakeMessagesAPI, hook: Webhook, name: str, tag: str, *, repeated: str | None
+    cluster: TestCluster, model: FakeMessagesAPI, hook: Webhook, name: str, tag: str, *, repeated: str | None
 ) -> None:
-    obj = await wait_finished(cluster, name)
+    obj = await wait_finished(cluster, name, timeout=90)
     status, uid = obj["status"], obj["metadata"]["uid"]
     assert (status["phase"], status["stopReason"], status["result"]) == (
         "Succeeded",
@@ -215,7 +231,7 @@ async def assert_succeeded_once_each(
     assert usage["inputTokens"] == 100 + 200 + 300 + 400
     assert usage["outputTokens"] == 10 + 20 + 30 + 40
     assert (usage["cacheCreationInputTokens"], usage["cacheReadInputTokens"]) == (50, 60)
-    transcript = transcript_of(cluster, uid)
+    transcript = await transcript_of(cluster, uid)
     assert_consistent(transcript)
     assert [row.iteration for row in transcript.trace_rows] == [1, 2, 3, 4]
     assert [row.usage.input_tokens for row in transcript.trace_rows] == [100, 200, 300, 400]
@@ -231,12 +247,12 @@ async def assert_succeeded_once_each(
 
 
 async def test_killed_before_the_first_answer_the_run_starts_over_and_succeeds(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     tag = "[durable:first-call]"
     operator = await start_operator()
-    await request(cluster, "POST", RUNS, json=webhook_manifest("first", tag, webhook))
-    await until(lambda: steps_requested(model, tag)[0] == 1, "the first model request")
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "first", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[0] == 1, "the first model request", timeout=WAIT)
     await operator.stop(kill=True)
     await start_operator()
     await assert_succeeded_once_each(cluster, model, webhook, "first", tag, repeated=None)
@@ -244,13 +260,13 @@ async def test_killed_before_the_first_answer_the_run_starts_over_and_succeeds(
 
 
 async def test_killed_during_a_tool_call_the_call_runs_again_with_the_same_idempotency_key(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     tag = "[durable:tool-call]"
     webhook.hold.add("toolu_w2")
     operator = await start_operator()
-    await request(cluster, "POST", RUNS, json=webhook_manifest("in-tool", tag, webhook))
-    await until(webhook.held.is_set, "the webhook to hold the second call")
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "in-tool", tag, webhook))
+    await until(webhook.held.is_set, "the webhook to hold the second call", timeout=WAIT)
     await operator.stop(kill=True)
     await start_operator()
     await assert_succeeded_once_each(cluster, model, webhook, "in-tool", tag, repeated="toolu_w2")
@@ -259,28 +275,32 @@ async def test_killed_during_a_tool_call_the_call_runs_again_with_the_same_idemp
 
 
 async def test_killed_between_a_tool_result_and_its_checkpoint_the_in_flight_iteration_is_redone(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     tag = "[durable:after-tools]"
-    operator = await start_operator()
-    await request(cluster, "POST", RUNS, json=webhook_manifest("after-tools", tag, webhook))
+    # A cheap tool's result is never written on its own, however slow a loaded machine makes the call.
+    defer_tool_results = {"AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "600"}
+    operator = await start_operator(defer_tool_results)
+    await request(
+        cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "after-tools", tag, webhook)
+    )
     # The first call's result travels with the next write, which waits for the second model answer.
-    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request")
+    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request", timeout=WAIT)
     assert len(webhook.keys) == 1
     await operator.stop(kill=True)
-    await start_operator()
+    await start_operator(defer_tool_results)
     await assert_succeeded_once_each(cluster, model, webhook, "after-tools", tag, repeated="toolu_w1")
     assert steps_requested(model, tag) == Counter({0: 1, 1: 2, 2: 1, 3: 1})
 
 
 async def test_killed_before_a_model_call_after_a_stored_tool_result_nothing_runs_twice(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     tag = "[durable:after-flushed-tools]"
     flush_always = {"AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "0"}
     operator = await start_operator(flush_always)
-    await request(cluster, "POST", RUNS, json=webhook_manifest("flushed", tag, webhook))
-    await until(lambda: steps_requested(model, tag)[2] == 1, "the third model request")
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "flushed", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[2] == 1, "the third model request", timeout=WAIT)
     await operator.stop(kill=True)
     await start_operator(flush_always)
     await assert_succeeded_once_each(cluster, model, webhook, "flushed", tag, repeated=None)
@@ -288,14 +308,23 @@ async def test_killed_before_a_model_call_after_a_stored_tool_result_nothing_run
 
 
 async def test_steady_state_costs_at_most_two_writes_per_iteration(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    proxy: RecordingProxy,
+    start_operator: OperatorFactory,
 ) -> None:
     await start_operator()
-    await request(cluster, "POST", RUNS, json=webhook_manifest("cheap", "[durable:plain]", webhook))
+    await request(
+        cluster,
+        "POST",
+        cluster.runs_path,
+        json=webhook_manifest(cluster, "cheap", "[durable:plain]", webhook),
+    )
     await wait_finished(cluster, "cheap")
     writes = [
         r
-        for r in cluster.emulator.request_log
+        for r in proxy.calls
         if r.verb in ("create", "patch", "update")
         and (r.resource == "secrets" or (r.resource == "agentruns" and r.subresource == "status"))
     ]
@@ -307,16 +336,16 @@ async def test_steady_state_costs_at_most_two_writes_per_iteration(
 
 
 async def test_cancel_stops_a_run_waiting_for_the_model_and_keeps_its_transcript(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     tag = "[durable:hold]"
     await start_operator()
-    await request(cluster, "POST", RUNS, json=webhook_manifest("stop-me", tag, webhook))
-    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request")
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "stop-me", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request", timeout=WAIT)
     await request(
         cluster,
         "PATCH",
-        f"{RUNS}/stop-me",
+        f"{cluster.runs_path}/stop-me",
         json={"spec": {"cancel": True}},
         headers={"Content-Type": "application/merge-patch+json"},
     )
@@ -325,7 +354,7 @@ async def test_cancel_stops_a_run_waiting_for_the_model_and_keeps_its_transcript
     assert (status["phase"], status["stopReason"]) == ("Cancelled", "Cancelled")
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Succeeded"]["status"] == "False"
-    transcript = transcript_of(cluster, obj["metadata"]["uid"])
+    transcript = await transcript_of(cluster, obj["metadata"]["uid"])
     assert_consistent(transcript)
     assert transcript.outcome is not None and transcript.outcome.stop_reason.value == "Cancelled"
     assert status["transcript"]["chunks"] == transcript.chunks >= 1
@@ -333,21 +362,34 @@ async def test_cancel_stops_a_run_waiting_for_the_model_and_keeps_its_transcript
 
 
 async def test_cancel_reaches_runs_that_are_queued_or_waiting_for_a_secret(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     await start_operator(args=("--max-concurrent-runs", "1"))
-    await request(cluster, "POST", RUNS, json=webhook_manifest("busy", "[durable:first-call]", webhook))
-    await until(lambda: steps_requested(model, "[durable:first-call]")[0] == 1, "the busy run's request")
-    await request(cluster, "POST", RUNS, json=webhook_manifest("queued", "[durable:plain]", webhook))
+    await request(
+        cluster,
+        "POST",
+        cluster.runs_path,
+        json=webhook_manifest(cluster, "busy", "[durable:first-call]", webhook),
+    )
+    await until(
+        lambda: steps_requested(model, "[durable:first-call]")[0] == 1, "the busy run's request", timeout=WAIT
+    )
+    await request(
+        cluster,
+        "POST",
+        cluster.runs_path,
+        json=webhook_manifest(cluster, "queued", "[durable:plain]", webhook),
+    )
     waiting = agentrun(
         "no-key",
         "[durable:plain] x",
+        namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5", "apiKeySecretRef": {"name": "missing"}},
     )
-    await request(cluster, "POST", RUNS, json=waiting)
+    await request(cluster, "POST", cluster.runs_path, json=waiting)
 
     async def phase_reason(name: str) -> tuple[str | None, str | None]:
-        status = (await request(cluster, "GET", f"{RUNS}/{name}")).get("status", {})
+        status = (await request(cluster, "GET", f"{cluster.runs_path}/{name}")).get("status", {})
         reasons = {c["type"]: c["reason"] for c in status.get("conditions", [])}
         return status.get("phase"), reasons.get("Succeeded")
 
@@ -357,11 +399,11 @@ async def test_cancel_reaches_runs_that_are_queued_or_waiting_for_a_secret(
     async def secret_missing() -> bool:
         return await phase_reason("no-key") == ("Pending", "SecretNotFound")
 
-    await until(queued, "the second run to be Queued")
-    await until(secret_missing, "the third run to wait for its Secret")
+    await until(queued, "the second run to be Queued", timeout=WAIT)
+    await until(secret_missing, "the third run to wait for its Secret", timeout=WAIT)
     patch = {"json": {"spec": {"cancel": True}}, "headers": {"Content-Type": "application/merge-patch+json"}}
     for name in ("queued", "no-key"):
-        await request(cluster, "PATCH", f"{RUNS}/{name}", **patch)
+        await request(cluster, "PATCH", f"{cluster.runs_path}/{name}", **patch)
     for name, where in (("queued", "while queued"), ("no-key", "while pending")):
         status = (await wait_finished(cluster, name, timeout=20))["status"]
         assert (status["phase"], status["stopReason"]) == ("Cancelled", "Cancelled")
@@ -370,27 +412,31 @@ async def test_cancel_reaches_runs_that_are_queued_or_waiting_for_a_secret(
 
 
 async def test_a_deleted_run_stops_and_nothing_writes_its_status_after_the_delete(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    proxy: RecordingProxy,
+    start_operator: OperatorFactory,
 ) -> None:
     tag = "[durable:hold]"
     await start_operator()
-    await request(cluster, "POST", RUNS, json=webhook_manifest("doomed", tag, webhook))
-    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request")
-    uid = (await request(cluster, "GET", f"{RUNS}/doomed"))["metadata"]["uid"]
-    await request(cluster, "DELETE", f"{RUNS}/doomed")
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "doomed", tag, webhook))
+    await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request", timeout=WAIT)
+    uid = (await request(cluster, "GET", f"{cluster.runs_path}/doomed"))["metadata"]["uid"]
+    # Through the proxy: the delete takes its place among the operator's requests, as in a server's log.
+    code, answer = await proxy.request("DELETE", f"{cluster.runs_path}/doomed")
+    assert code == 200, answer
     deleted_at = next(
         i
-        for i, r in enumerate(cluster.emulator.request_log)
+        for i, r in enumerate(proxy.calls)
         if r.verb == "delete" and r.resource == "agentruns" and r.name == "doomed"
     )
 
-    async def gone() -> bool:
-        async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{RUNS}/doomed") as r:
-            return r.status == 404
-
-    await until(gone, "the run to be deleted (its finalizer released)")
-    await until(lambda: not transcript_of(cluster, uid).chunks, "its transcript to be garbage-collected")
-    after = cluster.emulator.request_log[deleted_at + 1 :]
+    await until(lambda: run_gone(cluster, "doomed"), "the run to be deleted", timeout=WAIT)
+    await until(
+        lambda: transcript_collected(cluster, uid), "its transcript to be garbage-collected", timeout=90
+    )
+    after = proxy.calls[deleted_at + 1 :]
     late = [
         (r.method, r.path)
         for r in after
@@ -401,39 +447,45 @@ async def test_a_deleted_run_stops_and_nothing_writes_its_status_after_the_delet
 
 
 async def test_finished_runs_are_deleted_after_their_ttl_with_their_transcript(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     await start_operator()
-    short = webhook_manifest("short-lived", "[durable:plain]", webhook)
+    short = webhook_manifest(cluster, "short-lived", "[durable:plain]", webhook)
     # completionTime has whole seconds: a TTL of 1 s can run out a few ms after the run finishes.
     short["spec"]["ttlSecondsAfterFinished"] = 2
-    await request(cluster, "POST", RUNS, json=short)
+    await request(cluster, "POST", cluster.runs_path, json=short)
     await request(
-        cluster, "POST", RUNS, json=agentrun("kept", "[durable:plain] y", model={"name": "claude-haiku-4-5"})
+        cluster,
+        "POST",
+        cluster.runs_path,
+        json=agentrun(
+            "kept", "[durable:plain] y", namespace=cluster.namespace, model={"name": "claude-haiku-4-5"}
+        ),
     )
     obj = await wait_finished(cluster, "short-lived")
     uid = obj["metadata"]["uid"]
-    assert transcript_of(cluster, uid).chunks >= 1
+    assert (await transcript_of(cluster, uid)).chunks >= 1
 
-    async def gone() -> bool:
-        async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{RUNS}/short-lived") as r:
-            return r.status == 404
-
-    await until(gone, "the run to be deleted after its TTL")
-    await until(lambda: not transcript_of(cluster, uid).chunks, "its transcript to be garbage-collected")
+    await until(lambda: run_gone(cluster, "short-lived"), "the run to be deleted after its TTL", timeout=WAIT)
+    await until(
+        lambda: transcript_collected(cluster, uid), "its transcript to be garbage-collected", timeout=90
+    )
     kept = await wait_finished(cluster, "kept")
     assert kept["status"]["phase"] in ("Succeeded", "Failed")
 
 
 async def test_the_operator_wide_ttl_applies_to_runs_that_set_none(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
 ) -> None:
     await start_operator({"AGENTRUN_DEFAULT_TTL_SECONDS_AFTER_FINISHED": "1"})
-    await request(cluster, "POST", RUNS, json=webhook_manifest("default-ttl", "[durable:plain]", webhook))
+    await request(
+        cluster,
+        "POST",
+        cluster.runs_path,
+        json=webhook_manifest(cluster, "default-ttl", "[durable:plain]", webhook),
+    )
 
-    async def gone() -> bool:
-        async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{RUNS}/default-ttl") as r:
-            return r.status == 404
-
-    await until(gone, "the run to be deleted by the default TTL", timeout=45)
+    await until(
+        lambda: run_gone(cluster, "default-ttl"), "the run to be deleted by the default TTL", timeout=90
+    )
     assert len(model.requests_for("[durable:plain]")) == 4, "it ran to the end first"

@@ -1,10 +1,11 @@
 """GitOps: Argo CD's health check and Flux's kstatus read real AgentRun status; kustomize; immutability.
 
-The status objects come from the real operator process against the emulator, captured once per
-module in each phase a GitOps tool can meet: Pending (its Secret is missing), Running,
-AwaitingApproval, Succeeded, Failed (InvalidSpec) and Cancelled. The Argo CD health check is the
-Lua file we ship (docs/argocd-health.lua), run by a real Lua VM (lupa) with the object converted
-the way Argo CD passes it: a table of tables, arrays 1-based.
+The status objects come from the real operator process against the scenario's API server (the
+emulator, or a real one with --real-cluster), captured once per module in each phase a GitOps tool
+can meet: Pending (its Secret is missing), Running, AwaitingApproval, Succeeded, Failed (InvalidSpec)
+and Cancelled. The Argo CD health check is the Lua file we ship (docs/argocd-health.lua), run by a
+real Lua VM (lupa) with the object converted the way Argo CD passes it: a table of tables, arrays
+1-based.
 """
 
 from __future__ import annotations
@@ -22,22 +23,17 @@ import lupa  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from agentrun.sandbox.kube_api import KubeAPI
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
 from tests.support import kstatus
 from tests.support.builders import agentrun
-from tests.support.kube_client import KubeClient
-from tests.support.operator_process import OperatorProcess
+from tests.support.clusters import TestCluster, cluster_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
 HEALTH_LUA = ROOT / "docs" / "argocd-health.lua"
 EXAMPLES = ROOT / "examples"
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-gitops-0123456789"
 MODEL = {"name": "claude-haiku-4-5"}
-FINISHED = ("Succeeded", "Failed", "Cancelled")
 
 SCRIPTS = [
     Script(
@@ -59,86 +55,85 @@ SCRIPTS = [
 
 
 async def _wait(
-    client: KubeClient, name: str, phase: str | tuple[str, ...], timeout: float = 30
+    cluster: TestCluster, name: str, phase: str | tuple[str, ...], timeout: float = 60
 ) -> dict[str, Any]:
     phases = (phase,) if isinstance(phase, str) else phase
     deadline = time.monotonic() + timeout
     obj: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        answer = await client.get(f"{RUNS}/{name}")
-        assert answer.status == 200, answer.body
-        obj = answer.body
+        obj = await cluster.request("GET", f"{cluster.runs_path}/{name}")
         if obj.get("status", {}).get("phase") in phases:
             return dict(obj)
         await asyncio.sleep(0.1)
     raise AssertionError(f"{name} did not reach {phases}: {obj.get('status')}")
 
 
-async def _capture(tmp: Path) -> dict[str, dict[str, Any]]:
+async def _capture(tmp: Path, real_kubeconfig: Path | None) -> dict[str, dict[str, Any]]:
     """One AgentRun object per state, as the API server returned it."""
     model = FakeMessagesAPI(scripts=SCRIPTS)
-    async with model.running() as served, KubeAPI.running(crd_paths=[CRD]) as kube:
-        operator = OperatorProcess(
-            kubeconfig=kube.kubeconfig_path,
-            log_path=tmp / "operator.log",
-            env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": served.url},
-        )
-        await operator.start()
-        try:
-            async with KubeClient(kube.url) as client:
-                manifests = [
-                    agentrun(
-                        "succeeded",
-                        "[gitops:tools] 2+2",
-                        model=MODEL,
-                        tools=[{"builtin": {"name": "calculator"}}],
-                    ),
-                    # A cost budget for a model without a price: refused before any request.
-                    agentrun(
-                        "invalid",
-                        "[gitops:tools] unpriced",
-                        model={"name": "my-unpriced-proxy-model"},
-                        limits={"costBudgetUSD": 1},
-                    ),
-                    agentrun(
-                        "pending",
-                        "[gitops:tools] key",
-                        model={**MODEL, "apiKeySecretRef": {"name": "not-there-yet", "key": "api-key"}},
-                    ),
-                    agentrun("running", "[gitops:slow] wait", model=MODEL),
-                    agentrun(
-                        "approval",
-                        "[gitops:approval] ask",
-                        model=MODEL,
-                        tools=[{"builtin": {"name": "calculator"}, "requiresApproval": True}],
-                    ),
-                ]
-                for manifest in manifests:
-                    answer = await client.post(RUNS, manifest)
-                    assert answer.status == 201, answer.body
-                captured = {
-                    "succeeded": await _wait(client, "succeeded", "Succeeded"),
-                    "invalid": await _wait(client, "invalid", "Failed"),
-                    "pending": await _wait(client, "pending", "Pending"),
-                    "running": await _wait(client, "running", "Running"),
-                    "approval": await _wait(client, "approval", "AwaitingApproval"),
-                }
-                await client.patch(f"{RUNS}/running", {"spec": {"cancel": True}})
-                captured["cancelled"] = await _wait(client, "running", "Cancelled")
-                # A finished run whose spec still changes (a TTL added later): generation moves on.
-                patched = await client.patch(f"{RUNS}/succeeded", {"spec": {"ttlSecondsAfterFinished": 3600}})
-                assert patched.status == 200, patched.body
-                await asyncio.sleep(1)  # give the operator a chance to react (it must not need to)
-                captured["finished-then-patched"] = (await client.get(f"{RUNS}/succeeded")).body
-        finally:
-            await operator.stop()
+    async with model.running() as served, cluster_for(real_kubeconfig) as cluster:
+        env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": served.url}
+        runs = cluster.runs_path
+        async with cluster.operator(tmp / "operator.log", env):
+            manifests = [
+                agentrun(
+                    "succeeded",
+                    "[gitops:tools] 2+2",
+                    namespace=cluster.namespace,
+                    model=MODEL,
+                    tools=[{"builtin": {"name": "calculator"}}],
+                ),
+                # A cost budget for a model without a price: refused before any request.
+                agentrun(
+                    "invalid",
+                    "[gitops:tools] unpriced",
+                    namespace=cluster.namespace,
+                    model={"name": "my-unpriced-proxy-model"},
+                    limits={"costBudgetUSD": 1},
+                ),
+                agentrun(
+                    "pending",
+                    "[gitops:tools] key",
+                    namespace=cluster.namespace,
+                    model={**MODEL, "apiKeySecretRef": {"name": "not-there-yet", "key": "api-key"}},
+                ),
+                agentrun("running", "[gitops:slow] wait", namespace=cluster.namespace, model=MODEL),
+                agentrun(
+                    "approval",
+                    "[gitops:approval] ask",
+                    namespace=cluster.namespace,
+                    model=MODEL,
+                    tools=[{"builtin": {"name": "calculator"}, "requiresApproval": True}],
+                ),
+            ]
+            for manifest in manifests:
+                await cluster.request("POST", runs, json=manifest)
+            captured = {
+                "succeeded": await _wait(cluster, "succeeded", "Succeeded"),
+                "invalid": await _wait(cluster, "invalid", "Failed"),
+                "pending": await _wait(cluster, "pending", "Pending"),
+                "running": await _wait(cluster, "running", "Running"),
+                "approval": await _wait(cluster, "approval", "AwaitingApproval"),
+            }
+            await _merge_patch(cluster, "running", {"spec": {"cancel": True}})
+            captured["cancelled"] = await _wait(cluster, "running", "Cancelled")
+            # A finished run whose spec still changes (a TTL added later): generation moves on.
+            await _merge_patch(cluster, "succeeded", {"spec": {"ttlSecondsAfterFinished": 3600}})
+            await asyncio.sleep(1)  # give the operator a chance to react (it must not need to)
+            captured["finished-then-patched"] = await cluster.request("GET", f"{runs}/succeeded")
     return captured
 
 
+async def _merge_patch(cluster: TestCluster, name: str, body: Mapping[str, Any]) -> None:
+    headers = {"Content-Type": "application/merge-patch+json"}
+    await cluster.request("PATCH", f"{cluster.runs_path}/{name}", json=body, headers=headers)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    # A sync module fixture with its own event loop: one operator for all the status objects.
-    return asyncio.run(_capture(tmp_path_factory.mktemp("gitops")))
+def runs(tmp_path_factory: pytest.TempPathFactory, real_kubeconfig: Path | None) -> dict[str, dict[str, Any]]:
+    # A sync module fixture with its own event loop: one operator (and one API server or namespace,
+    # as the `cluster` fixture would give a test) for all the status objects.
+    return asyncio.run(_capture(tmp_path_factory.mktemp("gitops"), real_kubeconfig))
 
 
 def test_the_captured_runs_are_in_the_states_gitops_tools_meet(runs: dict[str, dict[str, Any]]) -> None:
@@ -283,83 +278,60 @@ def test_examples_kustomization_renders_every_example_into_one_namespace() -> No
 # --- immutability and re-apply ------------------------------------------------------------------------
 
 
-async def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> tuple[int, str]:
-    """kubectl as a child process; async, because the emulator serves from this very event loop."""
-    proc = await asyncio.create_subprocess_exec(
-        "kubectl",
-        "--kubeconfig",
-        str(kubeconfig),
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
-
-
 async def test_a_started_runs_spec_is_immutable_except_cancel_approvals_and_ttl_and_reapply_is_a_no_op(
-    tmp_path: Path,
+    cluster: TestCluster, tmp_path: Path
 ) -> None:
     manifest = agentrun(
         "immutable",
         "[gitops:slow] the task",
+        namespace=cluster.namespace,
         model=MODEL,
         tools=[{"builtin": {"name": "calculator"}, "requiresApproval": True}],
     )
     manifest_file = tmp_path / "run.yaml"
     manifest_file.write_text(yaml.safe_dump(manifest))
     model = FakeMessagesAPI(scripts=SCRIPTS)
-    async with model.running() as served, KubeAPI.running(crd_paths=[CRD]) as kube:
-        config = kube.kubeconfig_path
-        operator = OperatorProcess(
-            kubeconfig=config,
-            log_path=tmp_path / "operator.log",
-            env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": served.url},
-        )
-        await operator.start()
-        try:
-            async with KubeClient(kube.url) as client:
-                code, out = await _kubectl(config, "apply", "-f", str(manifest_file))
-                assert (code, out.strip()) == (0, "agentrun.agentrun.dev/immutable created")
-                before = await _wait(client, "immutable", "Running")
+    async with model.running() as served:
+        env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": served.url}
+        async with cluster.operator(tmp_path / "operator.log", env):
+            code, out = await cluster.kubectl("apply", "-f", str(manifest_file))
+            assert (code, out.strip()) == (0, "agentrun.agentrun.dev/immutable created")
+            before = await _wait(cluster, "immutable", "Running")
 
-                code, out = await _kubectl(config, "apply", "-f", str(manifest_file))
-                assert (code, out.strip()) == (0, "agentrun.agentrun.dev/immutable unchanged")
-                after = (await client.get(f"{RUNS}/immutable")).body
-                assert after["metadata"]["generation"] == before["metadata"]["generation"] == 1
-                assert after["status"] == before["status"]
+            code, out = await cluster.kubectl("apply", "-f", str(manifest_file))
+            assert (code, out.strip()) == (0, "agentrun.agentrun.dev/immutable unchanged")
+            after = await cluster.request("GET", f"{cluster.runs_path}/immutable")
+            assert after["metadata"]["generation"] == before["metadata"]["generation"] == 1
+            assert after["status"] == before["status"]
 
-                changed = copy.deepcopy(manifest)
-                changed["spec"]["task"] = "[gitops:slow] another task"
-                code, out = await _kubectl(config, "apply", "-f", "-", stdin=yaml.safe_dump(changed))
-                assert code != 0
-                assert "spec.task: Invalid value" in out
-                assert "spec.task is immutable once created" in out
-                for field, value in [
-                    ("systemPrompt", "added later"),  # adding an optional field is a change too
-                    ("limits", {"maxIterations": 3}),
-                ]:
-                    patch = json.dumps({"spec": {field: value}})
-                    code, out = await _kubectl(
-                        config, "patch", "agentrun", "immutable", "--type=merge", "-p", patch
-                    )
-                    assert code != 0 and "immutable" in out, (field, out)
-                assert (await client.get(f"{RUNS}/immutable")).body["metadata"]["generation"] == 1
+            changed = copy.deepcopy(manifest)
+            changed["spec"]["task"] = "[gitops:slow] another task"
+            code, out = await cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(changed))
+            assert code != 0
+            assert "spec.task: Invalid value" in out
+            assert "spec.task is immutable once created" in out
+            for field, value in [
+                ("systemPrompt", "added later"),  # adding an optional field is a change too
+                ("limits", {"maxIterations": 3}),
+            ]:
+                patch = json.dumps({"spec": {field: value}})
+                code, out = await cluster.kubectl(
+                    "patch", "agentrun", "immutable", "--type=merge", "-p", patch
+                )
+                assert code != 0 and "immutable" in out, (field, out)
+            unchanged = await cluster.request("GET", f"{cluster.runs_path}/immutable")
+            assert unchanged["metadata"]["generation"] == 1
 
-                approval = {"toolUseId": "toolu_none", "decision": "deny", "by": "jane", "reason": "no"}
-                for patch_body in [
-                    {"spec": {"ttlSecondsAfterFinished": 600}},
-                    {"spec": {"approvals": [approval]}},
-                    {"spec": {"cancel": True}},
-                ]:
-                    code, out = await _kubectl(
-                        config, "patch", "agentrun", "immutable", "--type=merge", "-p", json.dumps(patch_body)
-                    )
-                    assert code == 0, out
-                cancelled = await _wait(client, "immutable", "Cancelled")
-                assert cancelled["metadata"]["generation"] == 4
-                assert cancelled["spec"]["task"] == "[gitops:slow] the task"
-        finally:
-            await operator.stop()
+            approval = {"toolUseId": "toolu_none", "decision": "deny", "by": "jane", "reason": "no"}
+            for patch_body in [
+                {"spec": {"ttlSecondsAfterFinished": 600}},
+                {"spec": {"approvals": [approval]}},
+                {"spec": {"cancel": True}},
+            ]:
+                code, out = await cluster.kubectl(
+                    "patch", "agentrun", "immutable", "--type=merge", "-p", json.dumps(patch_body)
+                )
+                assert code == 0, out
+            cancelled = await _wait(cluster, "immutable", "Cancelled")
+            assert cancelled["metadata"]["generation"] == 4
+            assert cancelled["spec"]["task"] == "[gitops:slow] the task"

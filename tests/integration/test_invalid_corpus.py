@@ -6,6 +6,9 @@ kubectl sends it), ``InvalidSpec`` (admitted, then the run ends Failed/InvalidSp
 ``Pending/<Reason>`` (admitted and waiting, e.g. for a Secret). ``test.agentrun.dev/field`` is the
 field the error message must name. One operator serves the whole corpus, and a valid run applied
 afterwards must still succeed: bad input never takes the operator down.
+
+Against a real API server (``--real-cluster``) the server itself judges admission; the emulator's
+answers to the same manifests must match it (tests/unit/sandbox/test_kube_api_schema.py).
 """
 
 from __future__ import annotations
@@ -18,21 +21,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block
 from tests.support.builders import agentrun
-from tests.support.operator_process import OperatorProcess, running_operator
+from tests.support.clusters import TestCluster, emulated_cluster, real_cluster
+from tests.support.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
 CORPUS = sorted((ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-corpus-secret-0123456789"
 EXPECT = "test.agentrun.dev/expect"
 FIELD = "test.agentrun.dev/field"
@@ -58,49 +58,47 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
-        yield kube
+async def cluster(real_kubeconfig: Path | None) -> AsyncIterator[TestCluster]:
+    """One API server (and namespace) for the whole corpus: the operator serving it is started once."""
+    if real_kubeconfig is None:
+        async with emulated_cluster() as emulated:
+            yield emulated
+    else:
+        async with real_cluster(real_kubeconfig) as real:
+            yield real
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path_factory: pytest.TempPathFactory
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[OperatorProcess]:
     env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
     log = tmp_path_factory.mktemp("corpus") / "operator.log"
-    async with running_operator(Path(cluster.kubeconfig_path), log, env) as process:
+    async with cluster.operator(log, env) as process:
         yield process
 
 
-async def _send(cluster: KubeEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, f"{cluster.url}{path}", **kwargs) as response,
-    ):
-        return response.status, await response.json()
-
-
-async def _create(cluster: KubeEmulator, manifest: dict[str, Any]) -> tuple[int, Any]:
+async def _create(cluster: TestCluster, manifest: dict[str, Any]) -> tuple[int, Any]:
     # kubectl create/apply ask for strict field validation: unknown fields are errors, not pruned.
     # A streamed body: multi-megabyte manifests are part of the corpus.
     body = io.BytesIO(json.dumps(manifest).encode())
     headers = {"Content-Type": "application/json"}
-    return await _send(cluster, "POST", f"{RUNS}?fieldValidation=Strict", data=body, headers=headers)
+    path = f"{cluster.runs_path}?fieldValidation=Strict"
+    return await cluster.status_of("POST", path, data=body, headers=headers)
 
 
 async def _wait_status(
-    cluster: KubeEmulator, name: str, phases: set[str], timeout: float = 30.0
+    cluster: TestCluster, name: str, phases: set[str], timeout: float = 60.0
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        code, obj = await _send(cluster, "GET", f"{RUNS}/{name}")
+        code, obj = await cluster.status_of("GET", f"{cluster.runs_path}/{name}")
         assert code == 200, obj
         status = obj.get("status") or {}
         if status.get("phase") in phases and status.get("message"):
             return status
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
     raise AssertionError(f"{name} never reached {sorted(phases)}: {status}")
 
 
@@ -114,7 +112,7 @@ def test_the_corpus_covers_every_kind_of_bad_input() -> None:
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 async def test_bad_manifest_is_refused_naming_the_field(
-    path: Path, cluster: KubeEmulator, operator: OperatorProcess
+    path: Path, cluster: TestCluster, operator: OperatorProcess
 ) -> None:
     manifest = _load(path)
     expect = manifest["metadata"]["annotations"][EXPECT]
@@ -144,11 +142,16 @@ async def test_bad_manifest_is_refused_naming_the_field(
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_operator_still_serves_valid_runs_after_the_corpus(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
     code, body = await _create(
         cluster,
-        agentrun("after-the-corpus", "[scenario:still-serving] hello", model={"name": "claude-haiku-4-5"}),
+        agentrun(
+            "after-the-corpus",
+            "[scenario:still-serving] hello",
+            namespace=cluster.namespace,
+            model={"name": "claude-haiku-4-5"},
+        ),
     )
     assert code == 201, body
     status = await _wait_status(cluster, "after-the-corpus", {"Succeeded", "Failed"})

@@ -14,17 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from tests.integration.test_durable_runs import (
     API_KEY,
-    RUNS,
     Webhook,
     assert_succeeded_once_each,
     durable_script,
     steps_requested,
     webhook_manifest,
 )
+from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, until
 from tests.support.operator_process import OperatorProcess
 
@@ -52,10 +51,9 @@ async def webhook() -> AsyncIterator[Webhook]:
         await hook.stop()
 
 
-def _operator(cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path) -> OperatorProcess:
-    return OperatorProcess(
-        kubeconfig=cluster.kubeconfig,
-        log_path=tmp_path / "operator.log",
+def _operator(cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path) -> OperatorProcess:
+    return cluster.operator_process(
+        tmp_path / "operator.log",
         # Tool results are flushed on their own, so every checkpoint is a chunk write that can fail;
         # progress goes to status after every iteration: more patches to refuse, more events to cut.
         env={
@@ -69,7 +67,7 @@ def _operator(cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path) -> 
 
 @pytest.fixture
 async def operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
     process = _operator(cluster, model, tmp_path)
     await process.start()
@@ -80,16 +78,16 @@ async def operator(
 
 
 async def _run_once(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess, name: str
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess, name: str
 ) -> None:
-    await request(cluster, "POST", RUNS, json=webhook_manifest(name, TAG, webhook))
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, name, TAG, webhook))
     await assert_succeeded_once_each(cluster, model, webhook, name, TAG, repeated=None)
     assert steps_requested(model, TAG) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
     assert operator.process is not None and operator.process.returncode is None
 
 
 async def test_conflicts_errors_and_throttling_on_status_patches_lose_no_update(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess
 ) -> None:
     status_path = re.compile(r".*/agentruns/patched/status")
     faults = cluster.emulator.faults
@@ -106,7 +104,7 @@ async def test_conflicts_errors_and_throttling_on_status_patches_lose_no_update(
 
 
 async def test_dropped_and_expired_watch_streams_neither_lose_nor_repeat_a_run(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, tmp_path: Path
 ) -> None:
     # Drops apply to watch requests made after they are added: add them before the operator starts.
     faults = cluster.emulator.faults
@@ -137,7 +135,7 @@ async def test_dropped_and_expired_watch_streams_neither_lose_nor_repeat_a_run(
 
 
 async def test_failing_transcript_writes_are_retried_and_no_checkpoint_is_lost(
-    cluster: KubeEmulator, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess
 ) -> None:
     faults = cluster.emulator.faults
     faults.add(verb="create", resource="secrets", status=500, times=3)

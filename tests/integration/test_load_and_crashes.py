@@ -15,10 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
 from tests.integration.test_durable_runs import (
@@ -29,42 +27,37 @@ from tests.integration.test_durable_runs import (
     webhook_manifest,
 )
 from tests.support.builders import agentrun
+from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-load-test-0123456789"
 LOAD_RUNS = int(os.environ.get("AGENTRUN_LOAD_RUNS", "1000"))
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 
 
-def _operator(cluster: KubeEmulator, model: FakeMessagesAPI, log: Path, **env: str) -> OperatorProcess:
-    return OperatorProcess(
-        kubeconfig=Path(cluster.kubeconfig_path),
-        log_path=log,
-        env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url, **env},
+def _operator(cluster: TestCluster, model: FakeMessagesAPI, log: Path, **env: str) -> OperatorProcess:
+    return cluster.operator_process(
+        log, {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url, **env}
     )
 
 
-async def _create_all(cluster: KubeEmulator, manifests: list[dict[str, Any]]) -> None:
+async def _create_all(cluster: TestCluster, manifests: list[dict[str, Any]]) -> None:
     gate = asyncio.Semaphore(16)
-    async with aiohttp.ClientSession() as session:
+    async with cluster.session() as session:
 
         async def create(manifest: dict[str, Any]) -> None:
-            async with gate, session.post(f"{cluster.url}{RUNS}", json=manifest) as response:
+            async with gate, session.post(cluster.runs_path, json=manifest) as response:
                 assert response.status == 201, await response.text()
 
         await asyncio.gather(*(create(m) for m in manifests))
 
 
-async def _phases(cluster: KubeEmulator) -> dict[str, dict[str, Any]]:
-    async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{RUNS}") as response:
-        items = (await response.json())["items"]
+async def _phases(cluster: TestCluster) -> dict[str, dict[str, Any]]:
+    items = (await cluster.request("GET", cluster.runs_path))["items"]
     return {obj["metadata"]["name"]: obj for obj in items}
 
 
-async def _wait_all_finished(cluster: KubeEmulator, count: int, timeout: float) -> dict[str, dict[str, Any]]:
+async def _wait_all_finished(cluster: TestCluster, count: int, timeout: float) -> dict[str, dict[str, Any]]:
     deadline = time.monotonic() + timeout
     runs: dict[str, dict[str, Any]] = {}
     while time.monotonic() < deadline:
@@ -77,8 +70,12 @@ async def _wait_all_finished(cluster: KubeEmulator, count: int, timeout: float) 
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.emulator_only(
+    "injects 500/409/429 answers and cut watches into a thousand runs; "
+    "a real server cannot be made to fail on demand"
+)
 async def test_a_thousand_runs_with_injected_api_faults_all_finish_and_none_is_lost_or_repeated(
-    cluster: KubeEmulator, tmp_path: Path
+    cluster: TestCluster, tmp_path: Path
 ) -> None:
     script = Script(
         "[load]",
@@ -102,6 +99,7 @@ async def test_a_thousand_runs_with_injected_api_faults_all_finish_and_none_is_l
                 agentrun(
                     f"load-{i:04d}",
                     f"[load] run {i}",
+                    namespace=cluster.namespace,
                     model={"name": "claude-haiku-4-5"},
                     tools=[{"builtin": {"name": "calculator"}}],
                 )
@@ -127,7 +125,7 @@ async def test_a_thousand_runs_with_injected_api_faults_all_finish_and_none_is_l
 
 @pytest.mark.timeout(600)
 async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothing(
-    cluster: KubeEmulator, tmp_path: Path
+    cluster: TestCluster, tmp_path: Path
 ) -> None:
     seed = int(os.environ.get("AGENTRUN_CRASH_SEED", "20261122"))
     rng = random.Random(seed)
@@ -138,7 +136,7 @@ async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothin
     api = FakeMessagesAPI(scripts=[durable_script("[crash]")], require_api_key=API_KEY, latency_seconds=0.3)
     try:
         async with api.running() as model:
-            manifests = [webhook_manifest(f"crash-{i}", "[crash]", hook) for i in range(runs)]
+            manifests = [webhook_manifest(cluster, f"crash-{i}", "[crash]", hook) for i in range(runs)]
             await _create_all(cluster, manifests)
             moments = []
             for index in range(kills):
@@ -150,7 +148,7 @@ async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothin
             final = _operator(cluster, model, tmp_path / "operator-final.log")
             await final.start()
             try:
-                found = await _wait_all_finished(cluster, runs, timeout=120)
+                found = await _wait_all_finished(cluster, runs, timeout=180)
             finally:
                 await final.stop()
     finally:
@@ -164,7 +162,7 @@ async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothin
             4,
             3,
         ), f"{name}: {context}"
-        transcript = transcript_of(cluster, obj["metadata"]["uid"])
+        transcript = await transcript_of(cluster, obj["metadata"]["uid"])
         assert_consistent(transcript)
         assert [row.iteration for row in transcript.trace_rows] == [1, 2, 3, 4], f"{name}: {context}"
         uid = obj["metadata"]["uid"]

@@ -18,19 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
-from tests.support.kube_requests import request
-from tests.support.operator_process import OperatorProcess, running_operator
+from tests.support.clusters import TestCluster
+from tests.support.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
 CHART = ROOT / "charts" / "agentrun-operator"
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
-EVENTS = "/api/v1/namespaces/default/events"
 API_KEY = "sk-ant-observability-secret-0123456789"
 CALC = [{"builtin": {"name": "calculator"}}]
 MODEL = {"name": "claude-haiku-4-5"}
@@ -80,22 +76,20 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 
 async def _operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path, *args: str
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path, *args: str
 ) -> AsyncIterator[OperatorProcess]:
     env = {
         "ANTHROPIC_API_KEY": API_KEY,
         "ANTHROPIC_BASE_URL": model.url,
         "AGENTRUN_HEARTBEAT_SECONDS": "0.2",
     }
-    async with running_operator(
-        Path(cluster.kubeconfig_path), tmp_path / "operator.log", env, args
-    ) as process:
+    async with cluster.operator(tmp_path / "operator.log", env, args) as process:
         yield process
 
 
 @pytest.fixture
 async def operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
     async for process in _operator(cluster, model, tmp_path):
         yield process
@@ -103,20 +97,21 @@ async def operator(
 
 @pytest.fixture
 async def json_operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
     async for process in _operator(cluster, model, tmp_path, "--log-format", "json"):
         yield process
 
 
-async def _run_workload(cluster: KubeEmulator) -> dict[str, dict[str, Any]]:
+async def _run_workload(cluster: TestCluster) -> dict[str, dict[str, Any]]:
     for name, (task, _) in WORKLOAD.items():
-        await request(cluster, "POST", RUNS, json=agentrun(name, task, model=MODEL, tools=CALC))
+        run = agentrun(name, task, namespace=cluster.namespace, model=MODEL, tools=CALC)
+        await cluster.request("POST", cluster.runs_path, json=run)
     finished: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline and len(finished) < len(WORKLOAD):
         for name in WORKLOAD:
-            obj = await request(cluster, "GET", f"{RUNS}/{name}")
+            obj = await cluster.request("GET", f"{cluster.runs_path}/{name}")
             if obj.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
                 finished[name] = obj
         await asyncio.sleep(0.2)
@@ -180,34 +175,21 @@ def _recorded() -> set[str]:
 
 
 async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_accepts_the_scrape(
-    cluster: KubeEmulator, operator: OperatorProcess
+    cluster: TestCluster, operator: OperatorProcess
 ) -> None:
     runs = await _run_workload(cluster)
     scrape = await operator.scrape()
     samples = _samples(scrape)
+    ns = f'namespace="{cluster.namespace}"'
 
-    assert samples['agentrun_runs_started_total{namespace="default",resumed="false"}'] == 4
-    assert (
-        samples[
-            'agentrun_runs_finished_total{namespace="default",outcome="failed",stop_reason="LoopDetected"}'
-        ]
-        == 1
-    )
-    assert (
-        samples['agentrun_runs_finished_total{namespace="default",outcome="failed",stop_reason="ModelError"}']
-        == 1
-    )
+    assert samples[f'agentrun_runs_started_total{{{ns},resumed="false"}}'] == 4
+    assert samples[f'agentrun_runs_finished_total{{{ns},outcome="failed",stop_reason="LoopDetected"}}'] == 1
+    assert samples[f'agentrun_runs_finished_total{{{ns},outcome="failed",stop_reason="ModelError"}}'] == 1
     assert samples['agentrun_model_retries_total{retry_class="rate_limited"}'] == 2
     assert samples['agentrun_model_requests_total{model="claude-haiku-4-5",outcome="rate_limited"}'] == 2
     assert samples['agentrun_model_requests_total{model="claude-haiku-4-5",outcome="error"}'] == 1
-    assert (
-        samples['agentrun_tokens_total{model="claude-haiku-4-5",namespace="default",type="cache_write"}']
-        == 100
-    )
-    assert (
-        samples['agentrun_tokens_total{model="claude-haiku-4-5",namespace="default",type="cache_read"}']
-        == 200
-    )
+    assert samples[f'agentrun_tokens_total{{model="claude-haiku-4-5",{ns},type="cache_write"}}'] == 100
+    assert samples[f'agentrun_tokens_total{{model="claude-haiku-4-5",{ns},type="cache_read"}}'] == 200
     assert samples['agentrun_tool_calls_total{outcome="ok",tool="calculator"}'] >= 2
     assert samples['agentrun_tool_calls_total{outcome="unknown_tool",tool="no_such_tool"}'] == 1
     assert samples['agentrun_loop_detections_total{tool="calculator"}'] == 1
@@ -216,11 +198,11 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
     assert samples["agentrun_runs_queued"] == 0
     assert samples["agentrun_approvals_pending"] == 0
     assert samples["agentrun_oldest_running_run_age_seconds"] == 0
-    assert samples['agentrun_run_iterations_count{namespace="default"}'] == 4
-    assert samples['agentrun_run_duration_seconds_count{namespace="default"}'] == 4
+    assert samples[f"agentrun_run_iterations_count{{{ns}}}"] == 4
+    assert samples[f"agentrun_run_duration_seconds_count{{{ns}}}"] == 4
     # Spend is counted per response and adds up to what the runs' status reports.
     status_cost = sum(float(obj["status"]["usage"].get("costUSD") or 0) for obj in runs.values())
-    assert samples['agentrun_cost_usd_total{namespace="default"}'] == pytest.approx(status_cost, abs=1e-5)
+    assert samples[f"agentrun_cost_usd_total{{{ns}}}"] == pytest.approx(status_cost, abs=1e-5)
     build = next(k for k in samples if k.startswith("agentrun_build_info{"))
     assert re.search(r'anthropic="\d', build) and re.search(r'kopf="\d', build) and 'version="' in build
     # The heartbeat moves while the operator lives.
@@ -249,18 +231,24 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
 
 
 async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_errors(
-    cluster: KubeEmulator, operator: OperatorProcess
+    cluster: TestCluster, operator: OperatorProcess
 ) -> None:
     runs = await _run_workload(cluster)
-    invalid = agentrun("obs-invalid", "x", model=MODEL, tools=[{"builtin": {"name": "no_such_tool"}}])
-    runs["obs-invalid"] = await request(cluster, "POST", RUNS, json=invalid)
-    deadline = time.monotonic() + 30
+    invalid = agentrun(
+        "obs-invalid",
+        "x",
+        namespace=cluster.namespace,
+        model=MODEL,
+        tools=[{"builtin": {"name": "no_such_tool"}}],
+    )
+    runs["obs-invalid"] = await cluster.request("POST", cluster.runs_path, json=invalid)
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        items = (await request(cluster, "GET", EVENTS))["items"]
+        items = (await cluster.request("GET", cluster.path("events")))["items"]
         if any(e["involvedObject"]["name"] == "obs-invalid" for e in items):
             break
         await asyncio.sleep(0.2)
-    events = (await request(cluster, "GET", EVENTS))["items"]
+    events = (await cluster.request("GET", cluster.path("events")))["items"]
     by_run: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         involved = event["involvedObject"]
@@ -283,11 +271,11 @@ async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_e
             assert API_KEY not in event["message"]
             assert "6*7" not in event["message"], "tool input never goes into an Event"
     # The human-readable log names the run and the iteration on its lines.
-    assert re.search(r"\[default/obs-tools #1\] iteration 1: model request ok", operator.logs())
+    assert re.search(rf"\[{cluster.namespace}/obs-tools #1\] iteration 1: model request ok", operator.logs())
 
 
 async def test_json_logs_carry_the_run_identity_and_iteration_on_every_run_line(
-    cluster: KubeEmulator, json_operator: OperatorProcess
+    cluster: TestCluster, json_operator: OperatorProcess
 ) -> None:
     runs = await _run_workload(cluster)
     await json_operator.stop()
@@ -297,7 +285,7 @@ async def test_json_logs_carry_the_run_identity_and_iteration_on_every_run_line(
     per_run = [line for line in lines if "uid" in line]
     assert {line["name"] for line in per_run} >= set(WORKLOAD)
     for line in per_run:
-        assert line["namespace"] == "default"
+        assert line["namespace"] == cluster.namespace
         assert line["uid"] == runs[line["name"]]["metadata"]["uid"]
         # Kopf's own lines about the object (daemon start/stop) come before or after the loop.
         assert isinstance(line.get("iteration"), int) or line["logger"].startswith("kopf"), line

@@ -1,8 +1,9 @@
-"""The real operator process against the Kubernetes API emulator and the fake Messages API."""
+"""The real operator process against the scenario's API server and the fake Messages API."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,16 +11,13 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
+from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, wait_finished
-from tests.support.operator_process import OperatorProcess, running_operator
+from tests.support.operator_process import OperatorProcess
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-integration-secret-0123456789"
 
 
@@ -46,23 +44,24 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 @pytest.fixture
 async def operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
     env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with running_operator(Path(cluster.kubeconfig_path), tmp_path / "operator.log", env) as process:
+    async with cluster.operator(tmp_path / "operator.log", env) as process:
         yield process
 
 
 async def test_applied_run_calls_one_tool_then_succeeds_with_exact_status(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
     manifest = agentrun(
         "calc",
         "[scenario:tool-then-answer] how many pods?",
+        namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         tools=[{"builtin": {"name": "calculator"}}],
     )
-    await request(cluster, "POST", RUNS, json=manifest)
+    await request(cluster, "POST", cluster.runs_path, json=manifest)
     obj = await wait_finished(cluster, "calc")
     status = obj["status"]
     assert status["phase"] == "Succeeded"
@@ -85,68 +84,74 @@ async def test_applied_run_calls_one_tool_then_succeeds_with_exact_status(
     assert second["tool_use_id"] == "toolu_calc1" and '"value": 395' in second["content"]
 
     scrape = await operator.scrape()
+    ns = cluster.namespace
     assert (
-        'agentrun_runs_finished_total{namespace="default",outcome="succeeded",stop_reason="EndTurn"} 1.0'
+        f'agentrun_runs_finished_total{{namespace="{ns}",outcome="succeeded",stop_reason="EndTurn"}} 1.0'
         in scrape
     )
-    assert 'agentrun_tokens_total{model="claude-haiku-4-5",namespace="default",type="input"} 280.0' in scrape
+    assert f'agentrun_tokens_total{{model="claude-haiku-4-5",namespace="{ns}",type="input"}} 280.0' in scrape
     assert "agentrun_model_request_duration_seconds_count" in scrape
     assert API_KEY not in scrape and API_KEY not in operator.logs() and API_KEY not in str(obj)
 
 
 async def test_finished_run_is_not_restarted_by_a_new_operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await request(
-        cluster,
-        "POST",
-        RUNS,
-        json=agentrun(
-            "once",
-            "[scenario:tool-then-answer] x",
+    def run(name: str, task: str) -> dict[str, Any]:
+        return agentrun(
+            name,
+            task,
+            namespace=cluster.namespace,
             model={"name": "claude-haiku-4-5"},
             tools=[{"builtin": {"name": "calculator"}}],
-        ),
-    )
+        )
+
+    once = "[scenario:tool-then-answer] x"
+    await request(cluster, "POST", cluster.runs_path, json=run("once", once))
     await wait_finished(cluster, "once")
     before = len(model.requests)
     await operator.stop()
     await operator.start()
-    await asyncio.sleep(3)
-    assert len(model.requests) == before
+    # A run applied after the restart finishing proves the new operator has listed (and passed over)
+    # the finished one: the listing comes before any later event, and a run takes two model calls.
+    await request(cluster, "POST", cluster.runs_path, json=run("probe", "[scenario:tool-then-answer] probe"))
+    assert (await wait_finished(cluster, "probe"))["status"]["phase"] == "Succeeded"
+    assert len(model.requests_for(once)) == 2
+    assert len(model.requests) == before + 2
 
 
 async def test_invalid_tool_ends_in_invalid_spec_naming_the_field(
-    cluster: KubeEmulator, operator: OperatorProcess
+    cluster: TestCluster, operator: OperatorProcess
 ) -> None:
-    manifest = agentrun("bad-tool", "x", tools=[{"builtin": {"name": "no_such_tool"}}])
-    await request(cluster, "POST", RUNS, json=manifest)
+    manifest = agentrun(
+        "bad-tool", "x", namespace=cluster.namespace, tools=[{"builtin": {"name": "no_such_tool"}}]
+    )
+    await request(cluster, "POST", cluster.runs_path, json=manifest)
     status = (await wait_finished(cluster, "bad-tool"))["status"]
     assert (status["phase"], status["stopReason"]) == ("Failed", "InvalidSpec")
     assert "spec.tools[0].builtin.name" in status["message"]
 
 
 async def test_missing_api_key_secret_keeps_the_run_pending_until_it_appears(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> None:
-    process = OperatorProcess(
-        kubeconfig=Path(cluster.kubeconfig_path),
-        log_path=tmp_path / "operator.log",
-        env={"ANTHROPIC_BASE_URL": model.url, "AGENTRUN_SECRET_RETRY_SECONDS": "0.5"},
+    process = cluster.operator_process(
+        tmp_path / "operator.log", {"ANTHROPIC_BASE_URL": model.url, "AGENTRUN_SECRET_RETRY_SECONDS": "0.5"}
     )
     await process.start()
     try:
         manifest = agentrun(
             "needs-key",
             "[scenario:tool-then-answer] x",
+            namespace=cluster.namespace,
             model={"name": "claude-haiku-4-5", "apiKeySecretRef": {"name": "anthropic"}},
             tools=[{"builtin": {"name": "calculator"}}],
         )
-        await request(cluster, "POST", RUNS, json=manifest)
-        deadline = time.monotonic() + 15
+        await request(cluster, "POST", cluster.runs_path, json=manifest)
+        deadline = time.monotonic() + 30
         status: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            status = (await request(cluster, "GET", f"{RUNS}/needs-key")).get("status", {})
+            status = (await request(cluster, "GET", f"{cluster.runs_path}/needs-key")).get("status", {})
             if status.get("phase") == "Pending":
                 break
             await asyncio.sleep(0.2)
@@ -154,15 +159,13 @@ async def test_missing_api_key_secret_keeps_the_run_pending_until_it_appears(
         reasons = {c["type"]: c["reason"] for c in status["conditions"]}
         assert reasons["Succeeded"] == "SecretNotFound"
         assert "anthropic" in status["message"]
-        import base64
-
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "anthropic", "namespace": "default"},
+            "metadata": {"name": "anthropic", "namespace": cluster.namespace},
             "data": {"api-key": base64.b64encode(API_KEY.encode()).decode()},
         }
-        await request(cluster, "POST", "/api/v1/namespaces/default/secrets", json=secret)
+        await request(cluster, "POST", cluster.path("secrets"), json=secret)
         final = (await wait_finished(cluster, "needs-key"))["status"]
         assert final["phase"] == "Succeeded"
     finally:

@@ -1,5 +1,10 @@
 """`kubectl agentrun` as users run it: the installed executable (and kubectl's plugin discovery)
-against the emulated API server, with the real operator running the loops."""
+against the scenario's API server (the emulator, or a real one with `--real-cluster`), with the real
+operator running the loops.
+
+Decisions are recorded in the requester's own name (asked from the server): a shared real server may
+have the approval policy installed cluster-wide, which admits no other name.
+"""
 
 from __future__ import annotations
 
@@ -16,16 +21,13 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
+from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request
-from tests.support.operator_process import OperatorProcess, running_operator
+from tests.support.operator_process import OperatorProcess
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
-RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 API_KEY = "sk-ant-plugin-0123456789"
 SCENARIO = "[scenario:plugin-calc]"
 BIN = Path(sys.executable).parent
@@ -65,17 +67,18 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 
 @pytest.fixture
 async def operator(
-    cluster: KubeEmulator, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
     env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with running_operator(Path(cluster.kubeconfig_path), tmp_path / "operator.log", env) as process:
+    async with cluster.operator(tmp_path / "operator.log", env) as process:
         yield process
 
 
-async def plugin(cluster: KubeEmulator, *args: str, via_kubectl: bool = False) -> Ran:
+async def plugin(cluster: TestCluster, *args: str, via_kubectl: bool = False) -> Ran:
+    """The plugin as a user runs it whose kubeconfig context names the test namespace."""
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "KUBECONFIG"))},
-        "KUBECONFIG": str(cluster.kubeconfig_path),
+        "KUBECONFIG": str(cluster.kubeconfig_in_namespace()),
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     if via_kubectl:
@@ -93,12 +96,12 @@ async def plugin(cluster: KubeEmulator, *args: str, via_kubectl: bool = False) -
 
 
 async def _wait_status(
-    cluster: KubeEmulator, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+    cluster: TestCluster, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 30.0
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = (await request(cluster, "GET", f"{RUNS}/{name}")).get("status", {})
+        status = (await request(cluster, "GET", f"{cluster.runs_path}/{name}")).get("status", {})
         if done(status):
             return status
         await asyncio.sleep(0.2)
@@ -113,18 +116,19 @@ def _finished(status: dict[str, Any]) -> bool:
     return status.get("phase") in ("Succeeded", "Failed", "Cancelled")
 
 
-def _manifest(name: str) -> dict[str, Any]:
+def _manifest(cluster: TestCluster, name: str) -> dict[str, Any]:
     return agentrun(
         name,
         f"{SCENARIO} how many pods run on 17 nodes?",
+        namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         tools=[{"builtin": {"name": "calculator"}, "requiresApproval": True}],
     )
 
 
-async def _with_pending(cluster: KubeEmulator, name: str, *ids: str) -> None:
+async def _with_pending(cluster: TestCluster, name: str, *ids: str) -> None:
     """A run whose status lists pending calls, as the operator would write it (no operator needed)."""
-    await request(cluster, "POST", RUNS, json=_manifest(name))
+    await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, name))
     pending = [
         {
             "toolUseId": i,
@@ -137,25 +141,26 @@ async def _with_pending(cluster: KubeEmulator, name: str, *ids: str) -> None:
     await request(
         cluster,
         "PATCH",
-        f"{RUNS}/{name}/status",
+        f"{cluster.runs_path}/{name}/status",
         data=json.dumps({"status": {"phase": "AwaitingApproval", "pendingApprovals": pending}}),
         headers={"Content-Type": "application/merge-patch+json"},
     )
 
 
 async def test_approve_without_an_id_decides_the_only_pending_call_and_the_run_succeeds(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await request(cluster, "POST", RUNS, json=_manifest("calc"))
+    me = await cluster.whoami()  # kube-emulator on the emulator, admin on the real server
+    await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, "calc"))
     await _wait_status(cluster, "calc", _awaiting)
     ran = await plugin(cluster, "approve", "calc", "--reason", "looks safe")
     assert ran.code == 0, ran.err
-    assert ran.out == "agentrun.agentrun.dev/calc: approved calculator (toolu_pl1) as kube-emulator\n"
+    assert ran.out == f"agentrun.agentrun.dev/calc: approved calculator (toolu_pl1) as {me}\n"
     final = await _wait_status(cluster, "calc", _finished)
     assert (final["phase"], final["toolCalls"]) == ("Succeeded", 1)
-    obj = await request(cluster, "GET", f"{RUNS}/calc")
+    obj = await request(cluster, "GET", f"{cluster.runs_path}/calc")
     assert obj["spec"]["approvals"] == [
-        {"toolUseId": "toolu_pl1", "decision": "approve", "by": "kube-emulator", "reason": "looks safe"}
+        {"toolUseId": "toolu_pl1", "decision": "approve", "by": me, "reason": "looks safe"}
     ]
 
     transcript = await plugin(cluster, "transcript", "calc")
@@ -181,12 +186,20 @@ async def test_approve_without_an_id_decides_the_only_pending_call_and_the_run_s
 
 
 async def test_deny_through_kubectl_plugin_discovery_shows_the_error_in_the_transcript(
-    cluster: KubeEmulator, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    await request(cluster, "POST", RUNS, json=_manifest("nope"))
+    await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, "nope"))
     await _wait_status(cluster, "nope", _awaiting)
     ran = await plugin(
-        cluster, "deny", "nope", "toolu_pl1", "--reason", "do it by hand", "-n", "default", via_kubectl=True
+        cluster,
+        "deny",
+        "nope",
+        "toolu_pl1",
+        "--reason",
+        "do it by hand",
+        "-n",
+        cluster.namespace,
+        via_kubectl=True,
     )
     assert ran.code == 0, ran.err
     assert "denied calculator (toolu_pl1)" in ran.out
@@ -198,51 +211,54 @@ async def test_deny_through_kubectl_plugin_discovery_shows_the_error_in_the_tran
     assert "calculator error(denied)" in trace[1]
 
 
-async def test_approve_refuses_to_guess_between_several_pending_calls(cluster: KubeEmulator) -> None:
+async def test_approve_refuses_to_guess_between_several_pending_calls(cluster: TestCluster) -> None:
+    me = await cluster.whoami()
     await _with_pending(cluster, "two", "toolu_a", "toolu_b")
     ran = await plugin(cluster, "approve", "two")
     assert ran.code == 1
     assert "2 calls awaiting approval" in ran.err and "toolu_a" in ran.err and "toolu_b" in ran.err
-    ran = await plugin(cluster, "approve", "two", "toolu_b", "--by", "carol")
+    # --by names the requester: under the approval policy (cluster-wide on a shared real server) no
+    # one else's name is admitted; test_approval_integrity.py shows another name refused, or recorded.
+    ran = await plugin(cluster, "approve", "two", "toolu_b", "--by", me)
     assert ran.code == 0, ran.err
     ran = await plugin(cluster, "deny", "two", "toolu_a")
     assert ran.code == 0, ran.err
-    approvals = (await request(cluster, "GET", f"{RUNS}/two"))["spec"]["approvals"]
+    approvals = (await request(cluster, "GET", f"{cluster.runs_path}/two"))["spec"]["approvals"]
     assert approvals == [
-        {"toolUseId": "toolu_b", "decision": "approve", "by": "carol"},
-        {"toolUseId": "toolu_a", "decision": "deny", "by": "kube-emulator"},
+        {"toolUseId": "toolu_b", "decision": "approve", "by": me},
+        {"toolUseId": "toolu_a", "decision": "deny", "by": me},
     ]
 
 
-async def test_deciding_a_call_that_is_not_pending_is_an_error(cluster: KubeEmulator) -> None:
+async def test_deciding_a_call_that_is_not_pending_is_an_error(cluster: TestCluster) -> None:
     await _with_pending(cluster, "one", "toolu_a")
     ran = await plugin(cluster, "deny", "one", "toolu_zzz")
     assert ran.code == 1 and "toolu_zzz is not awaiting approval" in ran.err and "toolu_a" in ran.err
-    await request(cluster, "POST", RUNS, json=_manifest("idle"))
+    await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, "idle"))
     ran = await plugin(cluster, "approve", "idle")
     assert ran.code == 1 and "no tool call awaiting approval" in ran.err
 
 
-async def test_cancel_sets_spec_cancel_and_unknown_runs_are_reported(cluster: KubeEmulator) -> None:
-    await request(cluster, "POST", RUNS, json=_manifest("stop-me"))
+async def test_cancel_sets_spec_cancel_and_unknown_runs_are_reported(cluster: TestCluster) -> None:
+    await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, "stop-me"))
     ran = await plugin(cluster, "cancel", "stop-me")
     assert (ran.code, ran.out) == (0, "agentrun.agentrun.dev/stop-me cancel requested\n")
-    assert (await request(cluster, "GET", f"{RUNS}/stop-me"))["spec"]["cancel"] is True
+    assert (await request(cluster, "GET", f"{cluster.runs_path}/stop-me"))["spec"]["cancel"] is True
     ran = await plugin(cluster, "cancel", "ghost")
-    assert ran.code == 1 and "agentrun default/ghost not found" in ran.err
+    assert ran.code == 1 and f"agentrun {cluster.namespace}/ghost not found" in ran.err
     ran = await plugin(cluster, "transcript", "ghost", "--namespace", "elsewhere")
     assert ran.code == 1 and "agentrun elsewhere/ghost not found" in ran.err
 
 
-async def test_transcript_of_a_run_that_has_not_started_says_so(cluster: KubeEmulator) -> None:
-    await request(cluster, "POST", RUNS, json=_manifest("fresh"))
+async def test_transcript_of_a_run_that_has_not_started_says_so(cluster: TestCluster) -> None:
+    await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, "fresh"))
     ran = await plugin(cluster, "transcript", "fresh")
-    assert (ran.code, ran.out) == (0, "agentrun default/fresh has no stored transcript yet\n")
+    assert (ran.code, ran.out) == (0, f"agentrun {cluster.namespace}/fresh has no stored transcript yet\n")
 
 
-async def test_a_decision_the_api_server_rejects_is_reported_not_retried(cluster: KubeEmulator) -> None:
+async def test_a_decision_the_api_server_rejects_is_reported_not_retried(cluster: TestCluster) -> None:
     await _with_pending(cluster, "long", "toolu_a")
     ran = await plugin(cluster, "deny", "long", "--reason", "x" * 5000)
     assert ran.code == 1
     assert "HTTP 422" in ran.err and "reason" in ran.err and "kept changing" not in ran.err
-    assert "approvals" not in (await request(cluster, "GET", f"{RUNS}/long"))["spec"]
+    assert "approvals" not in (await request(cluster, "GET", f"{cluster.runs_path}/long"))["spec"]

@@ -1,15 +1,22 @@
 """The chart's RBAC is exactly what the operator uses: nothing it does is forbidden, nothing granted is idle.
 
-Self-contained, so it does not depend on which other tests ran: the emulator enforces the rules that
-`helm template` renders for the operator's ServiceAccount (tests/support/rbac.py) on the operator's
-token, the real operator process runs a workload that touches every feature needing the Kubernetes API,
-and then:
+Self-contained, so it does not depend on which other tests ran. The real operator process runs as the
+chart's ServiceAccount, with a token of its own and nothing but the chart's rules, through a workload
+that touches every feature needing the Kubernetes API:
 
-1. no request of the operator was refused (the emulator answers 403 as a real server would, so a
-   missing rule also shows up as a failing scenario);
-2. every permission the chart grants answered at least one of the operator's requests, except those
-   listed in PENDING, whose feature has not landed yet. A PENDING permission that is used now fails
-   the test too, so the list only ever shrinks.
+* against the emulator, the rules `helm template` renders (tests/support/rbac.py) are enforced on
+  the operator's token, and the emulator records every authorization question and its answer;
+* against a real API server, the chart is `helm install`ed (its Deployment stays Pending: no
+  kubelet), the operator runs locally with a token of the chart's ServiceAccount, and the server's own
+  RBAC answers.
+
+Then:
+
+1. no request of the operator was refused (a missing rule also shows up as a failing scenario, as a
+   refusal in the operator's log, and on the emulator in its authorization record);
+2. (emulator) every permission the chart grants answered at least one of the operator's requests,
+   except those listed in PENDING, whose feature has not landed yet. A PENDING permission that is
+   used now fails the test too, so the list only ever shrinks.
 
 To cover a new feature: add a scenario to SCENARIOS (an async function of a Workload) and remove
 the permissions it uses from PENDING.
@@ -20,6 +27,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun.sandbox.kube_api import KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import (
     HttpError,
@@ -39,18 +49,25 @@ from agentrun.sandbox.messages_script import (
     tool_use_block,
 )
 from tests.support.builders import agentrun
-from tests.support.kube_client import KubeClient
+from tests.support.clusters import RUNS_API, TestCluster
 from tests.support.operator_process import OperatorProcess
-from tests.support.rbac import OPERATOR_USER, Permission, Policy, chart_policy
+from tests.support.rbac import (
+    Permission,
+    Policy,
+    chart_policy,
+    chart_values,
+    grant_service_account,
+    installed_chart,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
-OPERATOR_TOKEN = "agentrun-operator-sa-token"
 API_KEY = "sk-ant-rbac-coverage-0123456789"
 RUN_KEY = "sk-ant-rbac-run-key-0123456789"
-WATCHED = ("default", "team-a")
+OPERATOR_TOKEN = "agentrun-operator-sa-token"
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 MODEL = {"name": "claude-haiku-4-5"}
+#: How the operator's log reports a request the API server refused (Kopf's, the Kubernetes client's
+#: and the operator's words; a bare 403 would match the milliseconds of a timestamp).
+REFUSAL = re.compile(r"forbidden|not enough permissions|\(403\)|HTTP 403", re.IGNORECASE)
 
 #: Chart permissions no scenario can exercise yet, with the feature that will use them.
 #: (apiGroup, resource, verb) -> feature.
@@ -58,30 +75,32 @@ PENDING: dict[tuple[str, str, str], str] = {}
 
 
 def _runs(namespace: str) -> str:
-    return f"/apis/agentrun.dev/v1alpha1/namespaces/{namespace}/agentruns"
+    return f"{RUNS_API}/namespaces/{namespace}/agentruns"
 
 
 @dataclass
 class Workload:
-    """What a scenario may use: the admin client, the fake model's scripts, the watched namespaces."""
+    """What a scenario may use: the cluster (as admin), the fake model, the watched namespaces."""
 
-    admin: KubeClient
+    cluster: TestCluster
+    model: FakeMessagesAPI
     namespaces: tuple[str, ...]
     restart: Callable[[], Awaitable[None]]
     names: list[tuple[str, str]] = field(default_factory=list)
 
     async def apply(self, namespace: str, name: str, task: str, **spec: Any) -> None:
         spec.setdefault("model", MODEL)
-        answer = await self.admin.post(_runs(namespace), agentrun(name, task, namespace=namespace, **spec))
-        assert answer.status == 201, answer.body
+        manifest = agentrun(name, task, namespace=namespace, **spec)
+        code, body = await self.cluster.status_of("POST", _runs(namespace), json=manifest)
+        assert code == 201, body
         self.names.append((namespace, name))
 
     async def status(self, namespace: str, name: str) -> dict[str, Any] | None:
-        answer = await self.admin.get(f"{_runs(namespace)}/{name}")
-        if answer.status == 404:
+        code, body = await self.cluster.status_of("GET", f"{_runs(namespace)}/{name}")
+        if code == 404:
             return None
-        assert answer.status == 200, answer.body
-        return dict(answer.body.get("status") or {})
+        assert code == 200, body
+        return dict(body.get("status") or {})
 
     async def wait_for(
         self,
@@ -89,7 +108,7 @@ class Workload:
         name: str,
         check: Callable[[dict[str, Any]], bool],
         what: str,
-        timeout: float = 30,
+        timeout: float = 60,
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         status: dict[str, Any] | None = {}
@@ -102,6 +121,18 @@ class Workload:
 
     async def finished(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.wait_for(namespace, name, lambda s: s.get("phase") in FINISHED, "a finished phase")
+
+    def tool_results(self, tag: str) -> list[dict[str, Any]]:
+        """The tool_result blocks sent back to the model in the conversation tagged ``tag``."""
+        return [
+            block
+            for request in self.model.requests
+            if tag in json.dumps(request.body)
+            for message in request.body["messages"][-1:]
+            if isinstance(message["content"], list)
+            for block in message["content"]
+            if block.get("type") == "tool_result"
+        ]
 
 
 SCRIPTS = [
@@ -158,7 +189,7 @@ async def waits_for_its_secret(work: Workload) -> None:
         "metadata": {"name": "late-key"},
         "data": {"api-key": base64.b64encode(RUN_KEY.encode()).decode()},
     }
-    assert (await work.admin.post(f"/api/v1/namespaces/{namespace}/secrets", secret)).status == 201
+    await work.cluster.request("POST", f"/api/v1/namespaces/{namespace}/secrets", json=secret)
     assert (await work.finished(namespace, "late-key"))["phase"] == "Succeeded"
 
 
@@ -173,8 +204,11 @@ async def is_cancelled(work: Workload) -> None:
     namespace = work.namespaces[0]
     await work.apply(namespace, "cancel-me", "[rbac:slow] forever")
     await work.wait_for(namespace, "cancel-me", lambda s: s.get("phase") == "Running", "Running")
-    answer = await work.admin.patch(f"{_runs(namespace)}/cancel-me", {"spec": {"cancel": True}})
-    assert answer.status == 200, answer.body
+    patch = {"spec": {"cancel": True}}
+    headers = {"Content-Type": "application/merge-patch+json"}
+    await work.cluster.request(
+        "PATCH", f"{_runs(namespace)}/cancel-me", data=json.dumps(patch), headers=headers
+    )
     assert (await work.finished(namespace, "cancel-me"))["phase"] == "Cancelled"
 
 
@@ -183,15 +217,22 @@ async def is_deleted_after_its_ttl(work: Workload) -> None:
     # completionTime has whole seconds: a TTL of 1 s can run out a few ms after the run finishes.
     await work.apply(namespace, "short-lived", "[rbac:answer] ttl", ttlSecondsAfterFinished=2)
     await work.finished(namespace, "short-lived")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while await work.status(namespace, "short-lived") is not None:
         assert time.monotonic() < deadline, "the finished run was not deleted after its TTL"
         await asyncio.sleep(0.2)
 
 
 async def reads_the_cluster_as_its_service_account(work: Workload) -> None:
-    """Kubernetes tools impersonate spec.serviceAccountName (the call may fail; the run finishes)."""
+    """Kubernetes tools impersonate spec.serviceAccountName, which the chart must let the operator do."""
     namespace = work.namespaces[0]
+    await grant_service_account(
+        work.cluster,
+        "agent",
+        [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
+        probe=f"/api/v1/namespaces/{namespace}/configmaps",
+        namespace=namespace,
+    )
     await work.apply(
         namespace,
         "kube-reader",
@@ -199,7 +240,10 @@ async def reads_the_cluster_as_its_service_account(work: Workload) -> None:
         serviceAccountName="agent",
         tools=[{"builtin": {"name": "kubernetes_list"}}],
     )
-    await work.finished(namespace, "kube-reader")
+    status = await work.finished(namespace, "kube-reader")
+    assert (status["phase"], status["result"]) == ("Succeeded", "listed")
+    [listed] = work.tool_results("[rbac:kubernetes]")
+    assert not listed.get("is_error"), listed
 
 
 async def resumes_after_a_restart(work: Workload) -> None:
@@ -207,8 +251,8 @@ async def resumes_after_a_restart(work: Workload) -> None:
     namespace = work.namespaces[0]
     await work.apply(namespace, "resumed", "[rbac:resume] 1+1", tools=[{"builtin": {"name": "calculator"}}])
     chunk = f"/api/v1/namespaces/{namespace}/secrets/resumed-transcript-0"
-    deadline = time.monotonic() + 30
-    while (await work.admin.get(chunk)).status != 200:
+    deadline = time.monotonic() + 60
+    while (await work.cluster.status_of("GET", chunk))[0] != 200:
         assert time.monotonic() < deadline, "the tool_use answer was not stored"
         await asyncio.sleep(0.1)
     await work.restart()
@@ -221,12 +265,11 @@ async def takes_off_an_earlier_builds_finalizer(work: Workload) -> None:
     namespace = work.namespaces[-1]
     manifest = agentrun("inherited", "[rbac:answer] old", namespace=namespace, model=MODEL)
     manifest["metadata"]["finalizers"] = ["agentrun.dev/finalizer"]
-    answer = await work.admin.post(_runs(namespace), manifest)
-    assert answer.status == 201, answer.body
+    await work.cluster.request("POST", _runs(namespace), json=manifest)
     work.names.append((namespace, "inherited"))
     await work.finished(namespace, "inherited")
-    deadline = time.monotonic() + 20
-    while (await work.admin.get(f"{_runs(namespace)}/inherited")).body["metadata"].get("finalizers"):
+    deadline = time.monotonic() + 30
+    while (await work.cluster.request("GET", f"{_runs(namespace)}/inherited"))["metadata"].get("finalizers"):
         assert time.monotonic() < deadline, "the earlier build's finalizer was not removed"
         await asyncio.sleep(0.1)
 
@@ -243,35 +286,99 @@ SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
 ]
 
 
+@dataclass
+class OperatorIdentity:
+    """The chart's ServiceAccount as the operator logs in with it: exactly the chart's RBAC."""
+
+    kubeconfig: Path
+    #: The rules `helm template` renders for the account (on the emulator, the ones enforced).
+    policy: Policy
+    #: The emulator enforcing ``policy`` on the account's token; None on a real server.
+    emulator: KubeEmulator | None = None
+
+    def refusals(self, operator_log: str) -> list[str]:
+        """Refused requests: what the log says, and on the emulator what its authorizer answered no to."""
+        found = [f"operator log: {line}" for line in operator_log.splitlines() if REFUSAL.search(line)]
+        for decision in self.emulator.decisions if self.emulator is not None else ():
+            if not decision.allowed:
+                denied = "; ".join(c.describe() for c in decision.checks if not self.policy.would_allow(c))
+                found.append(f"{decision.record.method} {decision.record.path}: {denied}")
+        return found
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The test's namespaces: the watched ones and the chart's own (not watched)."""
+
+    watched: tuple[str, ...]
+    release_namespace: str
+
+
 @contextlib.asynccontextmanager
-async def guarded_cluster(policy: Policy) -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[CRD], rbac={OPERATOR_TOKEN: policy}) as kube:
-        async with KubeClient(kube.url) as admin:
-            for namespace in WATCHED:
-                if namespace != "default":
-                    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-                    assert (await admin.post("/api/v1/namespaces", body)).status == 201
-        yield kube
+async def namespaces_of_the_test(cluster: TestCluster) -> AsyncIterator[Layout]:
+    """The cluster's namespace and one more are watched; the chart goes into a third one."""
+    layout = Layout((cluster.namespace, f"{cluster.namespace}-b"), f"{cluster.namespace}-sys")
+    extra = [*layout.watched[1:], layout.release_namespace]
+    for namespace in extra:
+        await cluster.request("POST", "/api/v1/namespaces", json={"metadata": {"name": namespace}})
+    try:
+        yield layout
+    finally:
+        for namespace in layout.watched:  # a leftover finalizer would hold its namespace forever
+            for run in (await cluster.request("GET", _runs(namespace)))["items"]:
+                if run["metadata"].get("finalizers"):
+                    patch = json.dumps({"metadata": {"finalizers": None}})
+                    path = f"{_runs(namespace)}/{run['metadata']['name']}"
+                    headers = {"Content-Type": "application/merge-patch+json"}
+                    await cluster.status_of("PATCH", path, data=patch, headers=headers)
+        for namespace in extra:
+            await cluster.status_of("DELETE", f"/api/v1/namespaces/{namespace}")
 
 
-async def run_workload(kube: KubeAPI, args: tuple[str, ...], log: Path) -> None:
+@contextlib.asynccontextmanager
+async def chart_identity(cluster: TestCluster, scope: str, layout: Layout) -> AsyncIterator[OperatorIdentity]:
+    """The chart's ServiceAccount with the chart's RBAC in ``scope``, and a kubeconfig with its token."""
+    # Unique per test: the chart's ClusterRole and ClusterRoleBinding are named after the release.
+    release = f"rbaccov-{secrets.token_hex(3)}"
+    namespace = layout.release_namespace
+    policy = chart_policy(scope, layout.watched, release=release, release_namespace=namespace)
+    if cluster.emulator is not None:
+        cluster.emulator.authorizers[OPERATOR_TOKEN] = policy
+        yield OperatorIdentity(cluster.kubeconfig_with_token(OPERATOR_TOKEN), policy, cluster.emulator)
+        return
+    async with installed_chart(cluster.kubeconfig, release, namespace, chart_values(scope, layout.watched)):
+        account = policy.user.rpartition(":")[2]
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"
+        token = (await cluster.request("POST", path, json=request))["status"]["token"]
+        yield OperatorIdentity(cluster.kubeconfig_with_token(token), policy)
+
+
+async def run_workload(
+    cluster: TestCluster,
+    identity: OperatorIdentity,
+    namespaces: tuple[str, ...],
+    args: tuple[str, ...],
+    log: Path,
+) -> str:
+    """Every scenario, with the operator logged in as ``identity``; its log (all its processes')."""
     model = FakeMessagesAPI(scripts=SCRIPTS)
     async with model.running() as served:
 
         async def start(index: int) -> OperatorProcess:
-            operator = OperatorProcess(
-                kubeconfig=kube.kubeconfig_for(OPERATOR_TOKEN),
-                log_path=log.with_name(f"{log.stem}-{index}{log.suffix}"),
-                env={
+            operator = cluster.operator_process_as(
+                identity.kubeconfig,
+                log.with_name(f"{log.stem}-{index}{log.suffix}"),
+                {
                     "ANTHROPIC_API_KEY": API_KEY,
                     "ANTHROPIC_BASE_URL": served.url,
                     "AGENTRUN_SECRET_RETRY_SECONDS": "0.5",
                 },
-                args=args,
+                args,
             )
-            await operator.start()
+            await operator.start(ready_timeout=60)
             # The harness' own evidence snapshot at stop() is not the operator's: let it read as admin.
-            operator.kubeconfig = kube.kubeconfig_path
+            operator.kubeconfig = cluster.kubeconfig
             return operator
 
         operators = [await start(0)]
@@ -281,42 +388,58 @@ async def run_workload(kube: KubeAPI, args: tuple[str, ...], log: Path) -> None:
             operators.append(await start(len(operators)))
 
         try:
-            async with KubeClient(kube.url) as admin:
-                work = Workload(admin, WATCHED, restart)
-                for scenario in SCENARIOS:
-                    await scenario(work)
+            work = Workload(cluster, served, namespaces, restart)
+            for scenario in SCENARIOS:
+                await scenario(work)
         finally:
             await operators[-1].stop()
+    return "\n".join(operator.logs() for operator in operators)
+
+
+def _watching(namespaces: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(arg for namespace in namespaces for arg in ("--namespace", namespace))
 
 
 def _key(permission: Permission) -> tuple[str, str, str]:
     return (permission.api_group, permission.resource, permission.verb)
 
 
-@pytest.mark.parametrize(
-    ("scope", "args"),
-    [
-        ("cluster", ("--all-namespaces",)),
-        ("namespaces", tuple(arg for ns in WATCHED for arg in ("--namespace", ns))),
-    ],
-)
-async def test_the_operator_needs_every_permission_the_chart_grants_and_no_other(
-    scope: str, args: tuple[str, ...], tmp_path: Path
+async def test_the_chart_allows_every_request_the_operator_makes(
+    cluster: TestCluster, tmp_path: Path
 ) -> None:
-    policy = chart_policy(scope, WATCHED)
-    async with guarded_cluster(policy) as kube:
-        await run_workload(kube, args, tmp_path / "operator.log")
-        decisions = list(kube.emulator.decisions)
+    async with (
+        namespaces_of_the_test(cluster) as layout,
+        chart_identity(cluster, "namespaces", layout) as identity,
+    ):
+        log = await run_workload(
+            cluster, identity, layout.watched, _watching(layout.watched), tmp_path / "op.log"
+        )
+    refused = identity.refusals(log)
+    assert not refused, "the chart forbids requests the operator makes:\n" + "\n".join(refused)
+
+
+@pytest.mark.emulator_only(
+    "counts which chart rule answered each of the operator's requests, which needs the emulator's "
+    "record of every authorization decision (the real server's audit log is off)"
+)
+@pytest.mark.parametrize("scope", ["cluster", "namespaces"])
+async def test_the_operator_needs_every_permission_the_chart_grants_and_no_other(
+    scope: str, cluster: TestCluster, tmp_path: Path
+) -> None:
+    async with (
+        namespaces_of_the_test(cluster) as layout,
+        chart_identity(cluster, scope, layout) as identity,
+    ):
+        args = ("--all-namespaces",) if scope == "cluster" else _watching(layout.watched)
+        log = await run_workload(cluster, identity, layout.watched, args, tmp_path / "operator.log")
+    assert identity.emulator is not None
+    decisions = list(identity.emulator.decisions)
+    policy = identity.policy
 
     assert decisions, "the operator made no request with its own token"
-    refused = [
-        f"{d.record.method} {d.record.path}: "
-        + "; ".join(c.describe() for c in d.checks if not policy.would_allow(c))
-        for d in decisions
-        if not d.allowed
-    ]
+    refused = identity.refusals(log)
     assert not refused, "the chart forbids requests the operator makes:\n" + "\n".join(refused)
-    assert {c.user for d in decisions for c in d.checks} == {OPERATOR_USER}
+    assert {c.user for d in decisions for c in d.checks} == {policy.user}
 
     questions = [check for decision in decisions for check in decision.checks]
     unused = policy.unused(questions)

@@ -1,4 +1,8 @@
-"""`agentrun run` with webhook, MCP and Kubernetes tools against servers started by the test."""
+"""`agentrun run` with webhook, MCP and Kubernetes tools against servers started by the test.
+
+The Kubernetes scenario runs against the test's cluster (the emulator, or a real API server with
+`--real-cluster`): the CLI reads as the run's service account, whose Role the test creates.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ from typing import Any
 
 import yaml
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.sandbox.messages_api import FakeMessagesAPI
 from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from tests.support.clusters import TestCluster
+from tests.support.rbac import grant_service_account
 from tests.unit.tools.servers import Answer, WebhookReceiver, mcp_serving
 
 
@@ -98,32 +103,39 @@ async def test_agentrun_run_calls_a_webhook_and_an_mcp_server(tmp_path: Path) ->
     assert results["toolu_m1"]["content"] == "17"
 
 
-async def test_agentrun_run_reads_header_secrets_and_kubernetes_from_kubeconfig(tmp_path: Path) -> None:
+async def test_agentrun_run_reads_header_secrets_and_kubernetes_from_kubeconfig(
+    tmp_path: Path, cluster: TestCluster
+) -> None:
+    ns = cluster.namespace
     steps = [
         Reply([tool_use_block("notify", {"text": "hi"}, id="toolu_1")]),
-        Reply([tool_use_block("kubernetes_list", {"resource": "pods"}, id="toolu_2")]),
+        Reply(
+            [
+                tool_use_block("kubernetes_list", {"resource": "pods"}, id="toolu_2"),
+                tool_use_block("kubernetes_list", {"resource": "secrets"}, id="toolu_3"),
+            ]
+        ),
         Reply([text_block("ok")]),
     ]
     api = FakeMessagesAPI(scripts=[Script("[scenario:cli-kube]", steps)])
-    async with (
-        KubeEmulator.running() as cluster,
-        api.running() as model,
-        WebhookReceiver().running() as receiver,
-    ):
-        cluster.emulator.create_object(
-            "namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
-        )
-        headers = base64.b64encode(b'{"X-Token": "abc"}').decode()
-        cluster.emulator.create_object(
-            "secrets",
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": "hook", "namespace": "team-a"},
-                "data": {"h": headers},
-            },
-        )
-        spec = {
+    agent = await grant_service_account(
+        cluster,
+        "agent",
+        [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        probe=cluster.path("pods"),
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web-1"},
+        "spec": {"serviceAccountName": "agent", "containers": [{"name": "app", "image": "nginx"}]},
+    }
+    await cluster.request("POST", cluster.path("pods"), json=pod)
+    headers = base64.b64encode(b'{"X-Token": "abc"}').decode()
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hook"}, "data": {"h": headers}}
+    await cluster.request("POST", cluster.path("secrets"), json=secret)
+    async with api.running() as model, WebhookReceiver().running() as receiver:
+        spec: dict[str, Any] = {
             "task": "[scenario:cli-kube] go",
             "model": {"name": "claude-haiku-4-5"},
             "serviceAccountName": "agent",
@@ -139,38 +151,37 @@ async def test_agentrun_run_reads_header_secrets_and_kubernetes_from_kubeconfig(
                 {"builtin": {"name": "kubernetes_list"}},
             ],
         }
+        env = {
+            "ANTHROPIC_API_KEY": "k",
+            "ANTHROPIC_BASE_URL": model.url,
+            "KUBECONFIG": str(cluster.kubeconfig),
+        }
         manifest = _manifest(tmp_path / "run.yaml", "cli-kube", spec)
-        code, out, err = await _agentrun_run(
-            manifest,
-            {
-                "ANTHROPIC_API_KEY": "k",
-                "ANTHROPIC_BASE_URL": model.url,
-                "KUBECONFIG": str(cluster.kubeconfig_path),
-            },
-            "--namespace",
-            "team-a",
-        )
+        code, out, err = await _agentrun_run(manifest, env, "--namespace", ns)
         assert code == 0, err
         assert receiver.received[0].headers["X-Token"] == "abc"
-        listing = [r for r in cluster.emulator.request_log if r.resource == "pods"]
-        assert [(r.namespace, r.impersonate_user) for r in listing] == [
-            ("team-a", "system:serviceaccount:team-a:agent")
-        ]
+        third = [m for m in model.requests if "[scenario:cli-kube]" in json.dumps(m.body)][2]
+        results = {b["tool_use_id"]: b for b in third.body["messages"][-1]["content"]}
+        # Listed in the run's namespace, as its service account: the account may list pods there and
+        # is refused Secrets (which the kubeconfig's own identity could read).
+        assert not results["toolu_2"].get("is_error"), results["toolu_2"]
+        listing = json.loads(results["toolu_2"]["content"])
+        assert (listing["resource"], listing["namespace"], listing["count"]) == ("pods", ns, 1)
+        assert [item["name"] for item in listing["items"]] == ["web-1"]
+        assert results["toolu_3"].get("is_error") is True
+        refusal = json.loads(results["toolu_3"]["content"])
+        assert refusal["code"] == "forbidden"
+        assert refusal["message"] == (
+            f"not allowed: {agent} may not list secrets in namespace {ns} (secrets is forbidden: "
+            f'User "{agent}" cannot list resource "secrets" in API group "" in the namespace "{ns}")'
+        )
 
         # A Secret the cluster does not have is a clear error before anything runs.
-        missing = _manifest(
-            tmp_path / "missing.yaml", "cli-kube", {**spec, "tools": spec["tools"][:1]}, "default"
-        )
-        code, out, err = await _agentrun_run(
-            missing,
-            {
-                "ANTHROPIC_API_KEY": "k",
-                "ANTHROPIC_BASE_URL": model.url,
-                "KUBECONFIG": str(cluster.kubeconfig_path),
-            },
-        )
+        tools = [{"http": {**spec["tools"][0]["http"], "headersFrom": {"name": "no-such-hook", "key": "h"}}}]
+        missing = _manifest(tmp_path / "missing.yaml", "cli-kube", {**spec, "tools": tools}, ns)
+        code, out, err = await _agentrun_run(missing, env)
     assert code == 2 and out == ""
-    assert "Secret default/hook with key 'h' (spec.tools[0].http.headersFrom) does not exist" in err
+    assert f"Secret {ns}/no-such-hook with key 'h' (spec.tools[0].http.headersFrom) does not exist" in err
 
 
 async def test_agentrun_run_without_a_cluster_says_which_tools_need_one(tmp_path: Path) -> None:

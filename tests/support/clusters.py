@@ -148,6 +148,18 @@ class TestCluster:
                 body = text
             return response.status, body
 
+    async def whoami(self) -> str:
+        """The user name the server authenticates the admin credentials as (a SelfSubjectReview, as
+        `kubectl auth whoami` asks): what an approval policy compares `by` with, so never hard-coded."""
+        review = await self.request(
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        )
+        username = review.get("status", {}).get("userInfo", {}).get("username")
+        assert isinstance(username, str) and username, review
+        return username
+
     async def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 120) -> tuple[int, str]:
         """kubectl in the test namespace (stdout and stderr together), without blocking the event loop."""
         proc = await asyncio.create_subprocess_exec(
@@ -196,6 +208,64 @@ class TestCluster:
     ) -> contextlib.AbstractAsyncContextManager[OperatorProcess]:
         """The operator running against this cluster for the block."""
         return running_operator(self.kubeconfig, log_path, env, self.operator_args(args))
+
+    def operator_process_as(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        env: Mapping[str, str],
+        args: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> OperatorProcess:
+        """An unstarted operator that logs in with ``kubeconfig`` (another identity, e.g. a token's)."""
+        return OperatorProcess(
+            kubeconfig=kubeconfig, log_path=log_path, env=env, args=self.operator_args(args), **kwargs
+        )
+
+    def kubeconfig_with_token(self, token: str) -> Path:
+        """A kubeconfig for this cluster that authenticates with a bearer ``token`` instead of the admin's."""
+        if self.kube is not None:
+            return Path(self.kube.kubeconfig_for(token))
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        context = _named(config.get("contexts"), config.get("current-context"))["context"]
+        server = dict(_named(config.get("clusters"), context["cluster"])["cluster"])
+        if server.get("certificate-authority"):  # relative to the admin kubeconfig, not to the new file
+            server["certificate-authority"] = str(
+                (self.kubeconfig.parent / server["certificate-authority"]).resolve()
+            )
+        path = self.workdir / f"token-{secrets.token_hex(4)}.kubeconfig"
+        path.touch(mode=0o600)
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "cluster", "cluster": server}],
+                    "users": [{"name": "token", "user": {"token": token}}],
+                    "contexts": [{"name": "token", "context": {"cluster": "cluster", "user": "token"}}],
+                    "current-context": "token",
+                }
+            )
+        )
+        return path
+
+    def kubeconfig_in_namespace(self) -> Path:
+        """The admin kubeconfig with the test namespace as its context's: tools run without ``-n`` act
+        there, as after `kubectl config set-context --current --namespace=...`."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        context = _named(config.get("contexts"), config.get("current-context"))["context"]
+        context["namespace"] = self.namespace
+        entries = [c["cluster"] for c in config.get("clusters") or []] + [
+            u["user"] for u in config.get("users") or []
+        ]
+        for entry in entries:  # relative to the admin kubeconfig, not to the copy
+            for key in ("certificate-authority", "client-certificate", "client-key", "tokenFile"):
+                if entry.get(key):
+                    entry[key] = str((self.kubeconfig.parent / entry[key]).resolve())
+        path = self.workdir / f"in-{self.namespace}-{secrets.token_hex(4)}.kubeconfig"
+        path.touch(mode=0o600)
+        path.write_text(yaml.safe_dump(config))
+        return path
 
     async def close(self) -> None:
         for session in self._sessions:
@@ -246,6 +316,8 @@ def real_server_session(kubeconfig: Path) -> Iterator[Path]:
 async def emulated_cluster() -> AsyncIterator[TestCluster]:
     """A fresh emulated API server with the AgentRun CRD; the test namespace is ``default``."""
     async with KubeAPI.running(crd_paths=[CRD]) as kube:
+        # As a real server: an impersonated request may do what the roles stored for its target allow.
+        kube.emulator.authorize_impersonated_users = True
         workdir = Path(kube.kubeconfig_path).parent
         cluster = TestCluster(
             kubeconfig=Path(kube.kubeconfig_path),

@@ -3,7 +3,8 @@
 `chart_policy()` runs `helm template` on the chart, keeps the ClusterRoles and Roles bound to the
 operator's ServiceAccount (by ClusterRoleBindings and RoleBindings) and returns a `Policy`. A
 `Policy` answers the questions of `agentrun.sandbox.kube_authz.Attributes` with the semantics of
-kube-apiserver's RBAC authorizer (`pkg/registry/rbac/validation` and `plugin/pkg/auth/authorizer/rbac`):
+kube-apiserver's RBAC authorizer (`pkg/registry/rbac/validation` and `plugin/pkg/auth/authorizer/rbac`,
+the rule matching shared with the emulator in `agentrun.sandbox.kube_rbac`):
 
 * a rule matches when its verbs, apiGroups, resources and resourceNames all match; `*` matches any
   verb, group or resource, `*/sub` any resource's subresource `sub`; a rule with resourceNames
@@ -22,10 +23,14 @@ The policy also records which chart permission answered each question, for the c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +40,10 @@ import yaml
 from agentrun.sandbox.kube_api import KubeAPI
 from agentrun.sandbox.kube_authz import SERVICE_ACCOUNT_PREFIX, Attributes, attributes_of
 from agentrun.sandbox.kube_http import RequestRecord
+from agentrun.sandbox.kube_rbac import BOOTSTRAP_RULES as CLUSTER_BOOTSTRAP_RULES
+from agentrun.sandbox.kube_rbac import PolicyRule, groups_of, subject_matches
 from tests.chart.tooling import CHART, find_tool
+from tests.support.clusters import TestCluster
 
 RELEASE = "agentrun-operator"
 RELEASE_NAMESPACE = "agentrun-system"
@@ -44,37 +52,14 @@ BOOTSTRAP = "bootstrap"  # source name of the cluster's default roles
 
 
 @dataclass(frozen=True)
-class Rule:
+class Rule(PolicyRule):
     """One PolicyRule of a (Cluster)Role; ``source`` says where it came from (for messages)."""
 
-    verbs: tuple[str, ...]
-    api_groups: tuple[str, ...] = ()
-    resources: tuple[str, ...] = ()
-    resource_names: tuple[str, ...] = ()
-    non_resource_urls: tuple[str, ...] = ()
     source: str = ""
 
     @classmethod
     def parse(cls, rule: Mapping[str, Any], source: str) -> Rule:
-        return cls(
-            verbs=tuple(rule.get("verbs") or ()),
-            api_groups=tuple(rule.get("apiGroups") or ()),
-            resources=tuple(rule.get("resources") or ()),
-            resource_names=tuple(rule.get("resourceNames") or ()),
-            non_resource_urls=tuple(rule.get("nonResourceURLs") or ()),
-            source=source,
-        )
-
-    def matches(self, attributes: Attributes) -> bool:
-        if not _verb_matches(self.verbs, attributes.verb):
-            return False
-        if not attributes.resource_request:
-            return any(_url_matches(url, attributes.path) for url in self.non_resource_urls)
-        return (
-            _group_matches(self.api_groups, attributes.api_group)
-            and _resource_matches(self.resources, attributes.rbac_resource, attributes.subresource)
-            and (not self.resource_names or attributes.name in self.resource_names)
-        )
+        return cls(**PolicyRule.fields_of(rule), source=source)
 
     def permissions(self) -> list[Permission]:
         """The rule spelled out one (group, resource, verb) or (url, verb) at a time."""
@@ -132,56 +117,10 @@ class Grant:
         return self.rule.matches(attributes)
 
 
-def _verb_matches(verbs: Sequence[str], verb: str) -> bool:
-    return "*" in verbs or verb in verbs
-
-
-def _group_matches(groups: Sequence[str], group: str) -> bool:
-    return "*" in groups or group in groups
-
-
-def _resource_matches(resources: Sequence[str], combined: str, subresource: str) -> bool:
-    for resource in resources:
-        if resource == "*" or resource == combined:
-            return True
-        if subresource and resource == f"*/{subresource}":
-            return True
-    return False
-
-
-def _url_matches(rule_url: str, path: str) -> bool:
-    if rule_url == "*" or rule_url == path:
-        return True
-    return rule_url.endswith("*") and path.startswith(rule_url[:-1])
-
-
 #: What every authenticated identity may do in a default cluster (system:discovery,
 #: system:public-info-viewer and system:basic-user, bound to system:authenticated).
-BOOTSTRAP_RULES = (
-    Rule(
-        ("get",),
-        non_resource_urls=(
-            "/api",
-            "/api/*",
-            "/apis",
-            "/apis/*",
-            "/healthz",
-            "/livez",
-            "/readyz",
-            "/version",
-            "/version/",
-            "/openapi",
-            "/openapi/*",
-        ),
-        source=BOOTSTRAP,
-    ),
-    Rule(
-        ("create",),
-        ("authorization.k8s.io",),
-        ("selfsubjectaccessreviews", "selfsubjectrulesreviews"),
-        source=BOOTSTRAP,
-    ),
-    Rule(("create",), ("authentication.k8s.io",), ("selfsubjectreviews",), source=BOOTSTRAP),
+BOOTSTRAP_RULES = tuple(
+    Rule(**dataclasses.asdict(rule), source=BOOTSTRAP) for rule in CLUSTER_BOOTSTRAP_RULES
 )
 
 
@@ -228,19 +167,7 @@ class Policy:
 
 
 def _subject_matches(subject: Mapping[str, Any], user: str) -> bool:
-    kind, name = subject.get("kind"), subject.get("name")
-    namespace = subject.get("namespace")
-    if kind == "ServiceAccount":
-        return user == f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"
-    if kind == "User":
-        return user == name
-    if kind == "Group":
-        if name == "system:authenticated":
-            return True
-        if user.startswith(SERVICE_ACCOUNT_PREFIX):
-            sa_namespace = user.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":")[0]
-            return name in ("system:serviceaccounts", f"system:serviceaccounts:{sa_namespace}")
-    return False
+    return subject_matches(subject, user, groups_of(user))
 
 
 def policy_from_manifests(manifests: Iterable[Mapping[str, Any]], user: str) -> Policy:
@@ -273,20 +200,83 @@ def policy_from_manifests(manifests: Iterable[Mapping[str, Any]], user: str) -> 
     return Policy(user, tuple(grants))
 
 
-def render_chart(
-    values: Mapping[str, Any], *, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE
-) -> list[Any]:
-    """`helm template` with the real helm; helm's own state kept out of $HOME."""
+RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
+
+
+async def grant_service_account(
+    cluster: TestCluster,
+    name: str,
+    rules: Sequence[Mapping[str, Any]],
+    *,
+    probe: str,
+    namespace: str | None = None,
+) -> str:
+    """A ServiceAccount allowed ``rules`` in its namespace (a Role and a RoleBinding); its user name.
+
+    Returns once the server authorizes with the new binding: ``probe``, a path the rules allow,
+    answers 200 to a request impersonating the account (a real server's RBAC cache lags writes).
+    """
+    namespace = namespace or cluster.namespace
+    user = f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"
+    metadata = {"name": name, "namespace": namespace}
+    subject = {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+    manifests = [
+        ("/api/v1", "serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}),
+        (
+            RBAC_API,
+            "roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": metadata,
+                "rules": list(rules),
+            },
+        ),
+        (
+            RBAC_API,
+            "rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": metadata,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [subject],
+            },
+        ),
+    ]
+    for api, resource, manifest in manifests:
+        await cluster.request("POST", f"{api}/namespaces/{namespace}/{resource}", json=manifest)
+    deadline = time.monotonic() + 30
+    while True:
+        code, body = await cluster.status_of("GET", probe, headers={"Impersonate-User": user})
+        if code == 200:
+            return user
+        assert time.monotonic() < deadline, f"{user} still may not GET {probe}: {code} {body}"
+        await asyncio.sleep(0.2)
+
+
+def _helm() -> Path:
     helm = find_tool("helm")
     if helm is None:
         raise AssertionError("helm not found on PATH or in .tools/bin: run `make tools`")
+    return helm
+
+
+def _helm_env(home: str) -> dict[str, str]:
+    """helm's own state (cache, config, release data) kept out of $HOME."""
+    return {**os.environ, **{f"HELM_{k}_HOME": f"{home}/{k.lower()}" for k in ("CACHE", "CONFIG", "DATA")}}
+
+
+def render_chart(
+    values: Mapping[str, Any], *, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE
+) -> list[Any]:
+    """`helm template` with the real helm."""
     with tempfile.TemporaryDirectory(prefix="rbac-helm-") as tmp:
         values_file = Path(tmp) / "values.yaml"
         values_file.write_text(yaml.safe_dump(dict(values)))
-        env = {**os.environ, **{f"HELM_{k}_HOME": f"{tmp}/{k.lower()}" for k in ("CACHE", "CONFIG", "DATA")}}
         proc = subprocess.run(
             [
-                str(helm),
+                str(_helm()),
                 "template",
                 release,
                 str(CHART),
@@ -298,7 +288,7 @@ def render_chart(
             capture_output=True,
             text=True,
             timeout=60,
-            env=env,
+            env=_helm_env(tmp),
             check=False,
         )
     if proc.returncode != 0:
@@ -306,14 +296,63 @@ def render_chart(
     return list(yaml.safe_load_all(proc.stdout))
 
 
-def chart_policy(
+def chart_values(
     scope: str = "cluster", namespaces: Sequence[str] = (), values: Mapping[str, Any] | None = None
-) -> Policy:
-    """The operator's effective rules from the chart in ``scope`` "cluster" or "namespaces"."""
+) -> dict[str, Any]:
+    """The chart's values for RBAC ``scope`` "cluster" or "namespaces" (watching ``namespaces``)."""
     all_values: dict[str, Any] = {"rbac": {"scope": scope}, **(values or {})}
     if scope == "namespaces":
         all_values["watchNamespaces"] = list(namespaces)
-    return policy_from_manifests(render_chart(all_values), OPERATOR_USER)
+    return all_values
+
+
+def chart_policy(
+    scope: str = "cluster",
+    namespaces: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    release: str = RELEASE,
+    release_namespace: str = RELEASE_NAMESPACE,
+) -> Policy:
+    """The effective rules of the operator's ServiceAccount (the one the chart renders) in ``scope``."""
+    manifests = render_chart(
+        chart_values(scope, namespaces, values), release=release, namespace=release_namespace
+    )
+    [account] = [m["metadata"]["name"] for m in manifests if m and m["kind"] == "ServiceAccount"]
+    return policy_from_manifests(manifests, f"{SERVICE_ACCOUNT_PREFIX}{release_namespace}:{account}")
+
+
+async def _helm_run(kubeconfig: Path, home: str, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        str(_helm()),
+        *args,
+        "--kubeconfig",
+        str(kubeconfig),
+        env=_helm_env(home),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 300)
+    if proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{out.decode()}")
+    return out.decode()
+
+
+@contextlib.asynccontextmanager
+async def installed_chart(
+    kubeconfig: Path, release: str, namespace: str, values: Mapping[str, Any]
+) -> AsyncIterator[None]:
+    """`helm install` of the chart (CRDs left alone: the session applied them) until the block exits,
+    then `helm uninstall`, which also deletes its cluster-scoped ClusterRoles and bindings."""
+    with tempfile.TemporaryDirectory(prefix="rbac-helm-") as home:
+        values_file = Path(home) / "values.yaml"
+        values_file.write_text(yaml.safe_dump(dict(values)))
+        chart = ("install", release, str(CHART), "--namespace", namespace, "--skip-crds")
+        await _helm_run(kubeconfig, home, *chart, "--values", str(values_file))
+        try:
+            yield
+        finally:
+            await _helm_run(kubeconfig, home, "uninstall", release, "--namespace", namespace, "--wait")
 
 
 # --- the session-wide record ------------------------------------------------------------------------
