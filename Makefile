@@ -7,39 +7,45 @@ STAMP  := $(VENV)/.installed
 
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: help demo test lint typecheck unit integration chart-test tools crds bench e2e e2e-kind clean
+.PHONY: help demo test lint typecheck unit integration chart-test tools crds docs docs-build bench e2e e2e-kind clean
 
 help:
 	@echo "make demo   - offline demo: emulated Kubernetes API + scripted model + the real operator"
 	@echo "make test   - everything CI runs: lint, types, import contracts, unit, integration, chart, bench smoke"
 	@echo "make bench  - benchmark harness; prints a table and writes bench/RESULTS.md"
 	@echo "make crds   - regenerate crds/ and the chart's copy from the pydantic models"
+	@echo "make docs   - regenerate the field reference and build the documentation site into site/"
 	@echo "make e2e    - the integration scenarios against the cluster KUBECONFIG points at"
 	@echo "make e2e-kind - make e2e plus the chart and the examples on a throwaway kind cluster (Docker)"
 
-$(STAMP): pyproject.toml
+# The groups install the stand-ins (sandbox/: emulator, fake Messages API, demo) from their folder; they are
+# then reinstalled editable, so changes to them need no reinstall.
+EDITABLE_SANDBOX := $(BIN)/python -m pip install --quiet --no-deps -e ./sandbox
+
+$(STAMP): pyproject.toml sandbox/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
 	$(BIN)/python -m pip install --quiet -e . --group dev
+	$(EDITABLE_SANDBOX)
 	touch $@
 
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/agentrun demo
+	$(BIN)/agentrun-sandbox demo
 
 tools:
 	bash scripts/install-tools.sh $(TOOLS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator sandbox tests bench
+	$(BIN)/ruff format --check operator sandbox tests bench
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) $(VENV)/.bench-installed tools lint typecheck
+test: $(STAMP) $(VENV)/.bench-installed tools lint typecheck docs-build
 	$(BIN)/python -m pytest
 
 chart-test: $(STAMP) tools
@@ -48,9 +54,28 @@ chart-test: $(STAMP) tools
 crds: $(STAMP)
 	$(BIN)/agentrun crd > crds/agentruns.agentrun.dev.yaml
 	cp crds/agentruns.agentrun.dev.yaml charts/agentrun-operator/crds/agentruns.agentrun.dev.yaml
+	$(BIN)/agentrun crd --reference > docs/reference/agentrun.md
+
+# Material for MkDocs prints an end-of-life notice (fixes until May 2027) on every build; silenced here.
+# Without -q: MkDocs' quiet mode drops the warnings that --strict turns into a failed build.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+
+$(VENV)/.docs-installed: $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet --group docs
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(BIN)/agentrun crd --reference > docs/reference/agentrun.md
+	$(MKDOCS) build --strict
+
+# What make test checks: the site builds with no warning (links, anchors, nav); the reference is
+# not regenerated here, so a stale one fails the unit test that compares it.
+docs-build: $(VENV)/.docs-installed
+	$(MKDOCS) build --strict
 
 $(VENV)/.bench-installed: $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet --group bench
+	$(EDITABLE_SANDBOX)
 	touch $@
 
 # BENCH_ARGS="--quick" or "--only loop" for a partial run (see python -m bench --help).
@@ -64,4 +89,4 @@ e2e-kind: $(STAMP)
 	bash scripts/e2e-kind.sh
 
 clean:
-	rm -rf $(VENV) $(TOOLS) build dist .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) build dist site .mypy_cache .ruff_cache

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from bench.cluster import agentrun_manifest, create_runs, running_stack
 from bench.conversation import API_KEY, MODEL
 from bench.figures import Figure, Section, Target, median, progress

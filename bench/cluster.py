@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
-import socket
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,8 @@ import kmock
 import psutil  # type: ignore[import-untyped]  # no stubs in the dev group
 
 from agentrun.api.status import FINISHED_PHASES
-from agentrun.sandbox.kube_api import KubeAPI, KubeEmulator, RequestRecord
+from agentrun_sandbox import operator_process
+from agentrun_sandbox.kube import EmulatedCluster, KubeEmulator, RequestRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
@@ -77,13 +75,6 @@ class RecordingEmulator(KubeEmulator):
         return record
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class ProcessSampler:
     """Peak RSS and CPU time of a process, sampled every ``interval`` seconds."""
@@ -120,97 +111,35 @@ class ProcessSampler:
                 await self._task
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM the operator when the benchmark dies, so an interrupted run leaves no orphans."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
-class OperatorProcess:
-    """``agentrun operator`` in a child process, started the way a Deployment would run it."""
+class OperatorProcess(operator_process.OperatorProcess):
+    """The shared operator process (:mod:`agentrun_sandbox.operator_process`), optionally under a profiler."""
 
-    kubeconfig: Path
-    log_path: Path
-    env: Mapping[str, str] = field(default_factory=dict)
-    args: tuple[str, ...] = ()
+    log_format: str = "json"
+    die_with_parent: bool = True
     profile_path: Path | None = None
     """When set, the operator runs under cProfile and writes its stats here on exit."""
-    health_port: int = field(default_factory=free_port)
-    metrics_port: int = field(default_factory=free_port)
-    process: asyncio.subprocess.Process | None = None
 
-    async def start(self, *, ready_timeout: float = 60.0) -> None:
-        env = {
-            **{
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("ANTHROPIC_", "AGENTRUN_", "KUBERNETES_"))
-            },
-            "KUBECONFIG": str(self.kubeconfig),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            **self.env,
-        }
-        with self.log_path.open("ab") as log:
-            entry = (
-                ("bench.profiled_operator", str(self.profile_path))
-                if self.profile_path
-                else ("agentrun.cli.main",)
-            )
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                *entry,
-                "operator",
-                "--bind-address",
-                "127.0.0.1",
-                "--metrics-port",
-                str(self.metrics_port),
-                "--health-port",
-                str(self.health_port),
-                "--log-format",
-                "json",
-                *self.args,
-                env=env,
-                stdout=log,
-                stderr=log,
-                preexec_fn=_die_with_parent,
-            )
-        deadline = time.monotonic() + ready_timeout
-        url = f"http://127.0.0.1:{self.health_port}/healthz"
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if self.process.returncode is not None:
-                    raise RuntimeError(f"operator exited with {self.process.returncode}; see {self.log_path}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(url) as response:
-                        if response.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise TimeoutError(f"operator not healthy within {ready_timeout}s; see {self.log_path}")
+    def entry(self) -> tuple[str, ...]:
+        if self.profile_path is None:
+            return super().entry()
+        return ("bench.profiled_operator", str(self.profile_path))
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        # bench/ is not installed: the profiled entry point is imported from the repository.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        return {**env, **self.env}
 
     def start_profiling(self) -> None:
         """Profiled operators record from now on (see :mod:`bench.profiled_operator`)."""
         if self.profile_path is not None and self.process is not None:
             self.process.send_signal(signal.SIGUSR1)
 
-    async def stop(self, timeout: float = 3.0) -> None:
-        """SIGTERM, then SIGKILL: the figures are taken by now, and Kopf's graceful shutdown takes seconds."""
-        proc = self.process
-        if proc is None or proc.returncode is not None:
-            return
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
 
 @dataclass
 class Stack:
-    kube: KubeAPI
+    kube: EmulatedCluster
     emulator: RecordingEmulator
     operator: OperatorProcess
     sampler: ProcessSampler
@@ -229,7 +158,7 @@ async def running_stack(
 ) -> AsyncIterator[Stack]:
     """Emulator in this process, operator in a child process pointed at it and at the fake model."""
     emulator = RecordingEmulator(strict=False)
-    async with KubeAPI.running(crd_paths=[CRD], emulator=emulator) as kube:
+    async with EmulatedCluster.running(crd_paths=[CRD], emulator=emulator) as kube:
         operator = OperatorProcess(
             kubeconfig=Path(kube.kubeconfig_path),
             log_path=workdir / f"operator-{label}.log",
@@ -237,7 +166,7 @@ async def running_stack(
             args=("--max-concurrent-runs", str(max_concurrent_runs)),
             profile_path=profile_path,
         )
-        await operator.start()
+        await operator.start(ready_timeout=60.0)
         assert operator.process is not None
         sampler = ProcessSampler(operator.process.pid)
         sampler.start()

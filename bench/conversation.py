@@ -7,7 +7,7 @@ frameworks' own tool descriptions). Tool inputs differ per turn so loop detectio
 
 from __future__ import annotations
 
-from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 
 MODEL = "claude-haiku-4-5"
 MAX_TOKENS = 1024

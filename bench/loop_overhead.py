@@ -22,15 +22,15 @@ from typing import Any
 import anthropic
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.stops import StopReason
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import Event
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
-from agentrun.loop.stops import StopReason
-from agentrun.model.messaging import ClientPool
+from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
-from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun_sandbox.messages.api import FakeMessagesAPI
 from bench.conversation import (
     API_KEY,
     MAX_TOKENS,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # no stubs in the dev group
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from bench import sdk_floor
 from bench.cluster import agentrun_manifest, create_runs, running_stack
 from bench.conversation import API_KEY, MODEL
@@ -31,7 +31,7 @@ MODEL_REQUESTS = 5
 
 #: Code paths whose cumulative time the operator profile reports (file suffix : function).
 HOT_PATHS = {
-    "one model request (adapter + SDK streaming + httpx2)": "model/messaging.py:complete",
+    "one model request (adapter + SDK streaming + httpx2)": "model/anthropic_calling.py:complete",
     "stream accumulation (our StreamedMessage.add, per SSE event)": "model/streaming.py:add",
     "httpcore2 pool: assigning requests to connections": "connection_pool.py:_assign_requests_to_connections",
     "status writes (StatusWriter._patch)": "controller/status_writing.py:_patch",

@@ -13,15 +13,15 @@ import time
 from dataclasses import dataclass, field
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.stops import StopReason
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import Checkpoint, Event
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
-from agentrun.loop.stops import StopReason
-from agentrun.model.messaging import ClientPool
+from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
-from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun_sandbox.messages.api import FakeMessagesAPI
 from bench.conversation import API_KEY, MAX_TOKENS, MODEL, task, tool_turns_script
 from bench.figures import Figure, Section, Target, median, progress
 

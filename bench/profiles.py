@@ -11,6 +11,10 @@ def package_of(filename: str) -> str:
         return filename.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
     if "/agentrun/" in filename:
         return "agentrun." + filename.split("/agentrun/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    if "/agentrun_sandbox/" in filename:
+        return "agentrun_sandbox." + filename.split("/agentrun_sandbox/", 1)[1].split("/", 1)[0].removesuffix(
+            ".py"
+        )
     if "/bench/" in filename:
         return "bench"
     if filename.startswith("<") or "/lib/python" in filename or filename == "~":

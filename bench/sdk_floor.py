@@ -18,8 +18,9 @@ from pathlib import Path
 import yaml
 
 from agentrun.loop.protocols import ModelRequest
-from agentrun.model.messaging import ClientPool
-from agentrun.sandbox.messages_script import Script, scripts_to_data
+from agentrun.model.anthropic_calling import ClientPool
+from agentrun_sandbox.messages.script import Script
+from agentrun_sandbox.messages.script_files import scripts_to_data
 from bench.conversation import API_KEY, MODEL
 
 
@@ -37,7 +38,7 @@ async def messages_api_process(script: Script, latency: float) -> AsyncIterator[
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "agentrun.sandbox.messages_api",
+            "agentrun_sandbox.messages.server",
             "--latency",
             str(latency),
             "--script",

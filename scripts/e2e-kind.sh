@@ -11,8 +11,8 @@
 #   4. deletes the cluster.
 #
 # The model: with ANTHROPIC_API_KEY set, the real Anthropic API (every example must succeed).
-# Without it, the scripted fake Messages API runs in the cluster from the same image
-# (`python -m agentrun.sandbox.messages_api`); its stand-in model answers what-time correctly but
+# Without it, the scripted fake Messages API runs in the cluster, from its own image
+# (sandbox/Dockerfile: the operator's image does not contain it); its stand-in model answers what-time correctly but
 # cannot be relied on for calculator's required tool, so only what-time is waited for.
 #
 # Environment: KIND_CLUSTER_NAME (default agentrun-e2e), KIND_NODE_IMAGE (kindest/node image to
@@ -25,6 +25,7 @@ CLUSTER=${KIND_CLUSTER_NAME:-agentrun-e2e}
 KEEP_CLUSTER=${KEEP_CLUSTER:-0}
 E2E_CHART=${E2E_CHART:-1}
 IMAGE=agentrun-operator:e2e
+FAKE_API_IMAGE=agentrun-fake-messages-api:e2e
 RELEASE=agentrun-operator
 OPERATOR_NS=agentrun-system
 WATCHED_NS=agentrun-examples # the namespace examples/kustomization.yaml puts the examples in
@@ -87,6 +88,8 @@ if [[ -n ${ANTHROPIC_API_KEY:-} ]]; then
     EXPECTED_RUNS=(calculator what-time)
 else
     log "no ANTHROPIC_API_KEY: serving the scripted fake Messages API in the cluster"
+    docker build --tag "$FAKE_API_IMAGE" sandbox/
+    kind load docker-image "$FAKE_API_IMAGE" --name "$CLUSTER"
     kubectl -n "$OPERATOR_NS" create secret generic anthropic --from-literal=api-key=offline-e2e \
         --dry-run=client -o yaml | kubectl apply -f -
     kubectl -n "$OPERATOR_NS" apply -f - <<EOF
@@ -101,9 +104,9 @@ spec:
       securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}
       containers:
         - name: api
-          image: $IMAGE
+          image: $FAKE_API_IMAGE
           imagePullPolicy: Never
-          command: [python, -m, agentrun.sandbox.messages_api, --host, 0.0.0.0, --port, "8080"]
+          args: [--host, 0.0.0.0, --port, "8080"]
           ports: [{containerPort: 8080}]
           securityContext:
             allowPrivilegeEscalation: false

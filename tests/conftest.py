@@ -40,7 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if why:
         raise pytest.UsageError(
             f"--real-cluster: no API server answers at {kubeconfig}: {why}. Point KUBECONFIG at a "
-            "running cluster (see README, 'Testing against a real API server')."
+            "running cluster (see docs/testing.md, 'Testing against a real API server')."
         )
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import aiohttp
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support import leaks
 from tests.support.builders import agentrun
 from tests.support.operator_process import OperatorProcess

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 
 class Settings(BaseModel):
-    """Every knob, documented in README ('Operator settings'). Environment names are AGENTRUN_*."""
+    """Every knob, documented in docs/operating.md ('Operator settings'). Environment names are AGENTRUN_*."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

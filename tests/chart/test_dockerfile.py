@@ -139,3 +139,13 @@ def test_build_context_is_limited_to_what_the_wheel_is_built_from() -> None:
         for word in args.split()[:-1]
     }
     assert copied <= allowed, f"COPY of files the .dockerignore excludes: {copied - allowed}"
+
+
+def test_the_fake_messages_api_has_an_image_of_its_own_built_from_the_sandbox_folder() -> None:
+    sandbox = REPO / "sandbox"
+    entry = [
+        args for name, args in instructions((sandbox / "Dockerfile").read_text()) if name == "ENTRYPOINT"
+    ]
+    assert [json.loads(args) for args in entry] == [["python", "-m", "agentrun_sandbox.messages.server"]]
+    ignored = [line for line in (sandbox / ".dockerignore").read_text().splitlines() if line.startswith("!")]
+    assert ignored == ["!agentrun_sandbox/__init__.py", "!agentrun_sandbox/messages/"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
-from tests.support.clusters import TestCluster, emulated_cluster, real_cluster
+from agentrun_sandbox.kube import EmulatedCluster
+from tests.support.clusters import TestCluster, cluster_for
 from tests.support.rbac import SessionRecord
 
 
@@ -31,19 +31,15 @@ def operator_requests() -> Iterator[SessionRecord]:
 
 @pytest.fixture(scope="module", autouse=True)
 def operator_requests_are_allowed_by_the_chart(operator_requests: SessionRecord) -> Iterator[None]:
-    KubeAPI.stopped_hooks.append(operator_requests.collect)
+    EmulatedCluster.stopped_hooks.append(operator_requests.collect)
     try:
         yield
     finally:
-        KubeAPI.stopped_hooks.remove(operator_requests.collect)
+        EmulatedCluster.stopped_hooks.remove(operator_requests.collect)
 
 
 @pytest.fixture
 async def cluster(real_kubeconfig: Path | None) -> AsyncIterator[TestCluster]:
     """The scenario's API server: a fresh emulator, or a namespace of its own on a real server."""
-    if real_kubeconfig is None:
-        async with emulated_cluster() as emulated:
-            yield emulated
-    else:
-        async with real_cluster(real_kubeconfig) as real:
-            yield real
+    async with cluster_for(real_kubeconfig) as chosen:
+        yield chosen

@@ -22,9 +22,9 @@ import aiohttp
 import pytest
 import yaml
 
-from agentrun.sandbox.kube_authz import UserInfo, service_account_groups
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.kube.authz import UserInfo, service_account_groups
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import Credentials, TestCluster
 

@@ -1,6 +1,6 @@
 """A cluster that cannot be used is one line on stderr and a non-zero exit, never a traceback.
 
-`agentrun operator`, `agentrun demo --kubeconfig`, `agentrun run` and `kubectl agentrun` each say what
+`agentrun operator`, `agentrun-sandbox demo --kubeconfig`, `agentrun run` and `kubectl agentrun` each say what
 failed, what the server said and what to do next, for a refused request (401, 403, 422),
 an unreachable server and an unusable kubeconfig (missing file, unknown context). A missing CRD is
 one warning line: the operator waits for it.
@@ -8,17 +8,16 @@ one warning line: the operator waits for it.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.builders import agentrun
 from tests.support.clusters import CRD, TestCluster
+from tests.support.commands import run_command
 from tests.support.kube_requests import until
 from tests.support.kubeconfigs import write_kubeconfig
 from tests.support.operator_process import OperatorProcess
@@ -32,20 +31,10 @@ async def _run(
     *command: str | Path, env: dict[str, str] | None = None, timeout: float = 60
 ) -> tuple[int, str]:
     """Exit code and stderr; stdout must stay empty when a command fails."""
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_", "ANTHROPIC_"))
-    }
-    process = await asyncio.create_subprocess_exec(
-        *map(str, command),
-        env={**base, **(env or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout)
-    assert process.returncode is not None
-    assert "Traceback" not in out.decode() + err.decode(), err.decode()
-    assert out.decode() == "", out.decode()
-    return process.returncode, err.decode()
+    code, out, err = await run_command(*command, env=env, timeout=timeout)
+    assert "Traceback" not in out + err, err
+    assert out == "", out
+    return code, err
 
 
 def _one_line(code: int, err: str) -> str:
@@ -70,7 +59,17 @@ def closed_port_kubeconfig(tmp_path: Path) -> Path:
     return write_kubeconfig(tmp_path / "kubeconfig", server=f"http://127.0.0.1:{port}", user={"token": "t"})
 
 
-# --- agentrun demo --kubeconfig
+# --- agentrun-sandbox demo --kubeconfig (the demo ships with the emulators, not with the operator)
+
+
+async def test_agentrun_demo_says_in_one_line_that_the_demo_moved_out_of_the_operator() -> None:
+    code, out, err = await run_command(BIN / "agentrun", "demo", "--kubeconfig", "x", timeout=60)
+    assert code == 2, err
+    assert out == ""
+    assert err.strip().splitlines() == [
+        "error: the offline demo is not part of the operator: run `make demo` in a clone of the "
+        "repository (or `agentrun-sandbox demo` where agentrun-sandbox is installed)"
+    ]
 
 
 @pytest.mark.emulator_only("makes the API server refuse the CRD with an injected 422")
@@ -82,7 +81,9 @@ async def test_demo_says_in_one_line_that_the_server_refused_the_crd(cluster: Te
     cluster.emulator.faults.add(
         verb="create", resource="apiextensions.k8s.io/customresourcedefinitions", status=422, message=refusal
     )
-    code, err = await _run(BIN / "agentrun", "demo", "--kubeconfig", cluster.kubeconfig, "--timeout", "20")
+    code, err = await _run(
+        BIN / "agentrun-sandbox", "demo", "--kubeconfig", cluster.kubeconfig, "--timeout", "20"
+    )
     assert _one_line(code, err) == (
         f"cannot create CustomResourceDefinition {CRD_NAME}: the API server refused it "
         f"(HTTP 422: {refusal}); agentrun needs Kubernetes 1.27 or later (see `kubectl version`), "
@@ -91,7 +92,7 @@ async def test_demo_says_in_one_line_that_the_server_refused_the_crd(cluster: Te
 
 
 async def test_demo_says_in_one_line_that_the_server_is_unreachable(closed_port_kubeconfig: Path) -> None:
-    code, err = await _run(BIN / "agentrun", "demo", "--kubeconfig", closed_port_kubeconfig)
+    code, err = await _run(BIN / "agentrun-sandbox", "demo", "--kubeconfig", closed_port_kubeconfig)
     line = _one_line(code, err)
     assert line.startswith(
         f"cannot create CustomResourceDefinition {CRD_NAME}: cannot reach the Kubernetes API at "
@@ -109,7 +110,7 @@ async def test_demo_says_in_one_line_what_is_wrong_with_the_kubeconfig(problem: 
         text = kubeconfig.read_text().replace("current-context: prod", "current-context: staging")
         kubeconfig.write_text(text)
         expected = f"context 'staging' is not in kubeconfig {kubeconfig} (its contexts: prod)"
-    code, err = await _run(BIN / "agentrun", "demo", "--kubeconfig", kubeconfig)
+    code, err = await _run(BIN / "agentrun-sandbox", "demo", "--kubeconfig", kubeconfig)
     assert _one_line(code, err) == expected
 
 
@@ -169,7 +170,7 @@ async def test_operator_without_the_crd_says_how_to_install_it_and_serves_runs_o
     tmp_path: Path,
 ) -> None:
     """No crash loop: the CRD often arrives after the operator (a GitOps sync applying both at once)."""
-    async with KubeAPI.running() as bare:  # a cluster without the AgentRun CRD
+    async with EmulatedCluster.running() as bare:  # a cluster without the AgentRun CRD
         operator = OperatorProcess(kubeconfig=Path(bare.kubeconfig_path), log_path=tmp_path / "operator.log")
         await operator.start()
         try:
@@ -184,7 +185,10 @@ async def test_operator_without_the_crd_says_how_to_install_it_and_serves_runs_o
                 run = bare.emulator.get_object("agentruns", "default", "after-crd") or {}
                 return bool((run.get("status") or {}).get("phase"))
 
-            await until(served, "the operator to serve a run created after the CRD", timeout=60)
+            try:
+                await until(served, "the operator to serve a run created after the CRD", timeout=90)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; operator log:\n{operator.logs()}") from None
             assert operator.process is not None and operator.process.returncode is None
         finally:
             await operator.stop()

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import HttpError, Script
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import HttpError, Script
 
 ROOT = Path(__file__).resolve().parents[2]
 

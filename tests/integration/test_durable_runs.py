@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentrun.controller.transcript_storing import UID_LABEL, Transcript, decode_objects
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import (
+from agentrun.api.transcripts import UID_LABEL, Transcript, decode_objects
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import (
     Reply,
     Script,
     ScriptUsage,

@@ -23,8 +23,8 @@ import lupa  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support import kstatus
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster, cluster_for

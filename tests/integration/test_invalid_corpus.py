@@ -25,10 +25,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, text_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block
 from tests.support.builders import agentrun
-from tests.support.clusters import TestCluster, emulated_cluster, real_cluster
+from tests.support.clusters import TestCluster, cluster_for
 from tests.support.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,12 +60,8 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(real_kubeconfig: Path | None) -> AsyncIterator[TestCluster]:
     """One API server (and namespace) for the whole corpus: the operator serving it is started once."""
-    if real_kubeconfig is None:
-        async with emulated_cluster() as emulated:
-            yield emulated
-    else:
-        async with real_cluster(real_kubeconfig) as real:
-            yield real
+    async with cluster_for(real_kubeconfig) as chosen:
+        yield chosen
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

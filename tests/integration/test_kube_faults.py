@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
+from agentrun_sandbox.messages.api import FakeMessagesAPI
 from tests.integration.test_durable_runs import (
     API_KEY,
     Webhook,

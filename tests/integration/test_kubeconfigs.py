@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,11 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.sandbox.kube_api import KubeAPI
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.kube import EmulatedCluster
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import CRD, Credentials, TestCluster, real_cluster
+from tests.support.commands import run_command
 from tests.support.kube_requests import wait_finished
 from tests.support.kubeconfigs import exec_calls, exec_plugin, exec_user, write_kubeconfig
 from tests.support.operator_process import OperatorProcess
@@ -35,6 +35,7 @@ API_KEY = "sk-ant-kubeconfigs-0123456789"
 SCENARIO = "[scenario:kubeconfig-calc]"
 PLUGIN = Path(sys.executable).parent / "kubectl-agentrun"
 AGENTRUN = Path(sys.executable).parent / "agentrun"
+SANDBOX = Path(sys.executable).parent / "agentrun-sandbox"
 EMULATOR_TOKEN = "kubeconfig-test-token"
 OPERATOR_AGENTS = ("kopf/", "agentrun-operator/")
 
@@ -89,7 +90,7 @@ def serving(real_kubeconfig: Path | None, tmp_path: Path) -> Serving:
         server_tls = pki.server_context(
             tmp_path / "server", require_client_certificate=require_client_certificate
         )
-        async with KubeAPI.running(crd_paths=[CRD], ssl_context=server_tls) as kube:
+        async with EmulatedCluster.running(crd_paths=[CRD], ssl_context=server_tls) as kube:
             admin = write_kubeconfig(
                 tmp_path / "admin" / "kubeconfig",
                 server=kube.url,
@@ -221,22 +222,6 @@ def _kubeconfig(endpoint: Endpoint, form: str, folder: Path) -> Path:
     )
 
 
-async def _run(
-    *command: str | Path, env: dict[str, str] | None = None, timeout: float = 120
-) -> tuple[int, str, str]:
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_", "ANTHROPIC_"))
-    }
-    process = await asyncio.create_subprocess_exec(
-        *map(str, command),
-        env={**base, **(env or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout)
-    return process.returncode or 0, out.decode(), err.decode()
-
-
 def _operator_authorizations(endpoint: Endpoint) -> set[str | None]:
     assert endpoint.cluster.emulator is not None
     return {
@@ -281,7 +266,7 @@ async def test_operator_and_plugin_work_with_the_kubeconfig_form(
             assert (status["phase"], status["result"]) == ("Succeeded", "There are 395 pods."), status
         finally:
             await operator.stop()
-        code, out, err = await _run(PLUGIN, "trace", "calc", "--kubeconfig", kubeconfig)
+        code, out, err = await run_command(PLUGIN, "trace", "calc", "--kubeconfig", kubeconfig)
         assert code == 0, err
         assert "calculator ok" in out and "end_turn" in out
         # `agentrun run` reads a tool's header Secret through the same kubeconfig: the 404 is an answer.
@@ -292,7 +277,7 @@ async def test_operator_and_plugin_work_with_the_kubeconfig_form(
             "url: 'http://127.0.0.1:9/', headersFrom: {name: hook-headers}}\n"
         )
         local_env = {"KUBECONFIG": str(kubeconfig), "ANTHROPIC_API_KEY": "k"}
-        code, _, err = await _run(AGENTRUN, "run", local, "-n", cluster.namespace, env=local_env)
+        code, _, err = await run_command(AGENTRUN, "run", local, "-n", cluster.namespace, env=local_env)
         assert code == 2 and f"Secret {cluster.namespace}/hook-headers" in err and "in the cluster" in err, (
             err
         )
@@ -354,7 +339,7 @@ async def test_demo_runs_against_a_kubeconfig_with_relative_certificate_paths(
 ) -> None:
     async with serving(True) as endpoint:
         kubeconfig = _kubeconfig(endpoint, "relative certificate files", tmp_path / "kubeconfig-folder")
-        code, out, err = await _run(AGENTRUN, "demo", "--kubeconfig", kubeconfig, "--timeout", "90")
+        code, out, err = await run_command(SANDBOX, "demo", "--kubeconfig", kubeconfig, "--timeout", "90")
     assert code == 0, err
     assert "demo finished: all runs Succeeded" in out
     assert "Traceback" not in err
@@ -364,12 +349,12 @@ async def test_the_emulators_tls_refuses_a_client_without_the_certificate(tmp_pa
     """The emulator really checks client certificates, so the forms above prove the files were read."""
     pki = make_pki()
     server_tls = pki.server_context(tmp_path / "server", require_client_certificate=True)
-    async with KubeAPI.running(crd_paths=[CRD], ssl_context=server_tls) as kube:
+    async with EmulatedCluster.running(crd_paths=[CRD], ssl_context=server_tls) as kube:
         (tmp_path / "ca.crt").write_bytes(pki.ca)
         kubeconfig = write_kubeconfig(
             tmp_path / "kubeconfig", server=kube.url, cluster={"certificate-authority": "ca.crt"}
         )
-        code, _, err = await _run(PLUGIN, "trace", "x", "--kubeconfig", kubeconfig)
+        code, _, err = await run_command(PLUGIN, "trace", "x", "--kubeconfig", kubeconfig)
         assert kube.emulator.request_log == []
     assert code == 1
     assert err.startswith("error: cannot read the trace of agentrun default/x: "), err

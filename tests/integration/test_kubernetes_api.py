@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.chart.tooling import find_tool
 from tests.integration.test_gitops import argo_health
 from tests.support import kstatus
@@ -303,8 +303,7 @@ async def _served_at(cluster: TestCluster, doc: Mapping[str, Any]) -> tuple[str,
 
 
 @pytest.mark.real_only(
-    "the emulator serves no Deployments or Services and no server-side apply, "
-    "which helm install needs"
+    "the emulator serves no Deployments or Services and no server-side apply, which helm install needs"
 )
 async def test_helm_installs_the_chart_and_uninstalls_it_without_leftovers(
     cluster: TestCluster, tmp_path: Path

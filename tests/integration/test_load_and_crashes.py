@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.integration.test_durable_runs import (
     Webhook,
     assert_consistent,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request

@@ -38,9 +38,9 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeEmulator
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import (
+from agentrun_sandbox.kube import KubeEmulator
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import (
     HttpError,
     Reply,
     Script,

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.clusters import TestCluster
 from tests.support.rbac import grant_service_account
 from tests.unit.tools.servers import Answer, WebhookReceiver, mcp_serving

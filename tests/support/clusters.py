@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from agentrun.sandbox.kube_api import KubeAPI, KubeEmulator
+from agentrun_sandbox.kube import EmulatedCluster, KubeEmulator
 from tests.support.operator_process import OperatorProcess, running_operator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ class TestCluster:
     #: The emulator; None against a real server (scenarios that need it are marked emulator_only).
     emulator: KubeEmulator | None = None
     #: The emulator's runner (kubeconfig_for, token); None against a real server.
-    kube: KubeAPI | None = None
+    kube: EmulatedCluster | None = None
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
 
     @property
@@ -166,6 +166,9 @@ class TestCluster:
             "kubectl",
             "--kubeconfig",
             str(self.kubeconfig),
+            # kubectl caches discovery per host:port for hours; emulators reuse ports with other CRDs.
+            "--cache-dir",
+            str(self.workdir / "kubectl-cache"),
             "--namespace",
             self.namespace,
             *args,
@@ -315,7 +318,7 @@ def real_server_session(kubeconfig: Path) -> Iterator[Path]:
 @contextlib.asynccontextmanager
 async def emulated_cluster() -> AsyncIterator[TestCluster]:
     """A fresh emulated API server with the AgentRun CRD; the test namespace is ``default``."""
-    async with KubeAPI.running(crd_paths=[CRD]) as kube:
+    async with EmulatedCluster.running(crd_paths=[CRD]) as kube:
         # As a real server: an impersonated request may do what the roles stored for its target allow.
         kube.emulator.authorize_impersonated_users = True
         workdir = Path(kube.kubeconfig_path).parent

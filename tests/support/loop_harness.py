@@ -10,16 +10,16 @@ from typing import Any
 import anthropic
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.stops import Outcome
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig, RetryPolicy
 from agentrun.loop.events import Checkpoint, Event, RunFinished
 from agentrun.loop.protocols import Clock, Observer, ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
-from agentrun.loop.stops import Outcome
-from agentrun.model.messaging import AnthropicModel
+from agentrun.model.anthropic_calling import AnthropicModel
 from agentrun.model.pricing import PriceTable
-from agentrun.sandbox.messages_api import FakeMessagesAPI, RecordedRequest
-from agentrun.sandbox.messages_script import Script, Step
+from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
+from agentrun_sandbox.messages.script import Script, Step
 
 
 class Recorder:

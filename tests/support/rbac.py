@@ -2,9 +2,9 @@
 
 `chart_policy()` runs `helm template` on the chart, keeps the ClusterRoles and Roles bound to the
 operator's ServiceAccount (by ClusterRoleBindings and RoleBindings) and returns a `Policy`. A
-`Policy` answers the questions of `agentrun.sandbox.kube_authz.Attributes` with the semantics of
+`Policy` answers the questions of `agentrun_sandbox.kube.authz.Attributes` with the semantics of
 kube-apiserver's RBAC authorizer (`pkg/registry/rbac/validation` and `plugin/pkg/auth/authorizer/rbac`,
-the rule matching shared with the emulator in `agentrun.sandbox.kube_rbac`):
+the rule matching shared with the emulator in `agentrun_sandbox.kube.rbac`):
 
 * a rule matches when its verbs, apiGroups, resources and resourceNames all match; `*` matches any
   verb, group or resource, `*/sub` any resource's subresource `sub`; a rule with resourceNames
@@ -37,11 +37,11 @@ from typing import Any
 
 import yaml
 
-from agentrun.sandbox.kube_api import KubeAPI
-from agentrun.sandbox.kube_authz import SERVICE_ACCOUNT_PREFIX, Attributes, attributes_of
-from agentrun.sandbox.kube_http import RequestRecord
-from agentrun.sandbox.kube_rbac import BOOTSTRAP_RULES as CLUSTER_BOOTSTRAP_RULES
-from agentrun.sandbox.kube_rbac import PolicyRule, groups_of, subject_matches
+from agentrun_sandbox.kube import EmulatedCluster
+from agentrun_sandbox.kube.authz import SERVICE_ACCOUNT_PREFIX, Attributes, attributes_of
+from agentrun_sandbox.kube.http import RequestRecord
+from agentrun_sandbox.kube.rbac import BOOTSTRAP_RULES as CLUSTER_BOOTSTRAP_RULES
+from agentrun_sandbox.kube.rbac import PolicyRule, groups_of, subject_matches
 from tests.chart.tooling import CHART, find_tool
 from tests.support.clusters import TestCluster
 
@@ -126,7 +126,7 @@ BOOTSTRAP_RULES = tuple(
 
 @dataclass
 class Policy:
-    """The rules in effect for one user; an `agentrun.sandbox.kube_authz.Authorizer`."""
+    """The rules in effect for one user; an `agentrun_sandbox.kube.authz.Authorizer`."""
 
     user: str
     grants: tuple[Grant, ...]
@@ -371,7 +371,7 @@ def is_operator_request(record: RequestRecord) -> bool:
 class SessionRecord:
     """The operator's authorization questions over every emulator of a test session, deduplicated.
 
-    Install with `KubeAPI.stopped_hooks.append(record.collect)`; it keeps only small frozen
+    Install with `EmulatedCluster.stopped_hooks.append(record.collect)`; it keeps only small frozen
     Attributes, never the emulators. Request bodies are not logged, so the owner-reference admission
     check is left to the self-contained coverage test.
 
@@ -384,7 +384,7 @@ class SessionRecord:
     #: (question, scope the operator ran in) -> one example "METHOD path"
     questions: dict[tuple[Attributes, str], str] = field(default_factory=dict)
 
-    def collect(self, kube: KubeAPI) -> None:
+    def collect(self, kube: EmulatedCluster) -> None:
         records = [r for r in kube.emulator.request_log if is_operator_request(r)]
         cluster_wide = any(
             r.resource == "agentruns" and r.namespace is None and r.verb in ("list", "watch") for r in records

@@ -24,7 +24,7 @@ import yaml
 from aiohttp import web
 from yarl import URL
 
-from agentrun.sandbox.kube_http import parse_path, rbac_verb
+from agentrun_sandbox.kube.http import parse_path, rbac_verb
 from tests.support.clusters import TestCluster
 from tests.support.ports import free_port
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrun.model.messaging import ClientPool
+from agentrun.model.anthropic_calling import ClientPool
 
 
 async def test_runs_are_spread_over_shards_and_a_run_keeps_its_client() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
-from agentrun.sandbox.kube_authz import Attributes
+from agentrun_sandbox.kube import EmulatedCluster
+from agentrun_sandbox.kube.authz import Attributes
 from tests.support.kube_client import KubeClient
 from tests.support.rbac import (
     OPERATOR_USER,
@@ -191,9 +191,9 @@ def test_impersonation_can_be_limited_to_named_service_accounts() -> None:
 
 async def test_the_session_record_keeps_only_operator_requests_and_reports_what_the_chart_refuses() -> None:
     record = SessionRecord()
-    KubeAPI.stopped_hooks.append(record.collect)
+    EmulatedCluster.stopped_hooks.append(record.collect)
     try:
-        async with KubeAPI.running() as kube:
+        async with EmulatedCluster.running() as kube:
             kopf = {"User-Agent": "kopf/1.45.2"}
             async with KubeClient(kube.url, headers=kopf) as operator, KubeClient(kube.url) as tests:
                 await operator.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
@@ -206,7 +206,7 @@ async def test_the_session_record_keeps_only_operator_requests_and_reports_what_
                 as_agent = {"Impersonate-User": "system:serviceaccount:default:agent"}
                 await tests.get("/api/v1/namespaces/default/pods", headers=as_agent)  # the tools: counted
     finally:
-        KubeAPI.stopped_hooks.remove(record.collect)
+        EmulatedCluster.stopped_hooks.remove(record.collect)
     assert {(q.verb, q.rbac_resource) for q, _ in record.questions} == {
         ("list", "customresourcedefinitions"),
         ("list", "namespaces"),

@@ -17,12 +17,12 @@ import anthropic
 import pytest
 from aiohttp import web
 
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.errors import FatalModelError, RetryableModelError, RetryClass
 from agentrun.loop.protocols import ModelRequest, ModelResponse
-from agentrun.loop.usage import TokenUsage
-from agentrun.model.messaging import AnthropicModel, build_params
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import (
+from agentrun.model.anthropic_calling import AnthropicModel, build_params
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import (
     Reply,
     Script,
     ScriptUsage,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic.alias_generators import to_camel
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -19,9 +20,13 @@ ToolName = Annotated[str, Field(pattern=TOOL_NAME_PATTERN, min_length=1, max_len
 
 
 class _Model(BaseModel):
-    """Strict camelCase models: unknown fields are errors, not silently ignored."""
+    """Strict camelCase models: unknown fields are errors, not silently ignored.
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    Field names are camel-cased for the API by the alias generator; an explicit alias is only
+    for an initialism the generator would not spell as the API does (baseURL, costBudgetUSD).
+    """
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
 class SecretKeyRef(_Model):
@@ -51,7 +56,6 @@ class ModelSpec(_Model):
     )
     max_tokens: int = Field(
         default=4096,
-        alias="maxTokens",
         ge=1,
         le=128_000,
         description="Upper bound on output tokens per model request (the API's max_tokens).",
@@ -64,7 +68,6 @@ class ModelSpec(_Model):
     )
     stop_sequences: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list,
-        alias="stopSequences",
         max_length=8,
         description=(
             "Strings that stop generation. When one of these fires and it is not listed in "
@@ -73,7 +76,6 @@ class ModelSpec(_Model):
     )
     finish_sequences: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list,
-        alias="finishSequences",
         max_length=8,
         description=(
             "Stop strings that mean a clean finish: the run ends with the text before the sequence "
@@ -82,7 +84,6 @@ class ModelSpec(_Model):
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        alias="apiKeySecretRef",
         description=(
             "Secret holding the Anthropic API key for this run. When unset the operator's own "
             "ANTHROPIC_API_KEY is used. The key never appears in status, events, logs or metrics."
@@ -133,7 +134,6 @@ class HTTPTool(_Model):
     description: str = Field(description="What the tool does, for the model.", min_length=1, max_length=4096)
     input_schema: dict[str, Any] = Field(
         default_factory=lambda: {"type": "object"},
-        alias="inputSchema",
         description="JSON Schema of the tool input; inputs are validated before any request is sent.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
@@ -143,19 +143,16 @@ class HTTPTool(_Model):
     )
     headers_from: SecretKeyRef | None = Field(
         default=None,
-        alias="headersFrom",
         description="Secret key whose value is a JSON object of extra request headers.",
     )
     timeout_seconds: float = Field(
         default=30.0,
-        alias="timeoutSeconds",
         gt=0,
         le=3600,
         description="Timeout of one request; a timeout is a tool error the model sees (not retried).",
     )
     auth_errors_recoverable: bool = Field(
         default=False,
-        alias="authErrorsRecoverable",
         description=(
             "Treat 401/403 answers as recoverable tool errors the model sees, instead of ending the "
             "run with FatalToolError (the default: a credential problem cannot be fixed by the model)."
@@ -170,12 +167,10 @@ class MCPServer(_Model):
     url: str = Field(max_length=2048, pattern=r"^https?://", description="MCP endpoint URL.")
     allowed_tools: list[ToolName] | None = Field(
         default=None,
-        alias="allowedTools",
         description="Only these tools of the server are offered; all of them when unset.",
     )
     headers_from: SecretKeyRef | None = Field(
         default=None,
-        alias="headersFrom",
         description="Secret key whose value is a JSON object of extra request headers.",
     )
 
@@ -200,12 +195,10 @@ class ToolSpec(_Model):
     mcp: MCPServer | None = Field(default=None, description="An MCP server's tools.")
     requires_approval: bool = Field(
         default=False,
-        alias="requiresApproval",
         description="Pause the run for a human approval (spec.approvals) before each call.",
     )
     write_key: str | None = Field(
         default=None,
-        alias="writeKey",
         max_length=253,
         description="Calls sharing a write key run one after another instead of in parallel.",
     )
@@ -256,7 +249,6 @@ class LoopDetection(_Model):
     )
     failures_per_tool: int = Field(
         default=5,
-        alias="failuresPerTool",
         ge=2,
         le=100,
         description="Consecutive failures of one tool, whatever the arguments, that end the run.",
@@ -268,14 +260,12 @@ class Limits(_Model):
 
     max_iterations: int = Field(
         default=20,
-        alias="maxIterations",
         ge=1,
         le=10_000,
         description="Maximum model requests that may request tools; then one final tools-off answer turn.",
     )
     token_budget: int | None = Field(
         default=None,
-        alias="tokenBudget",
         ge=1,
         description="Maximum input + output + cache-creation + cache-read tokens for the whole run.",
     )
@@ -287,39 +277,30 @@ class Limits(_Model):
     )
     timeout_seconds: int = Field(
         default=1800,
-        alias="timeoutSeconds",
         ge=1,
         le=7 * 24 * 3600,
         description="Wall-clock limit for the run; in-flight model and tool calls are cancelled.",
     )
-    tool_concurrency: int = Field(
-        default=8, alias="toolConcurrency", ge=1, le=64, description="Parallel tool calls per turn."
-    )
-    tool_timeout_seconds: int = Field(
-        default=120, alias="toolTimeoutSeconds", ge=1, le=3600, description="Per tool call timeout."
-    )
+    tool_concurrency: int = Field(default=8, ge=1, le=64, description="Parallel tool calls per turn.")
+    tool_timeout_seconds: int = Field(default=120, ge=1, le=3600, description="Per tool call timeout.")
     max_tool_result_chars: int = Field(
         default=20_000,
-        alias="maxToolResultChars",
         ge=100,
         le=1_000_000,
         description="Tool results longer than this are cut, with a marker saying how much was cut.",
     )
     max_consecutive_tool_errors: int = Field(
         default=5,
-        alias="maxConsecutiveToolErrors",
         ge=1,
         le=1000,
         description="Turns in a row in which every tool call failed before the run stops.",
     )
     loop_detection: LoopDetection = Field(
         default_factory=LoopDetection,
-        alias="loopDetection",
         description="Repetition detection settings.",
     )
     approval_timeout_seconds: int | None = Field(
         default=None,
-        alias="approvalTimeoutSeconds",
         ge=1,
         le=7 * 24 * 3600,
         description=(
@@ -333,7 +314,7 @@ class Limits(_Model):
 class Approval(_Model):
     """A human decision on a tool call that requires approval."""
 
-    tool_use_id: str = Field(alias="toolUseId", min_length=1, max_length=256, description="The call.")
+    tool_use_id: str = Field(min_length=1, max_length=256, description="The call.")
     decision: Literal["approve", "deny"] = Field(description="approve or deny.")
     by: str = Field(min_length=1, max_length=256, description="Who decided.")
     reason: str | None = Field(default=None, max_length=4096, description="Why (shown to the model).")
@@ -377,7 +358,6 @@ class AgentRunSpec(_Model):
     )
     system_prompt: str | None = Field(
         default=None,
-        alias="systemPrompt",
         max_length=MAX_TASK_CHARS,
         description="System prompt; together with the tool list it forms the cached prompt prefix.",
     )
@@ -387,19 +367,16 @@ class AgentRunSpec(_Model):
     )
     tool_choice: ToolChoice | None = Field(
         default=None,
-        alias="toolChoice",
         description="Tool choice for the first model request (e.g. force a tool); later turns are auto.",
     )
     required_tools: list[ToolName] = Field(
         default_factory=list,
-        alias="requiredTools",
         max_length=64,
         description="Tools that must have run successfully before an end_turn is accepted.",
     )
     limits: Limits = Field(default_factory=Limits, description="Termination limits and budgets.")
     service_account_name: str | None = Field(
         default=None,
-        alias="serviceAccountName",
         pattern=DNS_LABEL_PATTERN,
         max_length=253,
         description="ServiceAccount (in the run's namespace) that Kubernetes tools impersonate.",
@@ -407,7 +384,6 @@ class AgentRunSpec(_Model):
     cancel: bool = Field(default=False, description="Set to true to stop the run (phase Cancelled).")
     ttl_seconds_after_finished: int | None = Field(
         default=None,
-        alias="ttlSecondsAfterFinished",
         ge=0,
         description="Delete the AgentRun this many seconds after it finished.",
     )

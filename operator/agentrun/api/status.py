@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 
 class Phase(StrEnum):
@@ -29,23 +30,20 @@ FINISHED_PHASES = frozenset(p.value for p in Phase if p.finished)
 
 
 class _Status(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    """camelCase like the spec (alias generator); explicit aliases only for initialisms (costUSD)."""
+
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
 
 
 class Usage(_Status):
     """Token usage and spend; cache tokens are reported separately, as the API reports them."""
 
-    input_tokens: int = Field(default=0, alias="inputTokens", description="Uncached input tokens.")
-    output_tokens: int = Field(default=0, alias="outputTokens", description="Output tokens.")
-    cache_creation_input_tokens: int = Field(
-        default=0, alias="cacheCreationInputTokens", description="Input tokens written to the cache."
-    )
-    cache_read_input_tokens: int = Field(
-        default=0, alias="cacheReadInputTokens", description="Input tokens read from the cache."
-    )
+    input_tokens: int = Field(default=0, description="Uncached input tokens.")
+    output_tokens: int = Field(default=0, description="Output tokens.")
+    cache_creation_input_tokens: int = Field(default=0, description="Input tokens written to the cache.")
+    cache_read_input_tokens: int = Field(default=0, description="Input tokens read from the cache.")
     total_tokens: int = Field(
         default=0,
-        alias="totalTokens",
         description="input + output + cache creation + cache read: what tokenBudget is checked against.",
     )
     cost_usd: str | None = Field(
@@ -55,7 +53,6 @@ class Usage(_Status):
     )
     unpriced_models: list[str] = Field(
         default_factory=list,
-        alias="unpricedModels",
         description="Models used by the run that have no price in the price table (cost not guessed).",
     )
 
@@ -67,11 +64,9 @@ class Condition(_Status):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason for the last transition.")
     message: str = Field(default="", description="Human-readable detail.")
-    last_transition_time: str = Field(
-        alias="lastTransitionTime", description="When the status last changed (RFC 3339)."
-    )
+    last_transition_time: str = Field(description="When the status last changed (RFC 3339).")
     observed_generation: int | None = Field(
-        default=None, alias="observedGeneration", description="Spec generation this condition reflects."
+        default=None, description="Spec generation this condition reflects."
     )
 
 
@@ -79,7 +74,7 @@ class TranscriptRef(_Status):
     """Where the run's full conversation and trace are stored."""
 
     kind: str = Field(description="Kind of the objects holding the transcript (Secret or ConfigMap).")
-    name_prefix: str = Field(alias="namePrefix", description="Objects are named <prefix>-<chunk>.")
+    name_prefix: str = Field(description="Objects are named <prefix>-<chunk>.")
     chunks: int = Field(default=0, description="Number of chunks written.")
     bytes: int = Field(default=0, description="Compressed bytes stored.")
 
@@ -87,8 +82,8 @@ class TranscriptRef(_Status):
 class PendingApproval(_Status):
     """A tool call waiting for a human decision in spec.approvals."""
 
-    tool_use_id: str = Field(alias="toolUseId", description="The tool_use id to approve or deny.")
-    tool_name: str = Field(alias="toolName", description="Tool name.")
+    tool_use_id: str = Field(description="The tool_use id to approve or deny.")
+    tool_name: str = Field(description="Tool name.")
     input: dict[str, Any] = Field(
         default_factory=dict,
         description="The call's input.",
@@ -102,33 +97,26 @@ class AgentRunStatus(_Status):
 
     phase: Phase | None = Field(default=None, description="Pending, Running, AwaitingApproval or final.")
     stop_reason: str | None = Field(
-        default=None, alias="stopReason", description="Why the run stopped (CamelCase), once finished."
+        default=None, description="Why the run stopped (CamelCase), once finished."
     )
     raw_stop_reason: str | None = Field(
         default=None,
-        alias="rawStopReason",
         description="The model's stop_reason verbatim when the operator did not recognise it.",
     )
     message: str | None = Field(default=None, description="Human-readable summary of the current state.")
     iterations: int = Field(default=0, description="Model requests made so far.")
-    tool_calls: int = Field(default=0, alias="toolCalls", description="Tool calls executed so far.")
+    tool_calls: int = Field(default=0, description="Tool calls executed so far.")
     usage: Usage = Field(default_factory=Usage, description="Token usage and spend.")
     result: str | None = Field(
         default=None, description="The final answer, cut to 32 KiB; the transcript holds everything."
     )
-    result_truncated: bool | None = Field(
-        default=None, alias="resultTruncated", description="True when result was cut to fit."
-    )
-    start_time: str | None = Field(default=None, alias="startTime", description="When the loop started.")
-    completion_time: str | None = Field(
-        default=None, alias="completionTime", description="When the run finished."
-    )
-    observed_generation: int | None = Field(
-        default=None, alias="observedGeneration", description="Spec generation last acted upon."
-    )
+    result_truncated: bool | None = Field(default=None, description="True when result was cut to fit.")
+    start_time: str | None = Field(default=None, description="When the loop started.")
+    completion_time: str | None = Field(default=None, description="When the run finished.")
+    observed_generation: int | None = Field(default=None, description="Spec generation last acted upon.")
     transcript: TranscriptRef | None = Field(default=None, description="Reference to the stored transcript.")
     pending_approvals: list[PendingApproval] = Field(
-        default_factory=list, alias="pendingApprovals", description="Tool calls awaiting a decision."
+        default_factory=list, description="Tool calls awaiting a decision."
     )
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -20,7 +20,7 @@ from agentrun.controller import kubeconfig_loading
 from agentrun.controller.kube_failures import KubeFailure, explained
 from agentrun.controller.kubeapi import KubeAPI, connect
 from agentrun.controller.kubeconfig_loading import ClusterAccess
-from agentrun.controller.running import Fanout, describe_validation_error
+from agentrun.controller.run_service import Fanout, describe_validation_error
 from agentrun.controller.status_writing import now_rfc3339, terminal_status
 from agentrun.controller.tool_environment import RunToolEnvironment
 from agentrun.loop.clocks import SystemClock
@@ -33,7 +33,7 @@ from agentrun.loop.events import (
     ToolCallFinished,
 )
 from agentrun.loop.running import run_loop
-from agentrun.model.messaging import ClientPool
+from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.tools.builtin.kubernetes import KUBERNETES_TOOLS
 from agentrun.tools.registry import (

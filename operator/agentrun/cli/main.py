@@ -1,4 +1,4 @@
-"""`agentrun`: operator, run, crd, demo."""
+"""`agentrun`: operator, run, crd."""
 
 from __future__ import annotations
 
@@ -39,21 +39,31 @@ def _parser() -> argparse.ArgumentParser:
         help="namespace of header Secrets and Kubernetes tools (default: the manifest's, else default)",
     )
 
-    sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
+    crd = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
+    crd.add_argument(
+        "--reference", action="store_true", help="print the field reference of the docs (Markdown) instead"
+    )
 
-    demo = sub.add_parser("demo", help="offline demo: emulated cluster + scripted model + the real operator")
-    demo.add_argument("--kubeconfig", help="use this real cluster instead of the emulator")
-    demo.add_argument("--examples", default=None, help="directory of AgentRun manifests (default: examples/)")
-    demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the runs to finish")
+    # The offline demo needs the emulators, which are not part of the operator (sandbox/ in the repository).
+    sub.add_parser("demo", help="moved: `make demo` in a clone of the repository")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # whatever its options: they belong to `agentrun-sandbox demo` now
+        print(
+            "error: the offline demo is not part of the operator: run `make demo` in a clone of the "
+            "repository (or `agentrun-sandbox demo` where agentrun-sandbox is installed)",
+            file=sys.stderr,
+        )
+        return 2
     args = _parser().parse_args(argv)
     if args.command == "crd":
         from agentrun.api.crd import crd_yaml
+        from agentrun.api.reference import reference_markdown
 
-        sys.stdout.write(crd_yaml())
+        sys.stdout.write(reference_markdown() if args.reference else crd_yaml())
         return 0
     if args.command == "run":
         from agentrun.cli.local import main as run_main
@@ -61,10 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         return run_main(args.file, args.output, args.namespace)
     if args.command == "operator":
         return _operator(args)
-    if args.command == "demo":
-        from agentrun.cli.demo import main as demo_main
-
-        return demo_main(kubeconfig=args.kubeconfig, examples=args.examples, timeout=args.timeout)
     raise AssertionError(args.command)  # pragma: no cover
 
 

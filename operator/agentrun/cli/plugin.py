@@ -22,11 +22,19 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.api.transcripts import (
+    StorageKind,
+    Transcript,
+    TranscriptError,
+    chunk_selector,
+    decode_objects,
+    object_kind,
+    storage_of,
+)
 from agentrun.cli.plugin_rendering import render_trace, render_transcript
 from agentrun.controller import kubeconfig_loading
 from agentrun.controller.kube_failures import KubeFailure, explain, explained
 from agentrun.controller.kubeconfig_loading import ClusterAccess
-from agentrun.controller.transcript_storing import StorageKind, Transcript, TranscriptError, load
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -80,14 +88,21 @@ async def get_run(session: Session, name: str) -> dict[str, Any]:
     return obj
 
 
+async def list_chunks(session: Session, name: str, uid: str | None, storage: StorageKind) -> list[Any]:
+    """The run's chunk objects as JSON, read as the caller: a plain list of Secrets or ConfigMaps."""
+    core = session.core
+    lister = core.list_namespaced_secret if storage == "secret" else core.list_namespaced_config_map
+    listing = await lister(session.namespace, label_selector=chunk_selector(run_name=name, uid=uid))
+    kind = object_kind(storage)
+    return [{**session.api.sanitize_for_serialization(item), "kind": kind} for item in listing.items]
+
+
 async def read_transcript(session: Session, name: str) -> Transcript:
     run = await get_run(session, name)
     ref = (run.get("status") or {}).get("transcript") or {}
-    storage: StorageKind = "configmap" if ref.get("kind") == "ConfigMap" else "secret"
     try:
-        return await load(
-            session.core, session.namespace, name, uid=run["metadata"].get("uid"), storage=storage
-        )
+        chunks = await list_chunks(session, name, run["metadata"].get("uid"), storage_of(ref.get("kind")))
+        return decode_objects(chunks)
     except ApiException as exc:
         raise _api_error(exc, f"transcript of agentrun {session.namespace}/{name}") from exc
     except TranscriptError as exc:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrun.loop.events import TraceRow
+from agentrun.api.traces import TraceRow
 
 INDENT = "    "
 

@@ -16,7 +16,7 @@ from agentrun.api.status import FINISHED_PHASES
 from agentrun.controller import kubeconfig_loading
 from agentrun.controller.kube_failures import KubeFailure
 from agentrun.controller.kubeconfig_loading import ClusterAccess
-from agentrun.controller.running import RunRef, RunService
+from agentrun.controller.run_service import RunRef, RunService
 from agentrun.controller.supervising import RunSupervisor
 from agentrun.controller.ttl_reaping import TTLReaper
 

@@ -1,6 +1,6 @@
 """One line for the user when the Kubernetes API cannot be used: what failed, what the server said, what next.
 
-Every command that talks to a cluster (`agentrun operator`, `agentrun demo`, `agentrun run`, the kubectl
+Every command that talks to a cluster (`agentrun operator`, the demo, `agentrun run`, the kubectl
 plugin) reports through :func:`explain`, so a 403 or a refused connection reads the same everywhere
 and no command shows a traceback for a cluster that is down, a credential that expired or a missing CRD.
 Call sites only say what they were doing (:func:`explained`); the wording lives here.

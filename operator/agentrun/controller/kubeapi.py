@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -35,32 +38,72 @@ async def connect(access: ClusterAccess | None = None) -> client.ApiClient:
 CRD_MISSING = "the AgentRun CRD is not installed; install it with `agentrun crd | kubectl apply -f -`"
 
 
-async def connect_checked(namespaces: Sequence[str]) -> client.ApiClient:
+#: How often a missing CRD is looked for again, and how often the warning about it is repeated.
+CRD_POLL_SECONDS = 2.0
+CRD_WARNING_SECONDS = 60.0
+
+
+async def connect_checked(namespaces: Sequence[str]) -> tuple[client.ApiClient, bool]:
     """connect(), then one list of AgentRuns wherever the operator is to watch, before Kopf starts.
 
     Why: Kopf retries an unreachable server for a minute and then dies with a traceback, and retries a
     403 forever. This says which in one line (KubeFailure) and the operator exits, so a misconfiguration
     is seen at startup, not guessed from silence. A missing CRD is different: it is often installed
     right after the operator (a GitOps sync, a chart without its crds/), so the operator says so in one
-    warning and starts anyway; Kopf begins watching when the CRD appears, and no pod crash-loops.
+    warning and waits for it (:func:`wait_for_crd`), and no pod crash-loops. Returns the client and
+    whether the CRD is served.
     """
     access = await kubeconfig_loading.load()
     api_client = await connect(access)
     custom = client.CustomObjectsApi(api_client)
-    plain = [ns for ns in namespaces if not any(c in ns for c in "*?[!")]  # Kopf also takes patterns
     try:
-        for namespace in plain if namespaces else [None]:
-            where = f"in namespace {namespace}" if namespace else "in all namespaces"
-            with explained("list", f"agentruns {where}", access=access):
-                if not await _crd_served(custom, namespace, where):
-                    break
+        served = await _crd_served(custom, namespaces, access)
     except BaseException:
         await api_client.close()
         raise
-    return api_client
+    return api_client, served
 
 
-async def _crd_served(custom: client.CustomObjectsApi, namespace: str | None, where: str) -> bool:
+async def wait_for_crd(api_client: client.ApiClient, namespaces: Sequence[str], stop: asyncio.Event) -> bool:
+    """Until the CRD is served (True) or ``stop`` is set (False), repeating the warning now and then.
+
+    Why before Kopf starts: Kopf's resource observer ignores the CRDs of its watch's initial listing
+    (it has scanned them a moment before), so a CRD created in between is never served.
+    """
+    custom = client.CustomObjectsApi(api_client)
+    warned = time.monotonic()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), CRD_POLL_SECONDS)
+        if stop.is_set():
+            break
+        if await _crd_served(custom, namespaces, None, quiet=time.monotonic() - warned < CRD_WARNING_SECONDS):
+            logger.info("the AgentRun CRD is installed now; starting")
+            return True
+        if time.monotonic() - warned >= CRD_WARNING_SECONDS:
+            warned = time.monotonic()
+    return False
+
+
+async def _crd_served(
+    custom: client.CustomObjectsApi,
+    namespaces: Sequence[str],
+    access: ClusterAccess | None,
+    *,
+    quiet: bool = False,
+) -> bool:
+    plain = [ns for ns in namespaces if not any(c in ns for c in "*?[!")]  # Kopf also takes patterns
+    for namespace in plain if namespaces else [None]:
+        where = f"in namespace {namespace}" if namespace else "in all namespaces"
+        with explained("list", f"agentruns {where}", access=access):
+            if not await _list_one(custom, namespace, where, quiet=quiet):
+                return False
+    return True
+
+
+async def _list_one(
+    custom: client.CustomObjectsApi, namespace: str | None, where: str, *, quiet: bool
+) -> bool:
     """Lists one AgentRun; False (with the warning) when the CRD is not there, other failures raise."""
     try:
         if namespace is None:
@@ -75,7 +118,8 @@ async def _crd_served(custom: client.CustomObjectsApi, namespace: str | None, wh
     except ApiException as exc:
         if exc.status != 404:
             raise
-        logger.warning("cannot list agentruns %s: %s; waiting for it", where, CRD_MISSING)
+        if not quiet:
+            logger.warning("cannot list agentruns %s: %s; waiting for it", where, CRD_MISSING)
         return False
     return True
 

@@ -13,14 +13,14 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from agentrun.controller.handlers import build_registry
-from agentrun.controller.kubeapi import KubeAPI, connect_checked
-from agentrun.controller.running import RunService
+from agentrun.controller.kubeapi import KubeAPI, connect_checked, wait_for_crd
+from agentrun.controller.run_service import RunService
 from agentrun.metrics.observing import Metrics
-from agentrun.metrics.serving import keep_beating, start_metrics_server
-from agentrun.metrics.tracing import configure_tracer_provider, tracer_of
-from agentrun.model.messaging import ClientPool
+from agentrun.metrics.serving import keep_beating, start_health_server, start_metrics_server
+from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
+from agentrun.tracing.observing import configure_tracer_provider, tracer_of
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def kopf_settings() -> kopf.OperatorSettings:
 async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None, **kopf_kwargs: Any) -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    api_client = await connect_checked(settings.namespaces)
+    api_client, crd_served = await connect_checked(settings.namespaces)
     kube = KubeAPI(api_client)
     clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
     provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
@@ -75,6 +75,15 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
     heartbeat = asyncio.create_task(keep_beating(metrics, settings.heartbeat_seconds))
     try:
+        if not crd_served:
+            stop = stop_flag or asyncio.Event()
+            # Alive while waiting: the liveness probe must not restart a pod that only waits for its CRD.
+            waiting = await start_health_server(settings.bind_address, settings.health_port)
+            try:
+                if not await wait_for_crd(api_client, settings.namespaces, stop):
+                    return
+            finally:
+                await waiting.cleanup()
         await kopf.operator(
             registry=build_registry(service),
             settings=kopf_settings(),

@@ -1,6 +1,6 @@
 """Where an unfinished run picks up after an operator restart: its last persisted checkpoint.
 
-Resume semantics (README, "Durable runs"):
+Resume semantics (docs/durable-runs.md, "Resume after a restart"):
 
 * the conversation, iteration count, token usage per model (so cost), tool call count and the
   loop's corrective counters come from the last transcript record; nothing after it happened as far
@@ -18,11 +18,12 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.controller.transcript_storing import Transcript, TranscriptStore
-from agentrun.loop.events import Progress
+from agentrun.api.stops import Outcome
+from agentrun.api.traces import Progress
+from agentrun.api.transcripts import Transcript
+from agentrun.api.usage import TokenUsage
+from agentrun.controller.transcript_storing import TranscriptStore
 from agentrun.loop.state import RunState
-from agentrun.loop.stops import Outcome
-from agentrun.loop.usage import TokenUsage
 
 NO_PROGRESS = Progress(0, 0, TokenUsage(), None)
 
@@ -59,7 +60,7 @@ def resume_point_of(
         return ResumePoint(state=None, elapsed_before=elapsed, progress=NO_PROGRESS, transcript=transcript)
     progress = transcript.progress or NO_PROGRESS
     return ResumePoint(
-        state=transcript.run_state(),
+        state=RunState.restore(transcript.messages, transcript.state),
         elapsed_before=elapsed,
         progress=progress,
         outcome=transcript.outcome,

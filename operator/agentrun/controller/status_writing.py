@@ -24,17 +24,17 @@ from typing import Any
 
 from agentrun.api.conditions import bounded_result, conditions_for
 from agentrun.api.status import Phase
+from agentrun.api.stops import Outcome
+from agentrun.api.traces import Progress
 from agentrun.controller.kubeapi import KubeAPI, is_gone, is_transient
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
     Checkpoint,
     Event,
-    Progress,
     RunFinished,
     RunStarted,
 )
-from agentrun.loop.stops import Outcome
 
 logger = logging.getLogger(__name__)
 PENDING_INPUT_LIMIT = 4096

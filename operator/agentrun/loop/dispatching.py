@@ -13,8 +13,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agentrun.api.traces import ToolTrace
 from agentrun.loop.errors import ToolError
-from agentrun.loop.events import ToolTrace
 from agentrun.loop.protocols import Block, Clock, Tool, ToolCall, ToolOutput
 from agentrun.loop.state import content_hash
 

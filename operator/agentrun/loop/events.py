@@ -4,86 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-from agentrun.loop.stops import Outcome
-from agentrun.loop.usage import TokenUsage
-
-
-@dataclass(frozen=True)
-class ToolTrace:
-    tool_use_id: str
-    name: str
-    input_hash: str
-    duration_seconds: float
-    ok: bool
-    error_code: str | None = None
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    """One row per model request: enough to debug a stuck run without reading the whole history."""
-
-    iteration: int
-    stop_reason: str | None
-    tool_calls: tuple[ToolTrace, ...]
-    usage: TokenUsage
-    model: str
-    request_id: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "iteration": self.iteration,
-            "stop_reason": self.stop_reason,
-            "model": self.model,
-            "request_id": self.request_id,
-            "tool_calls": [
-                {
-                    "id": t.tool_use_id,
-                    "name": t.name,
-                    "input_hash": t.input_hash,
-                    "ms": round(t.duration_seconds * 1000, 1),
-                    "ok": t.ok,
-                    **({"code": t.error_code} if t.error_code else {}),
-                }
-                for t in self.tool_calls
-            ],
-            **self.usage.as_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> TraceRow:
-        """The inverse of `as_dict`, for rows read back from a stored transcript."""
-        return cls(
-            iteration=int(raw["iteration"]),
-            stop_reason=raw.get("stop_reason"),
-            tool_calls=tuple(
-                ToolTrace(
-                    tool_use_id=str(t["id"]),
-                    name=str(t["name"]),
-                    input_hash=str(t.get("input_hash", "")),
-                    duration_seconds=float(t.get("ms", 0.0)) / 1000,
-                    ok=bool(t.get("ok")),
-                    error_code=t.get("code"),
-                )
-                for t in raw.get("tool_calls") or []
-            ),
-            usage=TokenUsage.from_dict(dict(raw)),
-            model=str(raw.get("model", "")),
-            request_id=raw.get("request_id"),
-        )
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Cumulative counters, carried by checkpoint events so observers need no state of their own."""
-
-    iterations: int
-    tool_calls: int
-    usage: TokenUsage
-    cost_usd: Decimal | None
-    unpriced_models: tuple[str, ...] = ()
+from agentrun.api.stops import Outcome
+from agentrun.api.traces import Progress, ToolTrace, TraceRow
+from agentrun.api.usage import TokenUsage
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.events import Event
-from agentrun.loop.usage import TokenUsage
 
 Block = dict[str, Any]
 Message = dict[str, Any]

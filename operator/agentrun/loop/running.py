@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.traces import TraceRow
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.approving import ApprovalGate, Approvals, NoApprover
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.dispatching import Dispatcher, ToolOutcome
@@ -28,7 +31,6 @@ from agentrun.loop.events import (
     RunStarted,
     ToolCallFinished,
     ToolCallRecovered,
-    TraceRow,
 )
 from agentrun.loop.protocols import (
     Block,
@@ -43,8 +45,6 @@ from agentrun.loop.protocols import (
     ToolCall,
 )
 from agentrun.loop.state import RunState, text_of, tool_uses
-from agentrun.loop.stops import Outcome, StopReason
-from agentrun.loop.usage import TokenUsage
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -161,7 +161,8 @@ class Prepare:
                     Outcome(
                         StopReason.INVALID_SPEC,
                         f"costBudgetUSD is set but model(s) {', '.join(unpriced)} have no price in the "
-                        "operator's price table; add a price (see README, 'Prices') or drop the budget",
+                        "operator's price table; add a price (see docs/operating.md, 'Prices') "
+                        "or drop the budget",
                     )
                 )
             if cost is not None and cost >= cfg.cost_budget_usd:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from agentrun.loop.events import Progress, TraceRow
+from agentrun.api.traces import Progress, TraceRow
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.protocols import Block, Message, Pricer
-from agentrun.loop.usage import TokenUsage
 
 
 def content_hash(value: Any) -> str:

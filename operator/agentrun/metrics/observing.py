@@ -17,6 +17,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from agentrun import __version__
+from agentrun.api.traces import Progress
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -25,7 +26,6 @@ from agentrun.loop.events import (
     LoopDetected,
     ModelRequestFinished,
     ModelRetryScheduled,
-    Progress,
     RunFinished,
     RunStarted,
     ToolCallFinished,

@@ -27,6 +27,20 @@ async def start_metrics_server(registry: CollectorRegistry, host: str, port: int
     return runner
 
 
+async def start_health_server(host: str, port: int) -> web.AppRunner:
+    """GET /healthz before Kopf serves it (the operator waiting for its CRD is alive, not stuck)."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"waiting": "the AgentRun CRD"})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
 async def keep_beating(metrics: Metrics, interval_seconds: float) -> None:
     """The heartbeat runs on the operator's event loop: a stale value means that loop is stuck."""
     while True:

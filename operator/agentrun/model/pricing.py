@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from agentrun.loop.usage import TokenUsage
+from agentrun.api.usage import TokenUsage
 
 MILLION = Decimal(1_000_000)
 

@@ -1,7 +1,7 @@
 """A streamed Messages API answer, folded from its raw events into the loop's ModelResponse.
 
 Built to be cheap per event, which is why it replaces the SDK's ``messages.stream`` helper (measured in
-`agentrun.model.messaging`): events stay the JSON dicts they were decoded into, string deltas are
+`agentrun.model.anthropic_calling`): events stay the JSON dicts they were decoded into, string deltas are
 collected per block and joined once, and tool input is parsed once, when the answer is complete. The
 result is what the helper gave: tool input parsed as leniently as its accumulator does (a block cut by
 ``max_tokens`` keeps the properties complete before the cut), and null fields dropped as its
@@ -14,9 +14,9 @@ from typing import Any
 
 import jiter
 
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.errors import FatalModelError, RetryableModelError, RetryClass
 from agentrun.loop.protocols import Block, ModelResponse
-from agentrun.loop.usage import TokenUsage
 
 TOOL_INPUT_BLOCKS = frozenset({"tool_use", "server_tool_use"})
 #: Events whose data is malformed beyond what lenient reading can absorb.

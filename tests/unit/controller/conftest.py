@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 
 CRD = Path(__file__).resolve().parents[3] / "crds" / "agentruns.agentrun.dev.yaml"
 

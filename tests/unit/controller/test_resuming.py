@@ -6,12 +6,12 @@ import datetime as dt
 from collections import deque
 from decimal import Decimal
 
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.traces import Progress, TraceRow
+from agentrun.api.transcripts import Transcript
+from agentrun.api.usage import TokenUsage
 from agentrun.controller.resuming import resume_point_of, seconds_since
-from agentrun.controller.transcript_storing import Transcript
-from agentrun.loop.events import Progress, TraceRow
 from agentrun.loop.state import RunState
-from agentrun.loop.stops import Outcome, StopReason
-from agentrun.loop.usage import TokenUsage
 
 
 def busy_state() -> RunState:

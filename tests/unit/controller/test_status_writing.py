@@ -9,19 +9,13 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.traces import Progress, TraceRow
+from agentrun.api.usage import TokenUsage
 from agentrun.controller.kubeapi import KubeAPI
 from agentrun.controller.status_writing import StatusWriter
-from agentrun.loop.events import (
-    ApprovalRequested,
-    Checkpoint,
-    Progress,
-    RunFinished,
-    RunStarted,
-    TraceRow,
-)
-from agentrun.loop.stops import Outcome, StopReason
-from agentrun.loop.usage import TokenUsage
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun.loop.events import ApprovalRequested, Checkpoint, RunFinished, RunStarted
+from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.builders import agentrun
 
 NAME = "progress"

@@ -15,24 +15,25 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun.controller.transcript_storing import (
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.traces import Progress, ToolTrace, TraceRow
+from agentrun.api.transcripts import (
     CHUNK_LABEL,
     PART_ANNOTATION,
     RUN_LABEL,
     UID_LABEL,
+    decode_objects,
+)
+from agentrun.api.usage import TokenUsage
+from agentrun.controller.transcript_storing import (
     RunIdentity,
     TranscriptConflict,
     TranscriptStore,
-    decode_objects,
     list_chunk_objects,
     load,
-    name_prefix,
-    run_label,
 )
-from agentrun.loop.events import Checkpoint, Progress, RunFinished, ToolTrace, TraceRow
-from agentrun.loop.stops import Outcome, StopReason
-from agentrun.loop.usage import TokenUsage
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
+from agentrun.loop.events import Checkpoint, RunFinished
+from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.kube_testing import eventually
 
 
@@ -381,17 +382,6 @@ async def test_another_run_with_the_same_name_reads_only_its_own_chunks(
     await talk.model_asked_for_tools()
     transcript = await load(core, "default", "demo", uid="another-uid")
     assert transcript.empty and transcript.messages == []
-
-
-def test_names_and_labels_stay_within_kubernetes_limits() -> None:
-    long_name = "a" * 200 + "." + "b" * 52
-    assert len(long_name) == 253
-    assert len(f"{name_prefix(long_name)}-9999999") <= 253
-    assert name_prefix("demo") == "demo-transcript"
-    label = run_label(long_name)
-    assert len(label) <= 63 and label[0].isalnum() and label[-1].isalnum()
-    assert run_label("demo") == "demo"
-    assert run_label(long_name) != run_label(long_name[:-1] + "c")
 
 
 async def test_chunks_listed_in_any_order_decode_to_the_same_transcript(

@@ -16,16 +16,16 @@ from typing import Any
 import anthropic
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.stops import Outcome, StopReason
 from agentrun.loop.approving import TIMED_OUT, Approvals, Decision
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import ApprovalDecided, ApprovalRequested, Event, RunFinished, ToolCallFinished
 from agentrun.loop.protocols import Tool, ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
-from agentrun.loop.stops import Outcome, StopReason
-from agentrun.model.messaging import AnthropicModel
+from agentrun.model.anthropic_calling import AnthropicModel
 from agentrun.model.pricing import PriceTable
-from agentrun.sandbox.messages_api import FakeMessagesAPI, RecordedRequest
-from agentrun.sandbox.messages_script import Reply, Script, Step, text_block, tool_use_block
+from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
+from agentrun_sandbox.messages.script import Reply, Script, Step, text_block, tool_use_block
 from tests.support.loop_harness import FAST_RETRIES, FakeTool, Recorder
 
 MARKER = "[scenario:approvals]"

@@ -1,6 +1,6 @@
 """Model API fault matrix: every fault class through the real SDK against the fake Messages API.
 
-Each case states the documented behaviour (README, "Model API errors and retries"): how many
+Each case states the documented behaviour (docs/stop-reasons.md, "Model API errors and retries"): how many
 requests the server sees, how long the loop sleeps between them (virtual time), the final
 stopReason and condition reason, the retries counted by class, and that retries never spend
 budget. Backoff is 1, 2, 4 s for attempts 1..3 here (jitter pinned to the middle of its range).
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agentrun.api.stops import StopReason
 from agentrun.controller.status_writing import terminal_status
 from agentrun.loop.config import RetryPolicy
-from agentrun.loop.stops import StopReason
 from agentrun.metrics.observing import Metrics, MetricsObserver
 from agentrun.model.pricing import PriceTable
-from agentrun.sandbox.messages_script import (
+from agentrun_sandbox.messages.script import (
     ConnectionReset,
     Fault,
     HttpError,

@@ -6,13 +6,13 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
+from agentrun.api.stops import StopReason
 from agentrun.controller.status_writing import terminal_status
 from agentrun.loop.config import RetryPolicy
 from agentrun.loop.errors import ToolError
 from agentrun.loop.events import ModelRetryScheduled
-from agentrun.loop.stops import StopReason
 from agentrun.metrics.observing import Metrics, MetricsObserver
-from agentrun.sandbox.messages_script import (
+from agentrun_sandbox.messages.script import (
     ConnectionReset,
     HttpError,
     Reply,

@@ -28,13 +28,13 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from agentrun.api.stops import StopReason
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.config import LoopConfig, RetryPolicy
 from agentrun.loop.errors import FatalModelError, RetryableModelError, RetryClass, ToolError
 from agentrun.loop.events import Checkpoint, RunFinished
 from agentrun.loop.protocols import ModelRequest, ModelResponse, ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
-from agentrun.loop.stops import StopReason
-from agentrun.loop.usage import TokenUsage
 from tests.support.loop_harness import FakeClock, Recorder
 
 PROPERTY_SETTINGS = settings(

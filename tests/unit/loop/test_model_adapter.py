@@ -11,7 +11,7 @@ from aiohttp import web
 
 from agentrun.loop.errors import RetryableModelError, RetryClass
 from agentrun.loop.protocols import ModelRequest
-from agentrun.model.messaging import AnthropicModel
+from agentrun.model.anthropic_calling import AnthropicModel
 from tests.support.messages_handler import Handler, client_of
 
 MESSAGE = {

@@ -8,18 +8,12 @@ from decimal import Decimal
 from prometheus_client import CollectorRegistry
 
 from agentrun import __version__
-from agentrun.loop.events import (
-    ApprovalDecided,
-    ApprovalRequested,
-    Checkpoint,
-    Progress,
-    RunFinished,
-    RunStarted,
-)
-from agentrun.loop.stops import Outcome, StopReason
-from agentrun.loop.usage import TokenUsage
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.traces import Progress
+from agentrun.api.usage import TokenUsage
+from agentrun.loop.events import ApprovalDecided, ApprovalRequested, Checkpoint, RunFinished, RunStarted
 from agentrun.metrics.observing import Metrics, MetricsObserver
-from agentrun.sandbox.messages_script import Reply, ScriptUsage, text_block, tool_use_block
+from agentrun_sandbox.messages.script import Reply, ScriptUsage, text_block, tool_use_block
 from tests.support.loop_harness import FakeTool, run_scripted
 
 

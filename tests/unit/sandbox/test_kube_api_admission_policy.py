@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
-from agentrun.sandbox.kube_authz import UserInfo
+from agentrun_sandbox.kube import EmulatedCluster
+from agentrun_sandbox.kube.authz import UserInfo
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import WIDGETS, WIDGETS_CRD, widget
 
@@ -57,8 +57,10 @@ def binding(name: str = "note-guard", policy_name: str = "note-guard", **spec: A
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD], identities={ALICE: UserInfo("alice")}) as kube:
+async def kube() -> AsyncIterator[EmulatedCluster]:
+    async with EmulatedCluster.running(
+        crd_paths=[WIDGETS_CRD], identities={ALICE: UserInfo("alice")}
+    ) as kube:
         yield kube
 
 
@@ -98,7 +100,9 @@ async def test_a_failed_validation_denies_with_the_servers_forbidden_status(clie
     assert (await client.post(WIDGETS, widget("w1", note="kube-emulator"))).status == 201
 
 
-async def test_request_user_info_is_the_tokens_identity_or_the_impersonated_user(kube: KubeAPI) -> None:
+async def test_request_user_info_is_the_tokens_identity_or_the_impersonated_user(
+    kube: EmulatedCluster,
+) -> None:
     async with KubeClient(kube.url) as admin, KubeClient(kube.url, token=ALICE) as alice:
         await install(admin, policy(), binding())
         assert (await alice.post(WIDGETS, widget("w1", note="alice"))).status == 201
@@ -254,7 +258,9 @@ async def test_policies_and_bindings_without_their_required_fields_are_invalid(c
     )
 
 
-async def test_a_self_subject_review_names_the_caller_as_kubectl_auth_whoami_shows_it(kube: KubeAPI) -> None:
+async def test_a_self_subject_review_names_the_caller_as_kubectl_auth_whoami_shows_it(
+    kube: EmulatedCluster,
+) -> None:
     async with KubeClient(kube.url) as admin, KubeClient(kube.url, token=ALICE) as alice:
         review = await admin.post(
             WHOAMI, {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
 from tests.support.rbac import BOOTSTRAP_RULES, Grant, Policy, Rule
@@ -16,7 +16,7 @@ TOKEN = "bot-token"
 
 
 @pytest.fixture
-async def guarded() -> AsyncIterator[KubeAPI]:
+async def guarded() -> AsyncIterator[EmulatedCluster]:
     rules = Policy(
         BOT,
         (
@@ -26,11 +26,13 @@ async def guarded() -> AsyncIterator[KubeAPI]:
             *(Grant(rule) for rule in BOOTSTRAP_RULES),
         ),
     )
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD], rbac={TOKEN: rules}) as kube:
+    async with EmulatedCluster.running(crd_paths=[WIDGETS_CRD], rbac={TOKEN: rules}) as kube:
         yield kube
 
 
-async def test_a_request_the_rules_do_not_allow_gets_the_servers_forbidden_status(guarded: KubeAPI) -> None:
+async def test_a_request_the_rules_do_not_allow_gets_the_servers_forbidden_status(
+    guarded: EmulatedCluster,
+) -> None:
     async with KubeClient(guarded.url) as admin, KubeClient(guarded.url, token=TOKEN) as bot:
         assert (await admin.post(WIDGETS, widget("w1"))).status == 201
         assert (await bot.get(f"{WIDGETS}/w1")).status == 200
@@ -52,7 +54,9 @@ async def test_a_request_the_rules_do_not_allow_gets_the_servers_forbidden_statu
         assert (await admin.patch(f"{WIDGETS}/w1", {"spec": {"size": 5}})).status == 200
 
 
-async def test_a_role_binding_does_not_reach_other_namespaces_or_the_cluster_scope(guarded: KubeAPI) -> None:
+async def test_a_role_binding_does_not_reach_other_namespaces_or_the_cluster_scope(
+    guarded: EmulatedCluster,
+) -> None:
     async with KubeClient(guarded.url, token=TOKEN) as bot:
         assert (await bot.get(CONFIGMAPS)).status == 200
         everywhere = await bot.get("/api/v1/configmaps")
@@ -69,7 +73,7 @@ async def test_a_role_binding_does_not_reach_other_namespaces_or_the_cluster_sco
     assert ("/api/v1/configmaps", False) in checked and (CONFIGMAPS, True) in checked
 
 
-async def test_impersonation_is_checked_against_the_service_account_named(guarded: KubeAPI) -> None:
+async def test_impersonation_is_checked_against_the_service_account_named(guarded: EmulatedCluster) -> None:
     async with KubeClient(guarded.url, token=TOKEN) as bot:
         as_agent = {"Impersonate-User": "system:serviceaccount:default:agent"}
         # The impersonated request itself runs as the service account (not authorized here).
@@ -86,7 +90,9 @@ async def test_impersonation_is_checked_against_the_service_account_named(guarde
         assert 'cannot impersonate resource "users"' in as_user.body["message"]
 
 
-async def test_blocking_owner_deletion_needs_update_on_the_owners_finalizers(guarded: KubeAPI) -> None:
+async def test_blocking_owner_deletion_needs_update_on_the_owners_finalizers(
+    guarded: EmulatedCluster,
+) -> None:
     async with KubeClient(guarded.url) as admin, KubeClient(guarded.url, token=TOKEN) as bot:
         owner = (await admin.post(WIDGETS, widget("owner"))).body
         ref = {

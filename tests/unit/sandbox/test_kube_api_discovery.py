@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import WIDGETS, widget
 
@@ -85,7 +85,7 @@ async def test_unknown_groups_and_paths_answer_404_statuses(client: KubeClient) 
 
 
 async def test_the_request_log_records_verbs_resources_and_identities(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     impersonation = {
         "Impersonate-User": "system:serviceaccount:default:runner",
@@ -126,7 +126,7 @@ async def test_the_request_log_records_verbs_resources_and_identities(
     }
 
 
-async def test_pod_logs_serve_the_configured_text(kube: KubeAPI, client: KubeClient) -> None:
+async def test_pod_logs_serve_the_configured_text(kube: EmulatedCluster, client: KubeClient) -> None:
     await client.post(
         "/api/v1/namespaces/default/pods", {"metadata": {"name": "p1"}, "spec": {"containers": []}}
     )
@@ -140,7 +140,7 @@ async def test_pod_logs_serve_the_configured_text(kube: KubeAPI, client: KubeCli
     assert (await client.get("/api/v1/namespaces/default/pods/ghost/log")).status == 404
 
 
-async def test_kubernetes_asyncio_works_through_the_kubeconfig(kube: KubeAPI) -> None:
+async def test_kubernetes_asyncio_works_through_the_kubeconfig(kube: EmulatedCluster) -> None:
     api_client = await k8s_config.new_client_from_config(config_file=str(kube.kubeconfig_path))
     async with api_client:
         core = k8s_client.CoreV1Api(api_client)
@@ -172,7 +172,7 @@ def kubectl_binary() -> str:
     return path
 
 
-async def kubectl(kube: KubeAPI, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
+async def kubectl(kube: EmulatedCluster, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         kubectl_binary(),
         *args,
@@ -187,7 +187,7 @@ async def kubectl(kube: KubeAPI, *args: str, stdin: str | None = None) -> tuple[
 
 
 async def test_kubectl_gets_namespaces_and_custom_resources_with_printer_columns(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     await client.post(WIDGETS, widget("w1", size=4))
     await client.patch(
@@ -208,7 +208,7 @@ async def test_kubectl_gets_namespaces_and_custom_resources_with_printer_columns
 
 
 async def test_kubectl_creates_patches_waits_for_and_deletes_custom_resources(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     code, _, err = await kubectl(kube, "create", "-f", "-", stdin=json.dumps(widget("w1")))
     assert code == 0, err
@@ -225,7 +225,7 @@ async def test_kubectl_creates_patches_waits_for_and_deletes_custom_resources(
 
 
 async def test_kubectl_apply_validates_on_the_server_and_updates_objects(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1", "namespace": "team"}}
@@ -242,13 +242,13 @@ async def test_kubectl_apply_validates_on_the_server_and_updates_objects(
     assert 'unknown field "spec.colour"' in err
 
 
-async def test_kubectl_explain_shows_the_crd_schema(kube: KubeAPI) -> None:
+async def test_kubectl_explain_shows_the_crd_schema(kube: EmulatedCluster) -> None:
     code, out, err = await kubectl(kube, "explain", "widgets.spec.task")
     assert code == 0, err
     assert "FIELD: task <string>" in out
 
 
-async def test_kubectl_generators_that_send_protobuf_are_refused_with_415(kube: KubeAPI) -> None:
+async def test_kubectl_generators_that_send_protobuf_are_refused_with_415(kube: EmulatedCluster) -> None:
     code, _, err = await kubectl(kube, "create", "namespace", "team")
     assert code != 0
     assert "UnsupportedMediaType" in err

@@ -8,20 +8,20 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import CONFIGMAPS, WIDGETS, widget
 
 
 @pytest.fixture
-async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
+async def client(kube: EmulatedCluster) -> AsyncIterator[KubeClient]:
     async with KubeClient(kube.url) as client:
         await client.post(WIDGETS, widget("w1"))
         yield client
 
 
 async def test_a_fault_answers_its_status_the_given_number_of_times_before_any_state_change(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     fault = kube.emulator.faults.add(
         method="PATCH", path=re.compile(r".*/status$"), status=409, times=2, reason="Conflict"
@@ -36,7 +36,7 @@ async def test_a_fault_answers_its_status_the_given_number_of_times_before_any_s
     assert fault.hits == 2
 
 
-async def test_a_429_fault_carries_retry_after(kube: KubeAPI, client: KubeClient) -> None:
+async def test_a_429_fault_carries_retry_after(kube: EmulatedCluster, client: KubeClient) -> None:
     kube.emulator.faults.add(verb="create", resource="configmaps", status=429, retry_after=3)
     answer = await client.post(CONFIGMAPS, {"metadata": {"name": "c1"}})
     assert answer.status == 429
@@ -46,7 +46,9 @@ async def test_a_429_fault_carries_retry_after(kube: KubeAPI, client: KubeClient
     assert (await client.get(f"{CONFIGMAPS}/c1")).status == 404
 
 
-async def test_faults_match_on_verb_resource_namespace_and_name(kube: KubeAPI, client: KubeClient) -> None:
+async def test_faults_match_on_verb_resource_namespace_and_name(
+    kube: EmulatedCluster, client: KubeClient
+) -> None:
     kube.emulator.faults.add(
         verb="get", resource="test.agentrun.dev/widgets", name="w1", status=500, times=None
     )
@@ -58,7 +60,7 @@ async def test_faults_match_on_verb_resource_namespace_and_name(kube: KubeAPI, c
 
 
 async def test_a_delay_without_status_slows_a_request_down_but_serves_it(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     kube.emulator.faults.add(verb="get", status=None, delay=0.3)
     started = time.monotonic()
@@ -66,7 +68,9 @@ async def test_a_delay_without_status_slows_a_request_down_but_serves_it(
     assert time.monotonic() - started >= 0.3
 
 
-async def test_a_watch_can_be_dropped_after_a_number_of_events(kube: KubeAPI, client: KubeClient) -> None:
+async def test_a_watch_can_be_dropped_after_a_number_of_events(
+    kube: EmulatedCluster, client: KubeClient
+) -> None:
     kube.emulator.faults.drop_watch(resource="widgets", after_events=2)
     stream = await client.watch(WIDGETS)
     await client.post(WIDGETS, widget("w2"))
@@ -78,7 +82,7 @@ async def test_a_watch_can_be_dropped_after_a_number_of_events(kube: KubeAPI, cl
 
 
 async def test_a_watch_can_be_dropped_after_some_seconds_with_a_410_error(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     kube.emulator.faults.drop_watch(resource="widgets", after_seconds=0.3, expire=True)
     started = time.monotonic()

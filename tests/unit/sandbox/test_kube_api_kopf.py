@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import WIDGETS, eventually, widget
 
@@ -56,7 +56,7 @@ OPERATOR = textwrap.dedent(
 
 
 @pytest.fixture
-async def kopf_operator(kube: KubeAPI, tmp_path: Path) -> AsyncIterator[Path]:
+async def kopf_operator(kube: EmulatedCluster, tmp_path: Path) -> AsyncIterator[Path]:
     script = tmp_path / "operator.py"
     script.write_text(OPERATOR)
     log = tmp_path / "kopf.log"
@@ -100,7 +100,7 @@ async def until(check: Callable[[], Awaitable[bool]], log: Path, what: str) -> N
 
 
 async def test_a_kopf_daemon_runs_patches_status_and_releases_its_finalizer_on_deletion(
-    kube: KubeAPI, kopf_operator: Path
+    kube: EmulatedCluster, kopf_operator: Path
 ) -> None:
     async with KubeClient(kube.url) as client:
         assert (await client.post(WIDGETS, widget("w1"))).status == 201

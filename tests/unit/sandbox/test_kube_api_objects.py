@@ -10,7 +10,7 @@ import uuid
 
 import aiohttp
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import CONFIGMAPS, WIDGETS, widget
 
@@ -205,7 +205,7 @@ async def test_dry_run_creates_nothing(client: KubeClient) -> None:
 
 
 async def test_objects_and_their_history_are_visible_through_kmock_objects(
-    kube: KubeAPI, client: KubeClient
+    kube: EmulatedCluster, client: KubeClient
 ) -> None:
     await client.post(WIDGETS, widget("w1"))
     await client.patch(f"{WIDGETS}/w1", {"spec": {"size": 7}})
@@ -227,7 +227,7 @@ async def test_concurrent_writers_get_unique_increasing_resource_versions(client
     assert all(int(p.rv) > int(c.rv) for c, p in zip(created, patched, strict=True))
 
 
-async def test_bodies_up_to_three_mebibytes_are_read_and_larger_ones_get_413(kube: KubeAPI) -> None:
+async def test_bodies_up_to_three_mebibytes_are_read_and_larger_ones_get_413(kube: EmulatedCluster) -> None:
     async def post(size: int) -> tuple[int, dict[str, object]]:
         manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"big-{size}"}}
         manifest["data"] = {"blob": "x" * size}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.sandbox import kube_openapi
-from agentrun.sandbox.kube_registry import ResourceType
+from agentrun_sandbox.kube import openapi as kube_openapi
+from agentrun_sandbox.kube.registry import ResourceType
 from tests.support.kube_client import KubeClient
 
 OWN_WORDS: dict[str, Any] = {

@@ -6,13 +6,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import CONFIGMAPS, WIDGETS, widget
 
 
 @pytest.fixture
-async def client(kube: KubeAPI) -> AsyncIterator[KubeClient]:
+async def client(kube: EmulatedCluster) -> AsyncIterator[KubeClient]:
     async with KubeClient(kube.url) as client:
         await client.post(WIDGETS, widget("w1", label="abc", env={"A": "1", "B": "2"}))
         yield client

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
 from tests.support.rbac import BOOTSTRAP_RULES, Grant, Policy, Rule
 
@@ -54,14 +54,14 @@ def _pod(name: str, *containers: str, **spec: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def enforcing() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running() as kube:
+async def enforcing() -> AsyncIterator[EmulatedCluster]:
+    async with EmulatedCluster.running() as kube:
         kube.emulator.authorize_impersonated_users = True
         yield kube
 
 
 async def test_an_impersonated_request_may_do_what_the_stored_roles_of_its_target_allow(
-    enforcing: KubeAPI,
+    enforcing: EmulatedCluster,
 ) -> None:
     async with KubeClient(enforcing.url) as admin:
         reader = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
@@ -102,7 +102,7 @@ async def test_an_impersonated_request_may_do_what_the_stored_roles_of_its_targe
 
 
 async def test_a_role_binding_to_a_cluster_role_grants_it_in_the_bindings_namespace_only(
-    enforcing: KubeAPI,
+    enforcing: EmulatedCluster,
 ) -> None:
     async with KubeClient(enforcing.url) as admin:
         rule = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}
@@ -116,7 +116,7 @@ async def test_a_role_binding_to_a_cluster_role_grants_it_in_the_bindings_namesp
 
 
 async def test_without_the_switch_impersonated_requests_are_not_authorized_as_their_target() -> None:
-    async with KubeAPI.running() as kube, KubeClient(kube.url) as admin:
+    async with EmulatedCluster.running() as kube, KubeClient(kube.url) as admin:
         assert (await admin.get(SECRETS, headers=AS_AGENT)).status == 200
 
 
@@ -128,7 +128,7 @@ async def test_an_impersonator_without_rights_is_told_about_constrained_imperson
     # Granted the impersonate-on half of constrained impersonation only, not the identity half.
     on = Rule(("impersonate-on:serviceaccount:list", "impersonate-on:user-info:list"), ("",), ("pods",))
     async with (
-        KubeAPI.running(rbac={TOKEN: _bot(on)}) as kube,
+        EmulatedCluster.running(rbac={TOKEN: _bot(on)}) as kube,
         KubeClient(kube.url, token=TOKEN) as bot,
     ):
         nothing = await bot.get(SECRETS, headers=AS_AGENT)
@@ -170,7 +170,7 @@ async def test_constrained_impersonation_with_both_halves_granted_is_allowed() -
     users = Rule(("impersonate:user-info",), ("authentication.k8s.io",), ("users",), ("jane",))
     user_on = Rule(("impersonate-on:user-info:list",), ("",), ("pods",))
     async with (
-        KubeAPI.running(rbac={TOKEN: _bot(on, identity, users, user_on)}) as kube,
+        EmulatedCluster.running(rbac={TOKEN: _bot(on, identity, users, user_on)}) as kube,
         KubeClient(kube.url, token=TOKEN) as bot,
     ):
         assert (await bot.get(PODS, headers=AS_AGENT)).status == 200
@@ -186,7 +186,10 @@ async def test_once_legacy_impersonation_worked_a_refusal_names_the_legacy_check
     legacy = Rule(("impersonate",), ("",), ("serviceaccounts",))
     policy = Policy(BOT, (Grant(legacy, namespace="default"), *(Grant(rule) for rule in BOOTSTRAP_RULES)))
     elsewhere = {"Impersonate-User": "system:serviceaccount:other:agent"}
-    async with KubeAPI.running(rbac={TOKEN: policy}) as kube, KubeClient(kube.url, token=TOKEN) as bot:
+    async with (
+        EmulatedCluster.running(rbac={TOKEN: policy}) as kube,
+        KubeClient(kube.url, token=TOKEN) as bot,
+    ):
         first = await bot.get(PODS, headers=elsewhere)
         assert first.body["message"] == (
             f'pods is forbidden: User "{BOT}" cannot impersonate-on:serviceaccount:list resource "pods" '
@@ -200,7 +203,9 @@ async def test_once_legacy_impersonation_worked_a_refusal_names_the_legacy_check
         )
 
 
-async def test_a_pod_log_names_its_container_and_there_is_none_without_a_kubelet(enforcing: KubeAPI) -> None:
+async def test_a_pod_log_names_its_container_and_there_is_none_without_a_kubelet(
+    enforcing: EmulatedCluster,
+) -> None:
     async with KubeClient(enforcing.url) as admin:
         assert (await admin.post(PODS, _pod("web"))).status == 201
         assert (
@@ -232,7 +237,7 @@ async def test_a_pod_log_names_its_container_and_there_is_none_without_a_kubelet
 
 
 async def test_a_pod_bound_to_a_node_stays_terminating_until_deleted_without_a_grace_period(
-    enforcing: KubeAPI,
+    enforcing: EmulatedCluster,
 ) -> None:
     async with KubeClient(enforcing.url) as admin:
         assert (await admin.post(PODS, _pod("bound", nodeName="node-a"))).status == 201

@@ -8,16 +8,17 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 import agentrun
-from agentrun.sandbox.kube_api import KubeAPI, KubeEmulator
+from agentrun_sandbox.kube import EmulatedCluster, KubeEmulator
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import WIDGETS, WIDGETS_CRD, widget
 
 
 async def test_the_in_process_runner_serves_on_a_free_port_and_writes_a_kubeconfig() -> None:
-    async with KubeAPI.running(crd_paths=[WIDGETS_CRD]) as kube:
+    async with EmulatedCluster.running(crd_paths=[WIDGETS_CRD]) as kube:
         assert kube.url.startswith("http://127.0.0.1:")
         config = yaml.safe_load(kube.kubeconfig_path.read_text())
         assert config["current-context"] == "kube-emulator"
@@ -39,11 +40,21 @@ async def test_objects_can_be_seeded_and_inspected_without_http() -> None:
     assert [w["status"]["phase"] for w in emulator.list_objects("widgets")] == ["Done"]
     emulator.delete_object("widgets", "default", "w1")
     assert emulator.get_object("widgets", "default", "w1") is None
-    async with KubeAPI.running(emulator=emulator) as kube, KubeClient(kube.url) as client:
+    async with EmulatedCluster.running(emulator=emulator) as kube, KubeClient(kube.url) as client:
         assert (await client.get("/apis/test.agentrun.dev/v1")).status == 200
 
 
-async def test_the_command_line_prints_ready_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        [sys.executable, "-m", "agentrun_sandbox.kube.server"],
+        [str(Path(sys.executable).parent / "agentrun-sandbox"), "kube"],
+    ],
+    ids=["python -m", "agentrun-sandbox kube"],
+)
+async def test_the_command_line_prints_ready_serves_and_stops_on_sigterm(
+    command: list[str], tmp_path: Path
+) -> None:
     kubeconfig = tmp_path / "kube.yaml"
     env = {
         **os.environ,
@@ -52,9 +63,7 @@ async def test_the_command_line_prints_ready_serves_and_stops_on_sigterm(tmp_pat
         ),
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agentrun.sandbox.kube_api",
+        *command,
         "--port",
         "0",
         "--kubeconfig",
@@ -83,7 +92,7 @@ async def test_the_command_line_prints_ready_serves_and_stops_on_sigterm(tmp_pat
 
 
 async def test_reactions_added_with_the_kmock_dsl_take_precedence_over_the_emulator() -> None:
-    async with KubeAPI.running() as kube, KubeClient(kube.url) as client:
+    async with EmulatedCluster.running() as kube, KubeClient(kube.url) as client:
         kube.emulator["get /version"] << {"gitVersion": "v9.9.9"}
         assert (await client.get("/version")).body == {"gitVersion": "v9.9.9"}
         assert (await client.get("/api/v1/namespaces/default")).status == 200

@@ -238,7 +238,7 @@ async def test_cel_rules_outside_the_supported_subset_are_ignored_with_one_log_l
         }
     )
     assert (await client.post(CRDS, crd)).status == 201
-    with caplog.at_level(logging.WARNING, logger="agentrun.sandbox.kube_schema"):
+    with caplog.at_level(logging.WARNING, logger="agentrun_sandbox.kube.schema"):
         for name in ("g1", "g2"):
             answer = await client.post(GADGETS, {"metadata": {"name": name}, "spec": {"items": []}})
             assert answer.status == 201  # a real server would refuse: exists_one() finds nothing

@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentrun.sandbox.kube_api import KubeAPI, KubeEmulator
+from agentrun_sandbox.kube import EmulatedCluster, KubeEmulator
 from tests.support.kube_client import KubeClient
 from tests.support.kube_testing import ALL_WIDGETS, CONFIGMAPS, WIDGETS, WIDGETS_CRD, eventually, widget
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeAPI]:
-    async with KubeAPI.running(
+async def kube() -> AsyncIterator[EmulatedCluster]:
+    async with EmulatedCluster.running(
         crd_paths=[WIDGETS_CRD], emulator=KubeEmulator(watch_history_limit=20)
     ) as kube:
         yield kube
@@ -190,7 +190,7 @@ async def test_many_watchers_each_get_every_event(client: KubeClient) -> None:
         assert names == {f"c{i}" for i in range(10)}
 
 
-async def test_closing_the_client_side_of_a_watch_releases_the_server_side(kube: KubeAPI) -> None:
+async def test_closing_the_client_side_of_a_watch_releases_the_server_side(kube: EmulatedCluster) -> None:
     async with KubeClient(kube.url) as client:
         await client.watch(CONFIGMAPS, {"resourceVersion": "1"})
         assert sum(len(w) for w in kube.emulator._watchers.values()) == 1

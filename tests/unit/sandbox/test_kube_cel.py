@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.kube_cel import CelEvalError, CelUnsupported, compile_expression, compile_rule
+from agentrun_sandbox.kube.cel import CelEvalError, CelUnsupported, compile_expression, compile_rule
 
 APPEND_ONLY = "size(self) >= size(oldSelf) && oldSelf.all(i, recorded, self[i] == recorded)"
 A = {"toolUseId": "a", "decision": "approve", "by": "alice"}

@@ -19,8 +19,8 @@ import httpx2
 import pytest
 import yaml
 
-from agentrun.sandbox.messages_api import FakeMessagesAPI
-from agentrun.sandbox.messages_script import (
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import (
     ConnectionReset,
     HttpError,
     Reply,
@@ -29,11 +29,10 @@ from agentrun.sandbox.messages_script import (
     SlowResponse,
     StreamError,
     TruncatedStream,
-    load_scripts,
-    scripts_to_data,
     text_block,
     tool_use_block,
 )
+from agentrun_sandbox.messages.script_files import load_scripts, scripts_to_data
 
 MODEL = "claude-opus-4-6"
 KEY = "sk-ant-test-key"
@@ -816,7 +815,7 @@ async def test_child_process_prints_ready_then_serves_scripts_until_sigterm(tmp_
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agentrun.sandbox.messages_api",
+        "agentrun_sandbox.messages.server",
         "--port",
         "0",
         "--script",

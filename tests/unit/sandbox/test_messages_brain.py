@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.messages_brain import example_for_schema
+from agentrun_sandbox.messages.brain import example_for_schema
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.sandbox.messages_protocol import (
+from agentrun_sandbox.messages.protocol import (
     ProtocolError,
     assistant_turns,
     first_user_text,

@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from agentrun.sandbox.messages_script import (
+from agentrun_sandbox.messages.script import (
     ConnectionReset,
     HttpError,
     Reply,
@@ -18,12 +18,10 @@ from agentrun.sandbox.messages_script import (
     SlowResponse,
     StreamError,
     TruncatedStream,
-    load_scripts,
-    parse_scripts,
-    scripts_to_data,
     text_block,
     tool_use_block,
 )
+from agentrun_sandbox.messages.script_files import load_scripts, parse_scripts, scripts_to_data
 
 
 def test_stop_reason_is_inferred_from_the_content_unless_given() -> None:

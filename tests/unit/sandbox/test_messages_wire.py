@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentrun.sandbox.messages_wire import chunk, derived_id, estimate_tokens, truncated_content
+from agentrun_sandbox.messages.wire import chunk, derived_id, estimate_tokens, truncated_content
 
 
 def test_chunks_reassemble_and_anything_longer_than_a_character_is_split() -> None:

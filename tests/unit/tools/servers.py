@@ -134,3 +134,31 @@ async def mcp_serving(server: MCPServer | None = None, port: int = 0) -> AsyncIt
         uv.should_exit = True
         await task
         sock.close()
+
+
+@contextlib.asynccontextmanager
+async def serving_in_chunks(path: str, body: bytes, chunk: int = 1024) -> AsyncIterator[str]:
+    """A server that answers GET ``path`` with ``body`` in chunks, pausing between them (as a real API
+    server streams its larger answers); yields its base URL."""
+
+    async def chunked(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(body), chunk):
+            await response.write(body[start : start + chunk])
+            await asyncio.sleep(0.01)
+        await response.write_eof()
+        return response
+
+    app = aiohttp.web.Application()
+    app.router.add_get(path, chunked)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()

@@ -14,9 +14,9 @@ from agentrun.api.spec import AgentRunSpec
 from agentrun.controller.tool_environment import kube_connection
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import Tool, ToolCall
-from agentrun.sandbox.kube_api import KubeAPI as KubeEmulator
 from agentrun.tools.errors import InvalidToolSpec
 from agentrun.tools.registry import check_tools, open_tools
+from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.unit.tools.environment import StaticEnvironment
 
 ROOT = Path(__file__).resolve().parents[3]

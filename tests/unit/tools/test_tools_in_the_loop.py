@@ -11,17 +11,17 @@ import anthropic
 from prometheus_client import CollectorRegistry
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.stops import Outcome, StopReason
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import ToolCallFinished
 from agentrun.loop.running import run_loop
-from agentrun.loop.stops import Outcome, StopReason
 from agentrun.metrics.observing import Metrics, MetricsObserver
-from agentrun.model.messaging import AnthropicModel
+from agentrun.model.anthropic_calling import AnthropicModel
 from agentrun.model.pricing import PriceTable
-from agentrun.sandbox.messages_api import FakeMessagesAPI, RecordedRequest
-from agentrun.sandbox.messages_script import Reply, Script, Step, text_block, tool_use_block
 from agentrun.tools.registry import open_tools
+from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
+from agentrun_sandbox.messages.script import Reply, Script, Step, text_block, tool_use_block
 from tests.support.loop_harness import Fanout, Recorder
 from tests.unit.tools.environment import StaticEnvironment
 from tests.unit.tools.servers import Answer, WebhookReceiver, mcp_serving

@@ -1,0 +1,271 @@
+"""`agentrun-sandbox demo` (`make demo`): the whole product offline, in one command.
+
+A Kubernetes API emulator and a scripted Messages API run in this process; the real operator runs
+as a child process against them, exactly as it would against a cluster. With ANTHROPIC_API_KEY set
+the real API is used; with --kubeconfig a real cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun.api import GROUP, KIND, PLURAL, VERSION
+from agentrun.api.crd import crd
+from agentrun.api.status import FINISHED_PHASES
+from agentrun.controller import kubeconfig_loading
+from agentrun.controller.kube_failures import KubeFailure, explained
+from agentrun.controller.kubeconfig_loading import ClusterAccess
+from agentrun_sandbox.kube import EmulatedCluster
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.operator_process import OperatorProcess
+
+NAMESPACE = "default"
+EMBEDDED_EXAMPLES: tuple[dict[str, Any], ...] = (
+    {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": "calculator"},
+        "spec": {
+            "task": "A cluster has 17 nodes with 23 pods each, plus 4 system pods. How many pods run in "
+            "total? Use the calculator tool, then answer in one sentence.",
+            "model": {"name": "claude-haiku-4-5", "maxTokens": 1024},
+            "tools": [{"builtin": {"name": "calculator"}}],
+            "requiredTools": ["calculator"],
+            "limits": {
+                "maxIterations": 5,
+                "tokenBudget": 20000,
+                "costBudgetUSD": 0.05,
+                "timeoutSeconds": 120,
+            },
+        },
+    },
+    {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": "what-time"},
+        "spec": {
+            "task": "What is the current date in UTC? Use the current_time tool; answer with the date only.",
+            "model": {"name": "claude-haiku-4-5", "maxTokens": 512},
+            "tools": [{"builtin": {"name": "current_time"}}],
+            "limits": {"maxIterations": 3, "tokenBudget": 10000},
+        },
+    },
+)
+
+
+def load_examples(directory: str | None) -> list[dict[str, Any]]:
+    path = Path(directory) if directory else Path("examples")
+    if not path.is_dir():
+        if directory:
+            raise SystemExit(f"error: {directory} is not a directory")
+        return [dict(e) for e in EMBEDDED_EXAMPLES]
+    found: list[dict[str, Any]] = []
+    for file in sorted(path.glob("*.yaml")):
+        for doc in yaml.safe_load_all(file.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == KIND:
+                found.append(doc)
+    return found or [dict(e) for e in EMBEDDED_EXAMPLES]
+
+
+@contextlib.asynccontextmanager
+async def _cluster(kubeconfig: str | None) -> AsyncIterator[str]:
+    if kubeconfig:
+        yield kubeconfig
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        crd_file = Path(tmp) / "crd.yaml"
+        crd_file.write_text(yaml.safe_dump(crd()))
+        async with EmulatedCluster.running(crd_paths=[crd_file]) as kube:
+            print(f"Kubernetes API emulator on {kube.url}", file=sys.stderr)
+            yield str(kube.kubeconfig_path)
+
+
+@contextlib.asynccontextmanager
+async def _model() -> AsyncIterator[tuple[str, str | None]]:
+    key = os.environ.get("ANTHROPIC_API_KEY")
+    if key:
+        print("using the real Anthropic API (ANTHROPIC_API_KEY is set)", file=sys.stderr)
+        yield key, os.environ.get("ANTHROPIC_BASE_URL")
+        return
+    # The calculator example gets a scripted conversation; any other manifest meets the demo brain,
+    # which calls the offered tools with inputs made up from their schemas, then summarises.
+    calculator = Script(
+        "How many pods run in total?",
+        [
+            Reply(
+                [text_block("Let me compute that."), tool_use_block("calculator", {"expression": "17*23+4"})]
+            ),
+            Reply([text_block("17 nodes × 23 pods + 4 system pods = 395 pods run in total.")]),
+        ],
+        name="demo-calculator",
+    )
+    async with FakeMessagesAPI(scripts=[calculator]).running() as api:
+        print(f"scripted Messages API on {api.url} (set ANTHROPIC_API_KEY for the real one)", file=sys.stderr)
+        yield "demo-key", api.url
+
+
+async def _install_crd(api: client.ApiClient, access: ClusterAccess) -> None:
+    """Before the operator starts: it checks at startup that it can list AgentRuns."""
+    manifest = crd()
+    ext = client.ApiextensionsV1Api(api)
+    with explained(
+        "create",
+        f"CustomResourceDefinition {manifest['metadata']['name']}",
+        access=access,
+        invalid="agentrun needs Kubernetes 1.27 or later (see `kubectl version`), or an admission "
+        "policy refuses the CRD",
+    ):
+        try:
+            await ext.create_custom_resource_definition(manifest)  # type: ignore[arg-type]
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    print(f"customresourcedefinition {manifest['metadata']['name']} installed", file=sys.stderr)
+    await asyncio.sleep(2)  # a real API server publishes a new schema after a moment
+
+
+def _row(obj: dict[str, Any]) -> tuple[str, ...]:
+    status = obj.get("status") or {}
+    usage = status.get("usage") or {}
+    return (
+        obj["metadata"]["name"],
+        str(status.get("phase") or "-"),
+        str(status.get("stopReason") or "-"),
+        str(status.get("iterations", 0)),
+        str(usage.get("totalTokens", 0)),
+        str(usage.get("costUSD") or "-"),
+    )
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    header = ("NAME", "PHASE", "STOP REASON", "ITERATIONS", "TOKENS", "COST")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows])
+
+
+async def _demo(kubeconfig: str | None, examples: str | None, timeout: float) -> int:
+    manifests = load_examples(examples)
+    async with _cluster(kubeconfig) as kubeconfig_path:
+        access = await kubeconfig_loading.load(kubeconfig_path)
+        async with access.api_client() as api:
+            if kubeconfig is not None:
+                await _install_crd(api, access)
+            return await _operate(api, access, kubeconfig_path, manifests, timeout)
+
+
+async def _operate(
+    api: client.ApiClient,
+    access: ClusterAccess,
+    kubeconfig_path: str,
+    manifests: list[dict[str, Any]],
+    timeout: float,
+) -> int:
+    async with _model() as (api_key, base_url):
+        env = {"ANTHROPIC_API_KEY": api_key, **({"ANTHROPIC_BASE_URL": base_url} if base_url else {})}
+        log_file = Path(tempfile.mkdtemp(prefix="agentrun-demo-")) / "operator.log"
+        operator = OperatorProcess(
+            kubeconfig=Path(kubeconfig_path), log_path=log_file, env=env, keep_environment=True
+        )
+        await operator.start(ready_timeout=None)  # an early exit is reported by _drive, in one line
+        assert operator.process is not None
+        print(f"operator started (pid {operator.process.pid}, log: {log_file})", file=sys.stderr)
+        try:
+            return await _drive(
+                api, access, manifests, operator.metrics_port, timeout, operator.process, log_file
+            )
+        finally:
+            await operator.stop()
+
+
+async def _drive(
+    api: client.ApiClient,
+    access: ClusterAccess,
+    manifests: list[dict[str, Any]],
+    metrics_port: int,
+    timeout: float,
+    proc: asyncio.subprocess.Process,
+    log_file: Path,
+) -> int:
+    custom = client.CustomObjectsApi(api)
+    names = []
+    for manifest in manifests:
+        body = {**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}}
+        name = body["metadata"]["name"]
+        with explained("create", f"agentrun {NAMESPACE}/{name}", access=access):
+            try:
+                await custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        names.append(name)
+        print(f"agentrun.{GROUP}/{name} created", file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    last = ""
+    objects: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise KubeFailure(_operator_exit(proc.returncode, log_file))
+        with explained("list", f"agentruns in namespace {NAMESPACE}", access=access):
+            listing = await custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+        objects = [o for o in listing["items"] if o["metadata"]["name"] in names]
+        table = _table([_row(o) for o in objects])
+        if table != last:
+            print(table + "\n", flush=True)
+            last = table
+        if len(objects) == len(names) and all(
+            (o.get("status") or {}).get("phase") in FINISHED_PHASES for o in objects
+        ):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        print(f"error: runs did not finish within {timeout:g}s", file=sys.stderr)
+        return 1
+    for obj in objects:
+        status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("kopf", "conditions")}
+        print(f"--- {obj['metadata']['name']} status")
+        print(yaml.safe_dump(status, sort_keys=False).rstrip())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r,
+    ):
+        scrape = await r.text()
+    print("--- metrics (excerpt)")
+    for line in scrape.splitlines():
+        if line.startswith(
+            ("agentrun_runs_finished_total", "agentrun_tokens_total", "agentrun_tool_calls_total")
+        ):
+            print(line)
+    ok = all((o.get("status") or {}).get("phase") == "Succeeded" for o in objects)
+    print("demo finished: all runs Succeeded" if ok else "demo finished: some runs did not succeed")
+    return 0 if ok else 1
+
+
+def _operator_exit(code: int, log_file: Path) -> str:
+    """The operator's own last line says why (it ends with one line on error)."""
+    lines = [line for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
+    why = lines[-1].removeprefix("error: ") if lines else "no output"
+    return f"the operator exited with code {code}: {why} (log: {log_file})"
+
+
+def main(*, kubeconfig: str | None, examples: str | None, timeout: float) -> int:
+    if kubeconfig:
+        kubeconfig = str(Path(kubeconfig).expanduser().absolute())  # the operator gets this path too
+    try:
+        return asyncio.run(_demo(kubeconfig, examples, timeout))
+    except KubeFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
