@@ -145,9 +145,15 @@ class OperatorProcess:
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    kubeconfig: Path, log_path: Path, env: Mapping[str, str], args: tuple[str, ...] = ()
+    kubeconfig: Path,
+    log_path: Path,
+    env: Mapping[str, str],
+    args: tuple[str, ...] = (),
+    *,
+    process_type: type[OperatorProcess] = OperatorProcess,
 ) -> AsyncIterator[OperatorProcess]:
-    operator = OperatorProcess(kubeconfig=kubeconfig, log_path=log_path, env=env, args=args)
+    """The operator running for the block; ``process_type`` for subclasses that add to start or stop."""
+    operator = process_type(kubeconfig=kubeconfig, log_path=log_path, env=env, args=args)
     await operator.start()
     try:
         yield operator

@@ -4,7 +4,7 @@ leaves evidence for the session's secret-leak scan (tests/test_secrets_never_lea
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,13 +40,8 @@ class OperatorProcess(operator_process.OperatorProcess):
         return evidence
 
 
-@contextlib.asynccontextmanager
-async def running_operator(
+def running_operator(
     kubeconfig: Path, log_path: Path, env: Mapping[str, str], args: tuple[str, ...] = ()
-) -> AsyncIterator[OperatorProcess]:
-    operator = OperatorProcess(kubeconfig=kubeconfig, log_path=log_path, env=env, args=args)
-    await operator.start()
-    try:
-        yield operator
-    finally:
-        await operator.stop()
+) -> contextlib.AbstractAsyncContextManager[OperatorProcess]:
+    """The sandbox's running_operator, with this module's evidence-keeping process."""
+    return operator_process.running_operator(kubeconfig, log_path, env, args, process_type=OperatorProcess)
