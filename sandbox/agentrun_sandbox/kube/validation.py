@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from agentrun_sandbox.kube import cel as kube_cel
@@ -134,17 +134,8 @@ class _Validator:
         for sub in schema.get("allOf") or []:
             self.rules(value, sub, path, old)
         if isinstance(value, dict):
-            props: Mapping[str, Any] = schema.get("properties") or {}
-            extra = schema.get("additionalProperties")
-            old_map = old if isinstance(old, dict) else {}
-            for key, child in value.items():
-                if root and key in _ROOT_FIELDS:
-                    continue
-                sub = props.get(key)
-                if sub is None and isinstance(extra, Mapping):
-                    sub = extra
-                if sub is not None:
-                    self.rules(child, sub, _child(path, key), old_map.get(key, _MISSING))
+            for key, child, sub, old_child in _properties(value, schema, old, root=root):
+                self.rules(child, sub, _child(path, key), old_child)
         elif isinstance(value, list) and isinstance(items := schema.get("items"), Mapping):
             olds = _old_items(value, schema, old)
             for index, item in enumerate(value):
@@ -242,22 +233,13 @@ class _Validator:
     def _check_object(
         self, value: dict[str, Any], schema: Schema, path: str, old: Any, *, root: bool
     ) -> None:
-        props: Mapping[str, Any] = schema.get("properties") or {}
         count = len(value)
         if (min_props := schema.get("minProperties")) is not None and count < min_props:
             self.invalid(path, value, f"should have at least {min_props} properties")
         if (max_props := schema.get("maxProperties")) is not None and count > max_props:
             self.add("FieldValueTooMany", path, count, f"must have at most {max_props} items")
-        extra = schema.get("additionalProperties")
-        old_map = old if isinstance(old, dict) else {}
-        for key, child in value.items():
-            if root and key in _ROOT_FIELDS:
-                continue
-            sub = props.get(key)
-            if sub is None and isinstance(extra, Mapping):
-                sub = extra
-            if sub is not None:
-                self.check(child, sub, _child(path, key), old_map.get(key, _MISSING))
+        for key, child, sub, old_child in _properties(value, schema, old, root=root):
+            self.check(child, sub, _child(path, key), old_child)
         # After the properties' own errors, in declared order (those come in Go's random map order).
         for name in schema.get("required") or []:
             if name not in value:
@@ -306,6 +288,24 @@ class _Validator:
                 self.add(reason, target, _OMIT, message)
             else:
                 self.add(reason, target, shown, message)
+
+
+def _properties(
+    value: dict[str, Any], schema: Schema, old: Any, *, root: bool
+) -> Iterator[tuple[str, Any, Schema, Any]]:
+    """Each property with a schema (its own, else additionalProperties) and its old value; the root's
+    apiVersion, kind and metadata are the server's, not the schema's."""
+    props: Mapping[str, Any] = schema.get("properties") or {}
+    extra = schema.get("additionalProperties")
+    old_map = old if isinstance(old, dict) else {}
+    for key, child in value.items():
+        if root and key in _ROOT_FIELDS:
+            continue
+        sub = props.get(key)
+        if sub is None and isinstance(extra, Mapping):
+            sub = extra
+        if sub is not None:
+            yield key, child, sub, old_map.get(key, _MISSING)
 
 
 def _old_items(value: list[Any], schema: Schema, old: Any) -> list[Any]:
