@@ -106,7 +106,7 @@ class EmulatorAdmission(EmulatorLifecycle):
         errors: list[FieldError] = []
         self._check_meta(rtype, obj, errors)
         if schema is not None:
-            old_obj = kube_schema._MISSING if old is None else old
+            old_obj = kube_schema.MISSING if old is None else old
             body_root = "status" if subresource == "status" else ""
             errors += validation.validate(obj, schema, old_obj, prior=errors, body_root=body_root)
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):

@@ -19,7 +19,8 @@ class EmulatorDiscovery(EmulatorAccess):
     """Answers about the API rather than about objects."""
 
     server_version: str = "v1.33.0"
-    _server_address: str = attrs.field(default="127.0.0.1:0", init=False)
+    #: Where clients reach this server (``serverAddressByClientCIDRs``); the runner sets it once bound.
+    server_address: str = attrs.field(default="127.0.0.1:0", init=False)
 
     def _serve_other(self, route: ApiRoute, record: RequestRecord) -> Reply:
         path = record.path.rstrip("/") or "/"
@@ -45,7 +46,7 @@ class EmulatorDiscovery(EmulatorAccess):
             return Reply(200, openapi.index(t for t in self._types.values() if t.served))
         if path.startswith("/openapi/v3/"):
             doc_path = path.removeprefix("/openapi/v3/")
-            members = [t for t in self._types.values() if t.served and openapi._doc_path(t) == doc_path]
+            members = [t for t in self._types.values() if t.served and openapi.doc_path(t) == doc_path]
             if members:
                 return Reply(200, openapi.document(members))
         if path == "/":
@@ -74,7 +75,7 @@ class EmulatorDiscovery(EmulatorAccess):
                     "kind": "APIVersions",
                     "versions": ["v1"],
                     "serverAddressByClientCIDRs": [
-                        {"clientCIDR": "0.0.0.0/0", "serverAddress": self._server_address}
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": self.server_address}
                     ],
                 },
             )

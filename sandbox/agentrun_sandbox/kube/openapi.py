@@ -57,7 +57,8 @@ _META_SCHEMA = {
 }
 
 
-def _doc_path(rtype: ResourceType) -> str:
+def doc_path(rtype: ResourceType) -> str:
+    """The path under ``/openapi/v3/`` of the document that describes ``rtype``'s group version."""
     return f"apis/{rtype.group}/{rtype.version}" if rtype.group else f"api/{rtype.version}"
 
 
@@ -74,7 +75,7 @@ def index(types: Iterable[ResourceType]) -> dict[str, Any]:
     """``/openapi/v3``: one entry per group/version, with a hash that changes when its types change."""
     by_path: dict[str, list[ResourceType]] = {}
     for rtype in types:
-        by_path.setdefault(_doc_path(rtype), []).append(rtype)
+        by_path.setdefault(doc_path(rtype), []).append(rtype)
     paths = {}
     for path, members in sorted(by_path.items()):
         digest = hashlib.sha256(json.dumps(document(members), sort_keys=True).encode()).hexdigest()[:16]
@@ -116,7 +117,7 @@ def document(types: Iterable[ResourceType]) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     schemas: dict[str, Any] = {_OBJECT_META: _META_SCHEMA}
     for rtype in types:
-        base = f"/{_doc_path(rtype)}/namespaces/{{namespace}}" if rtype.namespaced else f"/{_doc_path(rtype)}"
+        base = f"/{doc_path(rtype)}/namespaces/{{namespace}}" if rtype.namespaced else f"/{doc_path(rtype)}"
         operation = {
             "x-kubernetes-group-version-kind": _gvk(rtype),
             "parameters": [

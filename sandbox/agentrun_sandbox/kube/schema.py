@@ -31,7 +31,8 @@ from typing import Any
 from agentrun_sandbox.kube import cel as kube_cel
 
 Schema = Mapping[str, Any]
-_MISSING: Any = kube_cel._MISSING
+#: An absent value (no old object on create, a field not set): CEL's own marker, so rules see it as absent.
+MISSING: Any = kube_cel.MISSING
 
 #: ObjectMeta fields; anything else under ``metadata`` is dropped like an unknown field of a Go struct.
 OBJECT_META_FIELDS = frozenset(
@@ -54,7 +55,8 @@ OBJECT_META_FIELDS = frozenset(
     }
 )
 
-_ROOT_FIELDS = ("apiVersion", "kind", "metadata")
+#: The fields of every object's root (and of an embedded resource) that its schema need not declare.
+ROOT_FIELDS = ("apiVersion", "kind", "metadata")
 
 # Messages per field.ErrorType, as ErrorType.String() renders them.
 _TYPE_TEXT = {
@@ -68,7 +70,8 @@ _TYPE_TEXT = {
     "FieldValueTooMany": "Too many",
 }
 _VALUELESS = {"FieldValueRequired", "FieldValueForbidden", "FieldValueTooLong"}
-_OMIT: Any = object()
+#: :attr:`FieldError.value` when the error shows no value (``field.Error`` with an omitted value).
+OMIT: Any = object()
 
 
 def go_value(value: Any) -> str:
@@ -94,12 +97,12 @@ class FieldError:
 
     type: str
     field: str
-    value: Any = _OMIT
+    value: Any = OMIT
     detail: str = ""
 
     def body(self) -> str:
         text = _TYPE_TEXT.get(self.type, self.type)
-        if self.type not in _VALUELESS and self.value is not _OMIT:
+        if self.type not in _VALUELESS and self.value is not OMIT:
             text = f"{text}: {go_value(self.value)}"
         return f"{text}: {self.detail}" if self.detail else text
 
@@ -130,29 +133,9 @@ BLOCKING = frozenset(
 )
 
 
-def _child(path: str, key: str) -> str:
+def child_path(path: str, key: str) -> str:
+    """The field path of ``key`` under ``path``, as field errors and pruning warnings print it."""
     return f"{path}.{key}" if path else key
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "integer" if value.is_integer() else "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
-def _type_ok(value: Any, expected: str) -> bool:
-    actual = _type_name(value)
-    return actual == expected or (expected == "number" and actual == "integer")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -182,7 +165,7 @@ def _prune(value: Any, schema: Schema, path: str, pruned: list[str], *, root: bo
         embedded = schema.get("x-kubernetes-embedded-resource") is True
         for key in list(value):
             child = value[key]
-            if (root or embedded) and key in _ROOT_FIELDS:
+            if (root or embedded) and key in ROOT_FIELDS:
                 continue
             sub: Schema | None = None
             if props is not None and key in props:
@@ -193,10 +176,10 @@ def _prune(value: Any, schema: Schema, path: str, pruned: list[str], *, root: bo
                 if child is None and not sub.get("nullable"):
                     del value[key]
                     continue
-                _prune(child, sub, _child(path, key), pruned)
+                _prune(child, sub, child_path(path, key), pruned)
             elif not keep_unknown:
                 del value[key]
-                pruned.append(_child(path, key))
+                pruned.append(child_path(path, key))
     elif isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, Mapping):

@@ -111,7 +111,7 @@ class EmulatedCluster:
             await site.start()
             bound_host, bound_port = runner.addresses[0][:2]
             url = f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}"
-            emulator._server_address = f"{bound_host}:{bound_port}"
+            emulator.server_address = f"{bound_host}:{bound_port}"
             if kubeconfig_path is None:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kube-emulator-"))
                 kubeconfig_path = pathlib.Path(tmp) / "kubeconfig.yaml"

@@ -46,6 +46,11 @@ class EmulatorStorage(kmock.KubernetesEmulator):
     _pending: set[asyncio.Handle] = attrs.field(factory=set, init=False)
     _kmock_resources: dict[tuple[str, str, str], kmock.resource] = attrs.field(factory=dict, init=False)
 
+    @property
+    def open_watches(self) -> int:
+        """Watches being served now: a client that hangs up must bring this back down (no leaked streams)."""
+        return sum(len(watchers) for watchers in self._watchers.values())
+
     # Registry
 
     def add_resource(self, rtype: ResourceType) -> None:

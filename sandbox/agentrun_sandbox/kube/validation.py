@@ -15,16 +15,14 @@ from typing import Any
 
 from agentrun_sandbox.kube import cel as kube_cel
 from agentrun_sandbox.kube.schema import (
-    _MISSING,
-    _OMIT,
-    _ROOT_FIELDS,
     BLOCKING,
+    MISSING,
+    OMIT,
+    ROOT_FIELDS,
     RULES_NOT_CHECKED,
     FieldError,
     Schema,
-    _child,
-    _type_name,
-    _type_ok,
+    child_path,
     go_value,
     too_long,
 )
@@ -52,7 +50,7 @@ def _compiled(rule: str) -> kube_cel.CelRule | None:
 def validate(
     obj: Any,
     schema: Schema | None,
-    old: Any = _MISSING,
+    old: Any = MISSING,
     *,
     prior: Sequence[FieldError] = (),
     body_root: str = "",
@@ -93,6 +91,27 @@ def has_rules(schema: Any) -> bool:
     return False
 
 
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _type_ok(value: Any, expected: str) -> bool:
+    actual = _type_name(value)
+    return actual == expected or (expected == "number" and actual == "integer")
+
+
 class _Validator:
     def __init__(self, errors: list[FieldError], body_root: str = "") -> None:
         self.errors = errors
@@ -104,7 +123,7 @@ class _Validator:
             return path
         return path.removeprefix(self.body_root).removeprefix(".")
 
-    def add(self, kind: str, path: str, value: Any = _OMIT, detail: str = "") -> None:
+    def add(self, kind: str, path: str, value: Any = OMIT, detail: str = "") -> None:
         self.errors.append(FieldError(kind, path, value, detail))
 
     def invalid(self, path: str, value: Any, detail: str) -> None:
@@ -135,7 +154,7 @@ class _Validator:
             self.rules(value, sub, path, old)
         if isinstance(value, dict):
             for key, child, sub, old_child in _properties(value, schema, old, root=root):
-                self.rules(child, sub, _child(path, key), old_child)
+                self.rules(child, sub, child_path(path, key), old_child)
         elif isinstance(value, list) and isinstance(items := schema.get("items"), Mapping):
             olds = _old_items(value, schema, old)
             for index, item in enumerate(value):
@@ -239,15 +258,15 @@ class _Validator:
         if (max_props := schema.get("maxProperties")) is not None and count > max_props:
             self.add("FieldValueTooMany", path, count, f"must have at most {max_props} items")
         for key, child, sub, old_child in _properties(value, schema, old, root=root):
-            self.check(child, sub, _child(path, key), old_child)
+            self.check(child, sub, child_path(path, key), old_child)
         # After the properties' own errors, in declared order (those come in Go's random map order).
         for name in schema.get("required") or []:
             if name not in value:
-                self.add("FieldValueRequired", _child(path, name))
+                self.add("FieldValueRequired", child_path(path, name))
 
     def _check_junctors(self, value: Any, schema: Schema, path: str) -> None:
         for sub in schema.get("allOf") or []:
-            self.check(value, sub, path, _MISSING)
+            self.check(value, sub, path, MISSING)
         any_of = schema.get("anyOf")
         if any_of and not any(_passes(value, sub, path) for sub in any_of):
             self.invalid(path, value, "must validate at least one schema (anyOf)")
@@ -265,7 +284,7 @@ class _Validator:
             rule = _compiled(source)
             if rule is None:
                 continue
-            if rule.uses_old_self and old is _MISSING and not entry.get("optionalOldSelf"):
+            if rule.uses_old_self and old is MISSING and not entry.get("optionalOldSelf"):
                 continue  # transition rules only run on updates that have an old value here
             type_name = schema.get("type") or ("object" if isinstance(value, dict) else _type_name(value))
             try:
@@ -279,13 +298,15 @@ class _Validator:
             message = entry.get("message") or f"failed rule: {source.strip()}"
             target = path
             if field_path := entry.get("fieldPath"):
-                target = path + field_path if field_path.startswith(("[", ".")) else _child(path, field_path)
+                target = (
+                    path + field_path if field_path.startswith(("[", ".")) else child_path(path, field_path)
+                )
             reason = entry.get("reason") or "FieldValueInvalid"
             # A failed rule shows a scalar's value and omits objects and arrays (apiextensions' cel
             # validator since Kubernetes 1.3x), e.g. `spec.approvals: Invalid value: <message>`.
-            shown = _OMIT if type_name in ("object", "array") else value
+            shown = OMIT if type_name in ("object", "array") else value
             if reason in ("FieldValueForbidden", "FieldValueRequired"):
-                self.add(reason, target, _OMIT, message)
+                self.add(reason, target, OMIT, message)
             else:
                 self.add(reason, target, shown, message)
 
@@ -299,27 +320,27 @@ def _properties(
     extra = schema.get("additionalProperties")
     old_map = old if isinstance(old, dict) else {}
     for key, child in value.items():
-        if root and key in _ROOT_FIELDS:
+        if root and key in ROOT_FIELDS:
             continue
         sub = props.get(key)
         if sub is None and isinstance(extra, Mapping):
             sub = extra
         if sub is not None:
-            yield key, child, sub, old_map.get(key, _MISSING)
+            yield key, child, sub, old_map.get(key, MISSING)
 
 
 def _old_items(value: list[Any], schema: Schema, old: Any) -> list[Any]:
     """Each item's old value: only items of a map-type list correlate with the old list (by their keys)."""
     keys: list[str] = list(schema.get("x-kubernetes-list-map-keys") or [])
     if schema.get("x-kubernetes-list-type") != "map" or not keys or not isinstance(old, list):
-        return [_MISSING] * len(value)
+        return [MISSING] * len(value)
     by_key = {_map_key(item, keys): item for item in old if isinstance(item, dict)}
-    return [by_key.get(_map_key(item, keys), _MISSING) for item in value]
+    return [by_key.get(_map_key(item, keys), MISSING) for item in value]
 
 
 def _passes(value: Any, schema: Schema, path: str) -> bool:
     errors: list[FieldError] = []
-    _Validator(errors).check(value, schema, path, _MISSING)
+    _Validator(errors).check(value, schema, path, MISSING)
     return not errors
 
 

@@ -269,10 +269,10 @@ class EmulatorVerbs(EmulatorAdmission):
             else:
                 meta.pop(key, None)
         if subresource == "status":
-            status = new.get("status", kube_schema._MISSING)
+            status = new.get("status", kube_schema.MISSING)
             new = {**kube_patch.clone(old), "apiVersion": new["apiVersion"]}
             meta = new["metadata"]
-            if status is kube_schema._MISSING:
+            if status is kube_schema.MISSING:
                 new.pop("status", None)
             else:
                 new["status"] = status

@@ -193,9 +193,9 @@ async def test_many_watchers_each_get_every_event(client: KubeClient) -> None:
 async def test_closing_the_client_side_of_a_watch_releases_the_server_side(kube: EmulatedCluster) -> None:
     async with KubeClient(kube.url) as client:
         await client.watch(CONFIGMAPS, {"resourceVersion": "1"})
-        assert sum(len(w) for w in kube.emulator._watchers.values()) == 1
+        assert kube.emulator.open_watches == 1
 
     async def released() -> bool:
-        return not any(kube.emulator._watchers.values())
+        return kube.emulator.open_watches == 0
 
     await eventually(released, what="the watcher to be released")

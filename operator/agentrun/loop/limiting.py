@@ -1,0 +1,58 @@
+"""The limits of a run, checked before every model request rather than after.
+
+Checked up front, a budget or the deadline stops the run before it spends more; checked after an
+answer, the last request would already have gone over. The iteration limit is the exception that
+still asks once more: the run gets one answer turn without tools, so it ends with a result.
+"""
+
+from __future__ import annotations
+
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.usage import TokenUsage
+from agentrun.loop.context import Context
+from agentrun.loop.steps import CallModel, Finish
+
+
+async def prepare(ctx: Context) -> CallModel | Finish:
+    cfg, state = ctx.config, ctx.state
+    if ctx.cancel.is_set():
+        return Finish(Outcome(StopReason.CANCELLED, "spec.cancel was set"))
+    if ctx.clock.monotonic() >= ctx.deadline:
+        return Finish(Outcome(StopReason.TIMEOUT, f"timeoutSeconds={cfg.timeout_seconds:g} reached"))
+    if cfg.token_budget is not None and state.usage.total >= cfg.token_budget:
+        return Finish(
+            Outcome(
+                StopReason.TOKEN_BUDGET_EXCEEDED,
+                f"used {state.usage.total} of tokenBudget {cfg.token_budget} tokens",
+            )
+        )
+    if cfg.cost_budget_usd is not None:
+        cost, unpriced = state.cost(ctx.pricer)
+        if ctx.pricer.cost(cfg.model, TokenUsage()) is None and cfg.model not in unpriced:
+            unpriced = (cfg.model, *unpriced)
+        if unpriced:
+            return Finish(
+                Outcome(
+                    StopReason.INVALID_SPEC,
+                    f"costBudgetUSD is set but model(s) {', '.join(unpriced)} have no price in the "
+                    "operator's price table; add a price (see docs/operating.md, 'Prices') "
+                    "or drop the budget",
+                )
+            )
+        if cost is not None and cost >= cfg.cost_budget_usd:
+            return Finish(
+                Outcome(
+                    StopReason.COST_BUDGET_EXCEEDED,
+                    f"spent ${cost:.6f} of costBudgetUSD ${cfg.cost_budget_usd}",
+                )
+            )
+    if state.iterations >= cfg.max_iterations:
+        if state.final_turn:
+            return Finish(
+                Outcome(
+                    StopReason.MAX_ITERATIONS,
+                    f"maxIterations={cfg.max_iterations} reached; final answer turn also used",
+                )
+            )
+        return CallModel(final=True)
+    return CallModel(final=False)

@@ -1,0 +1,94 @@
+"""One model request, with the retries of transient errors that stay inside the run's deadline.
+
+This is the only retry layer for the model (the SDK's own is off), so every retry is visible as an
+event and bounded by the same clock, cancel signal and deadline as the rest of the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.loop.context import Context, Interrupted
+from agentrun.loop.errors import FatalModelError, RetryableModelError
+from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
+from agentrun.loop.protocols import ModelRequest
+from agentrun.loop.steps import CallModel, Finish, Handle
+
+
+def build_request(step: CallModel, ctx: Context) -> ModelRequest:
+    cfg, state = ctx.config, ctx.state
+    choice: dict[str, Any] | None = None
+    if step.final:
+        choice = {"type": "none"} if ctx.tools else None
+    elif state.iterations == 0 and cfg.first_tool_choice is not None:
+        choice = cfg.first_tool_choice
+    return ModelRequest(
+        model=cfg.model,
+        max_tokens=cfg.max_tokens,
+        messages=list(state.messages),
+        system=cfg.system,
+        tools=[tool.definition for tool in ctx.tools.values()],
+        tool_choice=choice,
+        temperature=cfg.temperature,
+        stop_sequences=(*cfg.stop_sequences, *cfg.finish_sequences),
+        user_id=cfg.run_id,
+    )
+
+
+async def call_model(step: CallModel, ctx: Context) -> Handle | Finish:
+    request = build_request(step, ctx)
+    attempt = 0
+    while True:
+        started = ctx.clock.monotonic()
+        iteration = ctx.state.iterations + 1
+        try:
+            response = await ctx.guarded(ctx.model.complete(request))
+        except RetryableModelError as exc:
+            attempt += 1
+            elapsed = ctx.clock.monotonic() - started
+            await ctx.observer.notify(
+                ModelRequestFinished(iteration, request.model, elapsed, exc.retry_class.value)
+            )
+            if attempt > ctx.config.retry.max_retries:
+                return Finish(
+                    Outcome(
+                        StopReason.MODEL_ERROR,
+                        f"model API still failing after {attempt} attempts "
+                        f"({exc.retry_class.value}): {exc.message}",
+                        condition_reason="ModelRetriesExhausted",
+                    )
+                )
+            delay = exc.retry_after
+            if delay is None:
+                delay = ctx.config.retry.backoff(attempt, ctx.clock.random())
+            # Never sleep past the deadline: the run would only wake up to time out.
+            delay = max(0.0, min(delay, ctx.deadline - ctx.clock.monotonic()))
+            await ctx.observer.notify(
+                ModelRetryScheduled(iteration, exc.retry_class.value, attempt, delay, exc.message)
+            )
+            await ctx.guarded(ctx.clock.sleep(delay))
+            if ctx.clock.monotonic() >= ctx.deadline:
+                # A retry sent now would be abandoned at once; don't make the server do the work.
+                raise Interrupted(StopReason.TIMEOUT) from exc
+            continue
+        except FatalModelError as exc:
+            elapsed = ctx.clock.monotonic() - started
+            await ctx.observer.notify(ModelRequestFinished(iteration, request.model, elapsed, "error"))
+            if exc.context_window_exceeded:
+                return Finish(Outcome(StopReason.CONTEXT_WINDOW_EXCEEDED, exc.message))
+            status = f"HTTP {exc.status}: " if exc.status else ""
+            return Finish(
+                Outcome(StopReason.MODEL_ERROR, f"{status}{exc.message}", condition_reason=exc.reason)
+            )
+        elapsed = ctx.clock.monotonic() - started
+        ctx.state.iterations = iteration
+        ctx.state.add_usage(response.model or request.model, response.usage)
+        if step.final:
+            ctx.state.final_turn = True
+        await ctx.observer.notify(
+            ModelRequestFinished(
+                iteration, request.model, elapsed, "ok", response.usage, response.stop_reason
+            )
+        )
+        return Handle(response, final=step.final)
