@@ -116,7 +116,7 @@ def configure(fmt: str, level: str = "INFO") -> None:
     # The SDK and HTTP clients are noisy at INFO and could echo request details.
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "anthropic", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # Kopf's per-object INFO lines are one "Handler 'watch_event' succeeded." per watch event: a
+    # Kopf's per-object INFO lines are one "Handler 'agentrun_event' succeeded." per watch event: a
     # line per run per status write, formatting CPU at scale and no news. DEBUG keeps them.
     quiet = root.level >= logging.INFO
     logging.getLogger("kopf.objects").setLevel(max(root.level, logging.WARNING) if quiet else logging.NOTSET)

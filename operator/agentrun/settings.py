@@ -46,6 +46,18 @@ class Settings(BaseModel):
     secret_retry_seconds: float = Field(
         default=10.0, gt=0, description="Recheck interval for missing Secrets."
     )
+    kube_retry_attempts: int = Field(
+        default=8,
+        ge=0,
+        description="Retries of a status write or transcript chunk write the API server refused "
+        "transiently (409 Conflict, 429, 5xx, no answer) before the write fails.",
+    )
+    kube_retry_first_seconds: float = Field(
+        default=0.2, ge=0, description="Wait before the first such retry; it doubles with each retry."
+    )
+    kube_retry_max_seconds: float = Field(
+        default=5.0, ge=0, description="Longest wait between two such retries (a 429's Retry-After wins)."
+    )
     approval_timeout_seconds: float = Field(
         default=600.0,
         gt=0,

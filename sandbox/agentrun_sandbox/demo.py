@@ -25,9 +25,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun.api import GROUP, KIND, PLURAL, VERSION
 from agentrun.api.crd import crd
 from agentrun.api.status import FINISHED_PHASES
-from agentrun.controller import kubeconfig_loading
-from agentrun.controller.kube_failures import KubeFailure, explained
-from agentrun.controller.kubeconfig_loading import ClusterAccess
+from agentrun.kube import kubeconfig_loading
+from agentrun.kube.failures import KubeFailure, explained
+from agentrun.kube.kubeconfig_loading import ClusterAccess
 from agentrun_sandbox.kube import EmulatedCluster
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block

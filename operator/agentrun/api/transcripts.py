@@ -1,6 +1,6 @@
 """The stored transcript format: how a run's conversation and trace are laid out in chunk objects.
 
-Pure: no API client here. The operator's transcript store (controller/transcript_storing.py) writes
+Pure: no API client here. The operator's transcript store (controller/agentruns/transcript_storing.py) writes
 this format and `kubectl agentrun transcript|trace` reads it; both import it from here, so the
 plugin needs no part of the controller to decode a transcript.
 

@@ -1,4 +1,9 @@
-"""`agentrun run FILE`: one AgentRun manifest, run here, no cluster."""
+"""`agentrun run FILE`: one AgentRun manifest, run here, no cluster.
+
+It goes through the operator's own phases (controller/agentruns/phases.py): admit, open tools, loop,
+and the finish phase's status, printed instead of written. Resume and the queue have no meaning
+here; Secrets are looked for once, in the cluster KUBECONFIG points at, and a missing one is an error.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +16,22 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-import pydantic
 import yaml
 
-from agentrun.api import API_VERSION, KIND
+from agentrun.api import API_VERSION, KIND, status_patches
 from agentrun.api.spec import AgentRunSpec
-from agentrun.controller import kubeconfig_loading
-from agentrun.controller.kube_failures import KubeFailure, explained
-from agentrun.controller.kubeapi import KubeAPI, connect
-from agentrun.controller.kubeconfig_loading import ClusterAccess
-from agentrun.controller.run_service import Fanout, describe_validation_error
-from agentrun.controller.status_writing import now_rfc3339, terminal_status
-from agentrun.controller.tool_environment import RunToolEnvironment
+from agentrun.api.status import AgentRunStatus
+from agentrun.api.status_patches import StatusPatch, now_rfc3339
+from agentrun.api.stops import StopReason
+from agentrun.controller.agentruns import phases
+from agentrun.controller.agentruns.observers import Fanout
+from agentrun.controller.agentruns.phases import Ending
+from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
+from agentrun.kube import kubeconfig_loading
+from agentrun.kube.calling import KubeClient, connect
+from agentrun.kube.failures import KubeFailure, explained
+from agentrun.kube.kubeconfig_loading import ClusterAccess
 from agentrun.loop.clocks import SystemClock
-from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import (
     Event,
     ModelRequestFinished,
@@ -32,18 +39,10 @@ from agentrun.loop.events import (
     RunFinished,
     ToolCallFinished,
 )
-from agentrun.loop.running import run_loop
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.tools.builtin.kubernetes import KUBERNETES_TOOLS
-from agentrun.tools.registry import (
-    InvalidToolSpec,
-    SecretMissing,
-    ToolStartError,
-    check_tools,
-    open_tools,
-    secret_uses,
-)
+from agentrun.tools.registry import secret_uses
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -52,7 +51,7 @@ class ManifestError(Exception):
     pass
 
 
-def load_manifest(path: Path) -> tuple[dict[str, Any], AgentRunSpec]:
+def load_manifest(path: Path) -> dict[str, Any]:
     try:
         documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
     except (OSError, yaml.YAMLError) as exc:
@@ -63,11 +62,7 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], AgentRunSpec]:
     manifest = runs[0]
     if manifest.get("apiVersion") != API_VERSION:
         raise ManifestError(f"{path}: apiVersion must be {API_VERSION}, got {manifest.get('apiVersion')!r}")
-    try:
-        spec = AgentRunSpec.model_validate(manifest.get("spec") or {})
-    except pydantic.ValidationError as exc:
-        raise ManifestError(f"{path}: {describe_validation_error(exc)}") from exc
-    return manifest, spec
+    return manifest
 
 
 class ProgressPrinter:
@@ -117,14 +112,14 @@ async def local_tool_environment(
 ) -> RunToolEnvironment:
     """Secrets and Kubernetes tools use the cluster KUBECONFIG points at; others need none."""
     needs = cluster_needs(spec)
-    kube: KubeAPI | None = None
+    kube: KubeClient | None = None
     access: ClusterAccess | None = None
     if needs:
         try:
             access = await kubeconfig_loading.load()
         except KubeFailure as exc:
             raise ManifestError(f"{', '.join(needs)} need a Kubernetes cluster: {exc}") from exc
-        kube = KubeAPI(await connect(access))
+        kube = await connect(access)
         stack.push_async_callback(kube.close)
     env = RunToolEnvironment(kube, namespace, run_id, spec.service_account_name)
     uses = secret_uses(spec)
@@ -139,13 +134,13 @@ async def run_manifest(
     path: Path, *, output: str, stdout: TextIO, stderr: TextIO, namespace: str | None = None
 ) -> int:
     try:
-        manifest, spec = load_manifest(path)
-        check_tools(spec)
+        manifest = load_manifest(path)
     except ManifestError as exc:
         print(f"error: {exc}", file=stderr)
         return EXIT_INVALID
-    except InvalidToolSpec as exc:
-        print(f"error: {path}: {exc}", file=stderr)
+    spec = phases.admit(manifest.get("spec") or {})
+    if isinstance(spec, Ending):
+        print(f"error: {path}: {spec.outcome.message}", file=stderr)
         return EXIT_INVALID
     api_key = os.environ.get("ANTHROPIC_API_KEY")
     if not api_key:
@@ -159,8 +154,8 @@ async def run_manifest(
     tools_open = contextlib.AsyncExitStack()
     try:
         env = await local_tool_environment(spec, namespace, run_id, tools_open)
-        tools = await tools_open.enter_async_context(open_tools(spec, env))
-    except (ManifestError, InvalidToolSpec, SecretMissing) as exc:
+        tools = await phases.open_run_tools(spec, env, tools_open)
+    except ManifestError as exc:
         await tools_open.aclose()
         print(f"error: {path}: {exc}", file=stderr)
         return EXIT_INVALID
@@ -168,10 +163,10 @@ async def run_manifest(
         await tools_open.aclose()
         print(f"error: {path}: {exc}", file=stderr)
         return EXIT_FAILED
-    except ToolStartError as exc:
+    if isinstance(tools, Ending):
         await tools_open.aclose()
-        print(f"error: {path}: {exc}", file=stderr)
-        return EXIT_FAILED
+        print(f"error: {path}: {tools.outcome.message}", file=stderr)
+        return EXIT_INVALID if tools.outcome.stop_reason is StopReason.INVALID_SPEC else EXIT_FAILED
     clients = ClientPool()
     model = clients.model(
         api_key=api_key, base_url=spec.model.base_url or os.environ.get("ANTHROPIC_BASE_URL")
@@ -186,8 +181,9 @@ async def run_manifest(
 
     try:
         print(f"running {name} with model {spec.model.name}", file=stderr, flush=True)
-        outcome = await run_loop(
-            LoopConfig.from_spec(spec, run_id=run_id),
+        outcome = await phases.run_agent_loop(
+            spec,
+            run_id=run_id,
             model=model,
             tools=tools,
             observer=Fanout(ProgressPrinter(stderr), final),
@@ -201,8 +197,9 @@ async def run_manifest(
         await clients.close()
         await tools_open.aclose()
     assert final.event is not None  # run_loop always ends with RunFinished
-    status = terminal_status(outcome, final.event.progress, now=now_rfc3339(), generation=None)
-    status = {"startTime": started, **{k: v for k, v in status.items() if v is not None}}
+    finished = status_patches.finished(outcome, final.event.progress, now=now_rfc3339(), generation=None)
+    begun = StatusPatch(AgentRunStatus(start_time=started))
+    status = {k: v for k, v in begun.merged(finished).body().items() if v is not None}
     if output == "json":
         print(json.dumps(status, indent=2), file=stdout)
     else:

@@ -78,8 +78,8 @@ def _operator(args: argparse.Namespace) -> int:
     import pydantic
 
     from agentrun import logs
-    from agentrun.controller.kube_failures import explain
     from agentrun.controller.operating import operate
+    from agentrun.kube.failures import explain
     from agentrun.settings import Settings
 
     if args.all_namespaces and args.namespace:

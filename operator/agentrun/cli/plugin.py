@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import re
 import sys
@@ -18,10 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from agentrun.api import GROUP, PLURAL, VERSION
 from agentrun.api.transcripts import (
     StorageKind,
     Transcript,
@@ -32,12 +27,12 @@ from agentrun.api.transcripts import (
     storage_of,
 )
 from agentrun.cli.plugin_rendering import render_trace, render_transcript
-from agentrun.controller import kubeconfig_loading
-from agentrun.controller.kube_failures import KubeFailure, explain, explained
-from agentrun.controller.kubeconfig_loading import ClusterAccess
+from agentrun.kube import kubeconfig_loading
+from agentrun.kube.calling import JSON_PATCH, KubeClient
+from agentrun.kube.errors import APIStatusError
+from agentrun.kube.failures import KubeFailure, explain, explained
+from agentrun.kube.kubeconfig_loading import ClusterAccess
 
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 CONFLICT_RETRIES = 5
 
 
@@ -47,54 +42,42 @@ class PluginError(KubeFailure):
 
 @dataclass
 class Session:
-    api: client.ApiClient
+    kube: KubeClient
     namespace: str
     user: str | None
     access: ClusterAccess | None = None
 
-    @property
-    def custom(self) -> client.CustomObjectsApi:
-        return client.CustomObjectsApi(self.api)
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
-
 
 async def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Session:
-    """kubectl's resolution (controller/kubeconfig_loading.py): --kubeconfig, else KUBECONFIG, else the
+    """kubectl's resolution (kube/kubeconfig_loading.py): --kubeconfig, else KUBECONFIG, else the
     service account, else ~/.kube/config; --context; relative paths, tokenFile and exec plugins."""
     access = await kubeconfig_loading.load(kubeconfig, context)
     return Session(
-        api=access.api_client(),
+        kube=KubeClient(access.api_client()),
         namespace=namespace or access.namespace or "default",
         user=access.user,
         access=access,
     )
 
 
-def _api_error(exc: ApiException, what: str) -> PluginError:
-    """The shared wording (controller/kube_failures.py), e.g. "agentrun ns/name not found"."""
+def _api_error(exc: APIStatusError, what: str) -> PluginError:
+    """The shared wording (kube/failures.py), e.g. "agentrun ns/name not found"."""
     return PluginError(explain(exc, "access", what) or f"cannot access {what}: {exc}")
 
 
 async def get_run(session: Session, name: str) -> dict[str, Any]:
     try:
-        obj: dict[str, Any] = await session.custom.get_namespaced_custom_object(
-            GROUP, VERSION, session.namespace, PLURAL, name
-        )
-    except ApiException as exc:
+        return await session.kube.get_run(session.namespace, name)
+    except APIStatusError as exc:
         raise _api_error(exc, f"agentrun {session.namespace}/{name}") from exc
-    return obj
 
 
 async def list_chunks(session: Session, name: str, uid: str | None, storage: StorageKind) -> list[Any]:
     """The run's chunk objects as JSON, read as the caller: a plain list of Secrets or ConfigMaps."""
-    core = session.core
-    lister = core.list_namespaced_secret if storage == "secret" else core.list_namespaced_config_map
-    listing = await lister(session.namespace, label_selector=chunk_selector(run_name=name, uid=uid))
+    selector = chunk_selector(run_name=name, uid=uid)
+    items = await session.kube.list_objects(storage, session.namespace, label_selector=selector)
     kind = object_kind(storage)
-    return [{**session.api.sanitize_for_serialization(item), "kind": kind} for item in listing.items]
+    return [{**item, "kind": kind} for item in items]
 
 
 async def read_transcript(session: Session, name: str) -> Transcript:
@@ -103,7 +86,7 @@ async def read_transcript(session: Session, name: str) -> Transcript:
     try:
         chunks = await list_chunks(session, name, run["metadata"].get("uid"), storage_of(ref.get("kind")))
         return decode_objects(chunks)
-    except ApiException as exc:
+    except APIStatusError as exc:
         raise _api_error(exc, f"transcript of agentrun {session.namespace}/{name}") from exc
     except TranscriptError as exc:
         raise PluginError(f"transcript of agentrun {session.namespace}/{name}: {exc}") from exc
@@ -132,16 +115,8 @@ async def cmd_trace(session: Session, args: argparse.Namespace) -> str:
 
 async def cmd_cancel(session: Session, args: argparse.Namespace) -> str:
     try:
-        await session.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
-            GROUP,
-            VERSION,
-            session.namespace,
-            PLURAL,
-            args.name,
-            {"spec": {"cancel": True}},
-            _content_type=MERGE_PATCH,
-        )
-    except ApiException as exc:
+        await session.kube.patch_run(session.namespace, args.name, {"spec": {"cancel": True}})
+    except APIStatusError as exc:
         raise _api_error(exc, f"agentrun {session.namespace}/{args.name}") from exc
     return f"agentrun.agentrun.dev/{args.name} cancel requested\n"
 
@@ -177,37 +152,32 @@ async def whoami(session: Session) -> str:
     Not the kubeconfig's user entry: that is only a local label, while the server's approval policy
     compares `by` with the authenticated name.
     """
-    api = client.AuthenticationV1Api(session.api)
     try:
-        review = await api.create_self_subject_review(client.V1SelfSubjectReview())
-    except ApiException as exc:
+        name = await session.kube.who_am_i()
+    except APIStatusError as exc:
         # A KubeFailure: worded here, so the command's wrapper passes it on instead of rewording it.
         raise KubeFailure(
             f"cannot tell who you are: the API server answered a SelfSubjectReview with HTTP {exc.status} "
             "(Kubernetes 1.28 or later serves it); pass --by NAME"
         ) from exc
-    user = review.status.user_info if review.status is not None else None
-    if user is None or not user.username:
+    if name is None:
         raise PluginError(
             "cannot tell who you are: the API server's SelfSubjectReview names nobody; pass --by NAME"
         )
-    name: str = user.username
     return name
 
 
 _POLICY_DENIAL = re.compile(r"ValidatingAdmissionPolicy '(?P<policy>[^']+)'.* denied request: (?P<why>.*)$")
 
 
-def _refused_decision(exc: ApiException, args: argparse.Namespace) -> KubeFailure | None:
+def _refused_decision(exc: APIStatusError, args: argparse.Namespace) -> KubeFailure | None:
     """A decision an admission policy refused (e.g. `by` not the caller): the server's reason, plainly."""
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = str(json.loads(exc.body or b"{}").get("message", ""))
-        if match := _POLICY_DENIAL.search(message):
-            hint = "; without --by the decision is recorded under your own user name" if args.by else ""
-            return KubeFailure(
-                f"the API server refused the decision: {match['why']} "
-                f"(ValidatingAdmissionPolicy {match['policy']}){hint}"
-            )
+    if match := _POLICY_DENIAL.search(exc.message):
+        hint = "; without --by the decision is recorded under your own user name" if args.by else ""
+        return KubeFailure(
+            f"the API server refused the decision: {match['why']} "
+            f"(ValidatingAdmissionPolicy {match['policy']}){hint}"
+        )
     return None
 
 
@@ -230,10 +200,8 @@ async def decide(session: Session, args: argparse.Namespace, decision: str) -> s
             {"op": "add", "path": "/spec/approvals", "value": approvals},
         ]
         try:
-            await session.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
-                GROUP, VERSION, session.namespace, PLURAL, args.name, patch, _content_type=JSON_PATCH
-            )
-        except ApiException as exc:
+            await session.kube.patch_run(session.namespace, args.name, patch, content_type=JSON_PATCH)
+        except APIStatusError as exc:
             seen = run["metadata"]["resourceVersion"]
             if (
                 exc.status in (409, 422)
@@ -321,7 +289,7 @@ async def run(args: argparse.Namespace) -> str:
         with explained(action, f"agentrun {session.namespace}/{args.name}", access=session.access):
             return await COMMANDS[args.command](session, args)
     finally:
-        await session.api.close()
+        await session.kube.close()
 
 
 def fail(message: str) -> NoReturn:

@@ -1,1 +1,1 @@
-"""Kopf handlers and the services behind them: the only layer that talks to Kubernetes."""
+"""Kopf handlers and the services behind them; their Kubernetes calls go through agentrun.kube."""

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from agentrun.api import GROUP, VERSION
-from agentrun.controller.kubeapi import KubeAPI, unparsed
+from agentrun.kube.calling import KubeClient
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -44,7 +44,6 @@ BURST = 10
 REFILL_SECONDS = 6.0
 POST_TIMEOUT_SECONDS = 5.0
 COMPONENT = "agentrun-operator"
-MERGE_PATCH = "application/merge-patch+json"
 
 _CREDENTIALS = re.compile(
     r"(sk-ant-[A-Za-z0-9_\-]+|Bearer\s+[A-Za-z0-9._\-]+|"
@@ -76,18 +75,14 @@ class EventSink(Protocol):
 class KubeEventSink:
     """core/v1 Events: what `kubectl describe` and `kubectl get events` show."""
 
-    def __init__(self, kube: KubeAPI) -> None:
-        self._core = kube.core
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
 
     async def create(self, namespace: str, body: dict[str, Any]) -> None:
-        await unparsed(self._core.create_namespaced_event(namespace, body, _preload_content=False))  # type: ignore[arg-type]
+        await self._kube.create_event(namespace, body)
 
     async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        await unparsed(
-            self._core.patch_namespaced_event(  # type: ignore[call-arg]
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
-            )
-        )
+        await self._kube.patch_event(namespace, name, body)
 
 
 @dataclass(frozen=True)

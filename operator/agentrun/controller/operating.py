@@ -1,4 +1,4 @@
-"""Running the operator: Kopf, the metrics endpoint and the run service in one event loop."""
+"""Running the operator: Kopf, the metrics endpoint and the AgentRun reconciler in one event loop."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry
 
+from agentrun.controller.agentruns.handling import AgentRunHandler
+from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.handlers import build_registry
-from agentrun.controller.kubeapi import KubeAPI, connect_checked, wait_for_crd
-from agentrun.controller.run_service import RunService
+from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
 from agentrun.metrics.observing import Metrics
 from agentrun.metrics.serving import keep_beating, start_health_server, start_metrics_server
 from agentrun.model.anthropic_calling import ClientPool
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 class NoDiffBase(kopf.DiffBaseStorage):
     """Kopf builds a deep copy of every object on every watch event to diff it for change handlers.
 
-    We register none (runs start from watch events; controller/supervising.py), so the copy is
+    We register none (runs start from watch events; controller/agentruns/supervising.py), so the copy is
     never used, and it was a few percent of the operator's CPU at scale (bench/RESULTS.md).
     """
 
@@ -44,8 +45,9 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 def kopf_settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    # No handler needs a finalizer (runs are tasks started from watch events, controller/supervising.py);
-    # naming the one earlier builds put on runs lets Kopf take it off them.
+    # No handler needs a finalizer (runs are tasks started from watch events,
+    # controller/agentruns/supervising.py); naming the one earlier builds put on runs lets Kopf take
+    # it off them.
     settings.persistence.finalizer = "agentrun.dev/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentrun.dev")
     settings.persistence.diffbase_storage = NoDiffBase()
@@ -58,11 +60,10 @@ def kopf_settings() -> kopf.OperatorSettings:
 async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None, **kopf_kwargs: Any) -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    api_client, crd_served = await connect_checked(settings.namespaces)
-    kube = KubeAPI(api_client)
+    kube, crd_served = await connect_checked(settings.namespaces)
     clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
     provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
-    service = RunService(
+    reconciler = AgentRunReconciler(
         settings=settings,
         kube=kube,
         metrics=metrics,
@@ -80,12 +81,12 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             # Alive while waiting: the liveness probe must not restart a pod that only waits for its CRD.
             waiting = await start_health_server(settings.bind_address, settings.health_port)
             try:
-                if not await wait_for_crd(api_client, settings.namespaces, stop):
+                if not await wait_for_crd(kube, settings.namespaces, stop):
                     return
             finally:
                 await waiting.cleanup()
         await kopf.operator(
-            registry=build_registry(service),
+            registry=build_registry(AgentRunHandler(reconciler)),
             settings=kopf_settings(),
             standalone=True,
             clusterwide=not settings.namespaces,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 
+from agentrun.kube.calling import KubeClient
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 
 CRD = Path(__file__).resolve().parents[3] / "crds" / "agentruns.agentrun.dev.yaml"
@@ -35,3 +36,8 @@ async def api_client(cluster: KubeEmulator) -> AsyncIterator[client.ApiClient]:
 @pytest.fixture
 def core(api_client: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def kube(api_client: client.ApiClient) -> KubeClient:
+    return KubeClient(api_client)

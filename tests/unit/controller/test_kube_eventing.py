@@ -17,7 +17,8 @@ from agentrun.controller.kube_eventing import (
     RunEvents,
     bounded,
 )
-from agentrun.controller.kubeapi import KubeAPI
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIForbiddenError
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -51,7 +52,7 @@ def _retry(attempt: int, retry_class: str = "rate_limited", message: str = "429 
 async def test_start_and_terminal_outcome_are_events_on_the_run(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeAPI(api_client)), RUN)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
     await events.notify(RunStarted(resumed=False, progress=Progress(0, 0, TokenUsage(), None)))
     await events.notify(RunFinished(Outcome(StopReason.END_TURN, "the model finished its answer"), PROGRESS))
     started, finished = await _events(core)
@@ -74,7 +75,7 @@ async def test_start_and_terminal_outcome_are_events_on_the_run(
 async def test_a_failed_run_ends_with_a_warning_named_after_its_stop_reason(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeAPI(api_client)), RUN)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
     await events.notify(RunFinished(Outcome(StopReason.LOOP_DETECTED, "the same call repeated"), PROGRESS))
     [event] = await _events(core)
     assert (event.type, event.reason) == ("Warning", "LoopDetected")
@@ -83,7 +84,7 @@ async def test_a_failed_run_ends_with_a_warning_named_after_its_stop_reason(
 async def test_repeated_retries_bump_the_count_of_one_event(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeAPI(api_client)), RUN)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
     for attempt in (1, 2, 3):
         await events.notify(_retry(attempt))
     await events.notify(_retry(1, "overloaded", "529 overloaded"))
@@ -103,7 +104,7 @@ async def test_events_beyond_the_burst_are_dropped_until_the_bucket_refills_and_
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
     clock = Clock()
-    events = RunEvents(KubeEventSink(KubeAPI(api_client)), RUN, clock=clock, burst=2, refill_seconds=10)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, clock=clock, burst=2, refill_seconds=10)
     for call in ("toolu_1", "toolu_2", "toolu_3", "toolu_4"):
         await events.notify(ApprovalDecided(1, call, "deploy", True, "alice", None, False, 1.0))
     assert len(await _events(core)) == 2
@@ -119,7 +120,7 @@ async def test_events_beyond_the_burst_are_dropped_until_the_bucket_refills_and_
 async def test_approval_requests_are_never_rate_limited_and_never_show_the_tool_input(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeAPI(api_client)), RUN, burst=1)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, burst=1)
     for n in range(3):
         await events.notify(
             ApprovalRequested(1, f"toolu_{n}", "kubectl_delete", {"name": "prod-db-password"})
@@ -132,7 +133,7 @@ async def test_approval_requests_are_never_rate_limited_and_never_show_the_tool_
 async def test_a_count_bumped_while_rate_limited_is_written_before_the_terminal_event(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeAPI(api_client)), RUN, clock=Clock(), burst=1, refill_seconds=60)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, clock=Clock(), burst=1, refill_seconds=60)
     for attempt in (1, 2, 3, 4):
         await events.notify(_retry(attempt))
     await events.notify(RunFinished(Outcome(StopReason.MODEL_ERROR, "still failing"), PROGRESS))
@@ -147,11 +148,11 @@ async def test_a_failing_events_api_never_fails_the_run(cluster: Any, api_client
 
         async def create(self, namespace: str, body: dict[str, Any]) -> None:
             self.attempts.append(body["reason"])
-            raise client.ApiException(status=403, reason="Forbidden")
+            raise APIForbiddenError("events are forbidden", status=403, reason="Forbidden")
 
         async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
             self.attempts.append("patch")
-            raise client.ApiException(status=403, reason="Forbidden")
+            raise APIForbiddenError("events are forbidden", status=403, reason="Forbidden")
 
     sink = Broken()
     events = RunEvents(sink, RUN)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agentrun.api.status_patches import finished
 from agentrun.api.stops import StopReason
-from agentrun.controller.status_writing import terminal_status
 from agentrun.loop.config import RetryPolicy
 from agentrun.metrics.observing import Metrics, MetricsObserver
 from agentrun.model.pricing import PriceTable
@@ -179,7 +179,7 @@ async def test_model_api_fault(case: Case) -> None:
     assert run.outcome.stop_reason is case.stop, run.outcome.message
     assert len(run.requests) == case.requests
     assert clock.sleeps == case.sleeps
-    status = terminal_status(run.outcome, run.finished.progress, now="t", generation=None)
+    status = finished(run.outcome, run.finished.progress, now="t", generation=None).body()
     reasons = {c["type"]: c["reason"] for c in status["conditions"]}
     assert reasons["Succeeded"] == case.condition
     if case.message is not None:

@@ -6,8 +6,8 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
+from agentrun.api.status_patches import finished
 from agentrun.api.stops import StopReason
-from agentrun.controller.status_writing import terminal_status
 from agentrun.loop.config import RetryPolicy
 from agentrun.loop.errors import ToolError
 from agentrun.loop.events import ModelRetryScheduled
@@ -488,7 +488,7 @@ async def test_an_unknown_stop_reason_finishes_with_the_raw_value_kept() -> None
     assert run.outcome.raw_stop_reason == "compaction_needed"
     assert "compaction_needed" in run.outcome.message
     assert tool.calls == [] and len(run.requests) == 1
-    status = terminal_status(run.outcome, run.finished.progress, now="t", generation=None)
+    status = finished(run.outcome, run.finished.progress, now="t", generation=None).body()
     assert (status["stopReason"], status["rawStopReason"], status["phase"]) == (
         "UnexpectedStopReason",
         "compaction_needed",

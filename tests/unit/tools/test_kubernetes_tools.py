@@ -11,7 +11,7 @@ import pytest
 from kubernetes_asyncio import client, config
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.controller.tool_environment import kube_connection
+from agentrun.controller.agentruns.tool_environment import kube_connection
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import Tool, ToolCall
 from agentrun.tools.errors import InvalidToolSpec

@@ -6,18 +6,16 @@ import json
 
 import kopf
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun.controller.kube_failures import KubeFailure, explain, explained
-from agentrun.controller.kubeconfig_loading import ClusterAccess
+from agentrun.kube.errors import APIError, APITransportError, refused
+from agentrun.kube.failures import KubeFailure, explain, explained
+from agentrun.kube.kubeconfig_loading import ClusterAccess
 
 ACCESS = ClusterAccess(server="https://10.0.0.1:6443", source="kubeconfig /k (context prod)")
 
 
-def _refusal(status: int, message: str) -> ApiException:
-    error = ApiException(status=status, reason="Reason")
-    error.body = json.dumps({"kind": "Status", "message": message, "code": status}).encode()
-    return error
+def _refusal(status: int, message: str) -> APIError:
+    return refused(status, "Reason", json.dumps({"kind": "Status", "message": message, "code": status}), None)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +70,7 @@ def test_kopfs_login_error_is_explained_by_the_401_behind_it() -> None:
     try:
         try:
             raise _refusal(401, "Unauthorized")
-        except ApiException as exc:
+        except APIError as exc:
             raise kopf.LoginError("Ran out of valid credentials.") from exc
     except kopf.LoginError as exc:
         message = explain(exc, "watch", "agentruns")
@@ -85,3 +83,23 @@ def test_a_bug_is_not_dressed_up_as_a_cluster_failure() -> None:
         raise KeyError("status")
     with pytest.raises(KubeFailure, match=r"^agentruns not found$"), explained("list", "agentruns"):
         raise _refusal(404, "gone")
+
+
+def test_a_transport_failure_is_worded_by_what_lies_behind_it() -> None:
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed ('10.0.0.1', 6443)")
+        except OSError as exc:
+            raise APITransportError("Connect call failed") from exc
+    except APITransportError as exc:
+        message = explain(exc, "list", "agentruns", access=ACCESS)
+    assert message == (
+        "cannot list agentruns: cannot reach the Kubernetes API at https://10.0.0.1:6443 "
+        "(Connection refused); check that the cluster is running and that kubeconfig /k (context prod) "
+        "points at it"
+    )
+    bare = explain(APITransportError("Server disconnected"), "list", "agentruns", access=ACCESS)
+    assert bare is not None and bare.startswith(
+        "cannot list agentruns: cannot reach the Kubernetes API at https://10.0.0.1:6443 "
+        "(Server disconnected); "
+    )

@@ -14,16 +14,13 @@ steady state that is one transcript write per iteration, and its size depends on
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
+from agentrun.api.status import TranscriptRef
 from agentrun.api.stops import Outcome
 from agentrun.api.transcripts import (
     DATA_KEY,
@@ -42,7 +39,9 @@ from agentrun.api.transcripts import (
     record,
     split,
 )
-from agentrun.controller.kubeapi import is_transient, unparsed
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIConflictError, APIError
+from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetriesStopped, RetryPolicy, retried
 from agentrun.loop.events import Checkpoint, Event, RunFinished
 
 logger = logging.getLogger(__name__)
@@ -57,7 +56,7 @@ class StoreStopped(TranscriptError):
 
 
 async def list_chunk_objects(
-    core: client.CoreV1Api,
+    kube: KubeClient,
     namespace: str,
     *,
     run_name: str | None = None,
@@ -65,15 +64,14 @@ async def list_chunk_objects(
     storage: StorageKind = "secret",
 ) -> list[dict[str, Any]]:
     """The raw chunk objects of one run, by run uid (exact) or by run name."""
-    lister = core.list_namespaced_secret if storage == "secret" else core.list_namespaced_config_map
     selector = chunk_selector(run_name=run_name, uid=uid)
-    body = json.loads(await unparsed(lister(namespace, label_selector=selector, _preload_content=False)))
+    items = await kube.list_objects(storage, namespace, label_selector=selector)
     kind = object_kind(storage)
-    return [{"kind": kind, **item} for item in body.get("items") or []]
+    return [{"kind": kind, **item} for item in items]
 
 
 async def load(
-    core: client.CoreV1Api,
+    kube: KubeClient,
     namespace: str,
     run_name: str,
     *,
@@ -81,7 +79,7 @@ async def load(
     storage: StorageKind = "secret",
 ) -> Transcript:
     """Read one run's transcript (the public reading API; `uid` excludes an older run's leftovers)."""
-    objects = await list_chunk_objects(core, namespace, run_name=run_name, uid=uid, storage=storage)
+    objects = await list_chunk_objects(kube, namespace, run_name=run_name, uid=uid, storage=storage)
     return decode_objects(objects)
 
 
@@ -96,14 +94,6 @@ class RunIdentity:
     uid: str
 
 
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, ApiException):
-        return exc.status != 409 and is_transient(exc)
-    return isinstance(exc, OSError | TimeoutError | asyncio.TimeoutError) or type(exc).__module__.startswith(
-        "aiohttp"
-    )
-
-
 class TranscriptStore:
     """Observer of Checkpoint and RunFinished events; persists before the loop goes on.
 
@@ -113,7 +103,7 @@ class TranscriptStore:
 
     def __init__(
         self,
-        core: client.CoreV1Api,
+        kube: KubeClient,
         run: RunIdentity,
         *,
         storage: StorageKind = "secret",
@@ -121,17 +111,19 @@ class TranscriptStore:
         stopping: Callable[[], bool] = lambda: False,
         loaded: Transcript | None = None,
         max_part_bytes: int = MAX_PART_BYTES,
-        retries: int = 8,
+        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
-        self._core = core
+        self._kube = kube
         self._run = run
         self._storage: StorageKind = storage
         self._flush_after = flush_after_seconds
         self._stopping = stopping
         self._max_part = max_part_bytes
-        self._retries = retries
+        self._retry = retry
         self._monotonic = monotonic
+        self._sleep = sleep
         self.prefix = name_prefix(run.name)
         self.writes = 0
         self._pending: list[Checkpoint] = []
@@ -149,16 +141,16 @@ class TranscriptStore:
     def kind(self) -> str:
         return object_kind(self._storage)
 
-    def reference(self) -> dict[str, Any] | None:
+    def reference(self) -> TranscriptRef | None:
         """`status.transcript`: where the chunks are and how much they hold; None before any write."""
         if self.chunks == 0:
             return None
-        return {"kind": self.kind, "namePrefix": self.prefix, "chunks": self.chunks, "bytes": self.bytes}
+        return TranscriptRef(kind=self.kind, name_prefix=self.prefix, chunks=self.chunks, bytes=self.bytes)
 
     async def load(self) -> Transcript:
         """This run's stored transcript (by uid); also positions the store after its last chunk."""
         transcript = await load(
-            self._core, self._run.namespace, self._run.name, uid=self._run.uid, storage=self._storage
+            self._kube, self._run.namespace, self._run.name, uid=self._run.uid, storage=self._storage
         )
         self._position(transcript)
         return transcript
@@ -255,51 +247,37 @@ class TranscriptStore:
         body = self._body(index, part, parts, payload)
         name = body["metadata"]["name"]
         namespace = self._run.namespace
-        for attempt in range(self._retries + 1):
-            if self._stopping():
-                raise StoreStopped(f"run {namespace}/{self._run.name} is stopping; chunk {name} not written")
+
+        async def create() -> bool:
+            """False on 409: the name is taken, maybe by our own earlier attempt (checked below)."""
             try:
-                create = (
-                    self._core.create_namespaced_secret
-                    if self._storage == "secret"
-                    else self._core.create_namespaced_config_map
-                )
-                await unparsed(create(namespace, cast(Any, body), _preload_content=False))
-            except ApiException as exc:
-                if exc.status == 409:
-                    await self._check_existing(name, body)
-                    self.writes += 1
-                    return
-                if not _transient(exc) or attempt == self._retries:
-                    raise TranscriptError(
-                        f"writing transcript chunk {namespace}/{name} failed: HTTP {exc.status} {exc.reason}"
-                    ) from exc
-            except Exception as exc:
-                if not _transient(exc) or attempt == self._retries:
-                    raise TranscriptError(
-                        f"writing transcript chunk {namespace}/{name} failed: {exc!r}"
-                    ) from exc
-            else:
-                self.writes += 1
-                return
-            delay = min(0.2 * 2**attempt, 5.0)
-            logger.warning(
-                "transcript chunk %s/%s not written yet (attempt %d); retrying", namespace, name, attempt + 1
+                await self._kube.create_object(self._storage, namespace, body)
+            except APIConflictError:
+                return False
+            return True
+
+        try:
+            created = await retried(
+                create,
+                self._retry,
+                what=f"writing transcript chunk {namespace}/{name}",
+                stopping=self._stopping,
+                sleep=self._sleep,
             )
-            await asyncio.sleep(delay)
+            if not created:
+                await self._check_existing(name, body)
+        except RetriesStopped as exc:
+            raise StoreStopped(
+                f"run {namespace}/{self._run.name} is stopping; chunk {name} not written"
+            ) from exc
+        except APIError as exc:
+            raise TranscriptError(f"writing transcript chunk {namespace}/{name} failed: {exc}") from exc
+        self.writes += 1
 
     async def _check_existing(self, name: str, body: Mapping[str, Any]) -> None:
         """409 AlreadyExists: fine if it is our own earlier attempt (same bytes), else a conflict."""
         namespace = self._run.namespace
-        reader = (
-            self._core.read_namespaced_secret
-            if self._storage == "secret"
-            else self._core.read_namespaced_config_map
-        )
-        existing = {
-            "kind": self.kind,
-            **json.loads(await unparsed(reader(name, namespace, _preload_content=False))),
-        }
+        existing = {"kind": self.kind, **await self._kube.read_object(self._storage, namespace, name)}
         same_run = ((existing.get("metadata") or {}).get("labels") or {}).get(UID_LABEL) == self._run.uid
         ours = body.get("data") or body.get("binaryData") or {}
         theirs = existing.get("data") or existing.get("binaryData") or {}

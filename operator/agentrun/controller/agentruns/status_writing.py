@@ -9,24 +9,27 @@ kstatus; writing it every iteration would double the API writes of a busy operat
 iteration is written when the last status write is at least `progress_interval` old, otherwise once
 that much time has passed (a timer, so a long model request still shows the latest progress).
 Phase changes and the end of the run always carry the latest progress with them.
+
+Nothing else writes an AgentRun's status: every patch is built from the status model
+(api/status_patches.py) and sent from here, retried under the one policy (kube/retrying.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
-import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agentrun.api.conditions import bounded_result, conditions_for
-from agentrun.api.status import Phase
-from agentrun.api.stops import Outcome
+from agentrun.api import status_patches
+from agentrun.api.status import PendingApproval, Phase, TranscriptRef
+from agentrun.api.status_patches import StatusPatch, now_rfc3339
 from agentrun.api.traces import Progress
-from agentrun.controller.kubeapi import KubeAPI, is_gone, is_transient
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIError, APIGoneError, APINotFoundError
+from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetriesStopped, RetryPolicy, retried
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -37,93 +40,37 @@ from agentrun.loop.events import (
 )
 
 logger = logging.getLogger(__name__)
-PENDING_INPUT_LIMIT = 4096
 
 
-def pending_input(value: Mapping[str, Any]) -> dict[str, Any]:
-    """A call's input for status.pendingApprovals, cut when large: status must stay small."""
-    text = json.dumps(value, sort_keys=True, default=str)
-    if len(text) <= PENDING_INPUT_LIMIT:
-        return dict(value)
-    return {"_truncated": True, "_preview": text[:PENDING_INPUT_LIMIT]}
+async def mark_observed(
+    kube: KubeClient, namespace: str, name: str, status: Mapping[str, Any], generation: int | None
+) -> None:
+    """A finished run's newer generation marked observed (status_patches.observed), best effort.
 
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def usage_status(progress: Progress) -> dict[str, Any]:
-    u = progress.usage
-    return {
-        "inputTokens": u.input_tokens,
-        "outputTokens": u.output_tokens,
-        "cacheCreationInputTokens": u.cache_creation_input_tokens,
-        "cacheReadInputTokens": u.cache_read_input_tokens,
-        "totalTokens": u.total,
-        "costUSD": None if progress.cost_usd is None else f"{progress.cost_usd:.6f}",
-        "unpricedModels": list(progress.unpriced_models),
-    }
-
-
-def progress_status(progress: Progress) -> dict[str, Any]:
-    return {
-        "iterations": progress.iterations,
-        "toolCalls": progress.tool_calls,
-        "usage": usage_status(progress),
-    }
-
-
-def terminal_status(
-    outcome: Outcome,
-    progress: Progress,
-    *,
-    now: str,
-    generation: int | None,
-    previous_conditions: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    """The whole terminal status for an outcome; shared by the operator and `agentrun run`."""
-    reason = outcome.stop_reason
-    if reason.succeeded:
-        phase = Phase.SUCCEEDED
-    elif reason.value == "Cancelled":
-        phase = Phase.CANCELLED
-    else:
-        phase = Phase.FAILED
-    result, truncated = bounded_result(outcome.result)
-    condition_reason = outcome.condition_reason or reason.value
-    return {
-        "phase": phase.value,
-        "stopReason": reason.value,
-        "rawStopReason": outcome.raw_stop_reason,
-        "message": outcome.message,
-        "result": result,
-        "resultTruncated": truncated or None,
-        "completionTime": now,
-        "observedGeneration": generation,
-        **progress_status(progress),
-        "conditions": conditions_for(
-            phase,
-            reason=condition_reason,
-            message=outcome.message,
-            now=now,
-            generation=generation,
-            previous=previous_conditions,
-        ),
-    }
+    Gone or conflicting: the next watch event of the run tries again, so a failure is only logged.
+    """
+    patch = status_patches.observed(status, generation)
+    if patch is None:
+        return
+    try:
+        await kube.patch_run_status(namespace, name, patch.body())
+    except APIError as exc:
+        logger.debug("could not mark %s/%s observed (the next event retries): %s", namespace, name, exc)
 
 
 class StatusWriter:
     def __init__(
         self,
-        kube: KubeAPI,
+        kube: KubeClient,
         *,
         namespace: str,
         name: str,
         generation: int | None,
         status: Mapping[str, Any],
         stopping: Callable[[], bool],
-        retries: int = 5,
-        transcript: Callable[[], Mapping[str, Any] | None] = lambda: None,
+        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        transcript: Callable[[], TranscriptRef | None] = lambda: None,
         progress_interval: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -135,12 +82,13 @@ class StatusWriter:
         self._start_time = status.get("startTime")
         self._stopping = stopping
         # Calls waiting for approval, in request order; `since` survives an operator restart.
-        self._pending: dict[str, dict[str, Any]] = {}
+        self._pending: dict[str, PendingApproval] = {}
         previous = status.get("pendingApprovals") or []
         self._since = {p.get("toolUseId"): p.get("since") for p in previous if isinstance(p, Mapping)}
         self._clear_pending = bool(previous)
         self._progress: Progress | None = None  # latest, so a wait for approval shows what was spent
-        self._retries = retries
+        self._retry = retry
+        self._sleep = sleep
         # status.transcript rides along with the patches we make anyway: no write of its own.
         self._transcript = transcript
         self._interval = progress_interval
@@ -157,17 +105,13 @@ class StatusWriter:
     async def notify(self, event: Event) -> None:
         match event:
             case RunStarted(progress=progress):
-                now = now_rfc3339()
-                self._start_time = self._start_time or now
+                self._start_time = self._start_time or now_rfc3339()
                 # Calls still undecided after a restart ask again (ApprovalRequested) right away.
-                stale = {"pendingApprovals": None} if self._clear_pending else {}
+                started = status_patches.running(
+                    self._start_time, clear_pending_approvals=self._clear_pending
+                )
                 await self.write(
-                    {
-                        "phase": Phase.RUNNING.value,
-                        "startTime": self._start_time,
-                        **progress_status(progress),
-                        **stale,
-                    },
+                    started.merged(status_patches.progressed(progress)),
                     Phase.RUNNING,
                     "Running",
                     "the agent loop is running",
@@ -187,7 +131,7 @@ class StatusWriter:
                 # lock), and one still waiting finds the run finished and writes nothing.
                 async with self._lock:
                     self._finished = True
-                    body = terminal_status(
+                    patch = status_patches.finished(
                         outcome,
                         progress,
                         now=now_rfc3339(),
@@ -195,16 +139,12 @@ class StatusWriter:
                         previous_conditions=self._conditions,
                     )
                     if self._pending or self._clear_pending:
-                        body["pendingApprovals"] = None
-                    await self._patch(body)
+                        patch = patch.merged(StatusPatch(cleared=frozenset({"pending_approvals"})))
+                    await self._patch(patch)
             case ApprovalRequested(tool_use_id=call_id, tool_name=tool, input=call_input):
                 self._clear_pending = True
-                self._pending[call_id] = {
-                    "toolUseId": call_id,
-                    "toolName": tool,
-                    "input": pending_input(call_input),
-                    "since": self._since.get(call_id) or now_rfc3339(),
-                }
+                since = self._since.get(call_id) or now_rfc3339()
+                self._pending[call_id] = status_patches.pending_approval(call_id, tool, call_input, since)
                 await self.write_pending(f"{tool} ({call_id}) waits for approval")
             case ApprovalDecided(tool_use_id=call_id, tool_name=tool, approved=approved, by=by):
                 if self._pending.pop(call_id, None) is None:
@@ -214,7 +154,7 @@ class StatusWriter:
                     await self.write_pending(f"{tool} ({call_id}) {verdict}")
                 else:
                     await self.write(
-                        {"phase": Phase.RUNNING.value, "pendingApprovals": None},
+                        status_patches.approvals_settled(),
                         Phase.RUNNING,
                         "Running",
                         f"{tool} ({call_id}) {verdict}",
@@ -233,7 +173,10 @@ class StatusWriter:
         if progress is None:
             return
         await self.write(
-            progress_status(progress), Phase.RUNNING, "Running", f"iteration {progress.iterations} done"
+            status_patches.progressed(progress),
+            Phase.RUNNING,
+            "Running",
+            f"iteration {progress.iterations} done",
         )
 
     async def _write_progress_after(self, delay: float) -> None:
@@ -257,13 +200,11 @@ class StatusWriter:
 
     async def write_pending(self, what: str) -> None:
         count = len(self._pending)
-        progress = progress_status(self._progress) if self._progress is not None else {}
+        patch = status_patches.awaiting_approval(list(self._pending.values()))
+        if self._progress is not None:
+            patch = status_patches.progressed(self._progress).merged(patch)
         await self.write(
-            {
-                "phase": Phase.AWAITING_APPROVAL.value,
-                "pendingApprovals": list(self._pending.values()),
-                **progress,
-            },
+            patch,
             Phase.AWAITING_APPROVAL,
             "AwaitingApproval",
             f"{what}; {count} call{'s' if count != 1 else ''} awaiting approval in spec.approvals "
@@ -271,15 +212,15 @@ class StatusWriter:
         )
 
     async def pending(self, reason: str, message: str) -> None:
-        await self.write({"phase": Phase.PENDING.value}, Phase.PENDING, reason, message)
+        await self.write(status_patches.pending(), Phase.PENDING, reason, message)
 
-    async def write(self, fields: dict[str, Any], phase: Phase, reason: str, message: str) -> None:
+    async def write(self, patch: StatusPatch, phase: Phase, reason: str, message: str) -> None:
         async with self._lock:
             if self._finished:
                 return
             if self._unwritten is not None and phase is not Phase.PENDING:
-                fields = {**progress_status(self._unwritten), **fields}
-            conditions = conditions_for(
+                patch = status_patches.progressed(self._unwritten).merged(patch)
+            conditioned = status_patches.conditioned(
                 phase,
                 reason=reason,
                 message=message,
@@ -287,38 +228,31 @@ class StatusWriter:
                 generation=self._generation,
                 previous=self._conditions,
             )
-            await self._patch(
-                {
-                    **fields,
-                    "message": message,
-                    "observedGeneration": self._generation,
-                    "conditions": conditions,
-                }
-            )
+            await self._patch(patch.merged(conditioned))
 
-    async def _patch(self, status: dict[str, Any]) -> None:
-        if self.gone or self._stopping():
+    async def _patch(self, patch: StatusPatch) -> None:
+        if self.gone:
             return
         reference = self._transcript()
         if reference is not None:
-            status = {**status, "transcript": dict(reference)}
-        for attempt in range(self._retries + 1):
-            try:
-                await self._kube.patch_run_status(self._namespace, self._name, status)
-            except Exception as exc:
-                if is_gone(exc):
-                    self.gone = True
-                    return
-                if not is_transient(exc) or attempt == self._retries:
-                    raise
-                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
-                if self._stopping():
-                    return
-            else:
-                self.writes += 1
-                self._last_write = self._clock()
-                if "iterations" in status:
-                    self._unwritten = None
-                if "conditions" in status:
-                    self._conditions = list(status["conditions"])
-                return
+            patch = patch.merged(status_patches.transcript(reference))
+        body = patch.body()
+        try:
+            await retried(
+                lambda: self._kube.patch_run_status(self._namespace, self._name, body),
+                self._retry,
+                what=f"writing the status of {self._namespace}/{self._name}",
+                stopping=self._stopping,
+                sleep=self._sleep,
+            )
+        except (APINotFoundError, APIGoneError):
+            self.gone = True  # deleted meanwhile: nothing left to write to, and nothing wrong
+            return
+        except RetriesStopped:
+            return
+        self.writes += 1
+        self._last_write = self._clock()
+        if "iterations" in patch.fields:
+            self._unwritten = None
+        if "conditions" in body:
+            self._conditions = list(body["conditions"])

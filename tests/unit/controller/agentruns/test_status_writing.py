@@ -7,14 +7,18 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress, TraceRow
 from agentrun.api.usage import TokenUsage
-from agentrun.controller.kubeapi import KubeAPI
-from agentrun.controller.status_writing import StatusWriter
+from agentrun.controller.agentruns.status_writing import StatusWriter
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIForbiddenError
+from agentrun.kube.retrying import RetryPolicy
 from agentrun.loop.events import ApprovalRequested, Checkpoint, RunFinished, RunStarted
+from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.builders import agentrun
 
@@ -50,21 +54,21 @@ def iteration_done(iterations: int) -> Checkpoint:
 
 
 async def make_writer(
-    api_client: client.ApiClient, interval: float, clock: Callable[[], float]
+    api_client: client.ApiClient, interval: float, clock: Callable[[], float], **options: Any
 ) -> tuple[StatusWriter, Any]:
     custom = client.CustomObjectsApi(api_client)
     await custom.create_namespaced_custom_object(
         "agentrun.dev", "v1alpha1", "default", "agentruns", agentrun(NAME, "count")
     )
     writer = StatusWriter(
-        KubeAPI(api_client),
+        KubeClient(api_client),
         namespace="default",
         name=NAME,
         generation=1,
         status={},
-        stopping=lambda: False,
         progress_interval=interval,
         clock=clock,
+        **{"stopping": lambda: False, **options},
     )
 
     async def status() -> dict[str, Any]:
@@ -177,3 +181,78 @@ async def test_interval_zero_writes_every_iteration(
     assert status_patches(cluster) == 4
     assert (await status())["iterations"] == 3
     await writer.close()
+
+
+class FakeSleep:
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+async def test_a_refused_status_write_is_retried_by_the_settings_policy_and_honours_retry_after(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    sleep = FakeSleep()
+    policy = RetryPolicy.from_settings(Settings(kube_retry_first_seconds=0.5, kube_retry_max_seconds=0.75))
+    writer, status = await make_writer(api_client, 10.0, Clock(), retry=policy, sleep=sleep)
+    faults = cluster.emulator.faults
+    faults.add(verb="patch", resource="agentruns", subresource="status", status=409, times=1)
+    faults.add(verb="patch", resource="agentruns", subresource="status", status=503, times=2)
+    faults.add(verb="patch", resource="agentruns", subresource="status", status=429, retry_after=3, times=1)
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    assert sleep.waits == [0.5, 0.75, 0.75, 3.0]
+    assert (await status())["phase"] == "Running"
+    assert writer.writes == 1
+
+
+async def test_a_forbidden_status_write_fails_at_once(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    sleep = FakeSleep()
+    writer, _ = await make_writer(api_client, 10.0, Clock(), sleep=sleep)
+    cluster.emulator.faults.add(verb="patch", resource="agentruns", subresource="status", status=403, times=1)
+    with pytest.raises(APIForbiddenError):
+        await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    assert sleep.waits == [] and writer.writes == 0
+
+
+async def test_a_deleted_run_ends_status_writes_quietly(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    writer, _ = await make_writer(api_client, 10.0, Clock(), sleep=FakeSleep())
+    cluster.emulator.delete_object("agentruns", "default", NAME)
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    assert writer.gone and writer.writes == 0
+    before = status_patches_tried(cluster)
+    await writer.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), progress(1)))
+    assert status_patches_tried(cluster) == before, "nothing is sent for a run that is gone"
+
+
+async def test_a_run_being_stopped_stops_retrying_its_status_write(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    stopping = False
+
+    class StopWhileWaiting(FakeSleep):
+        async def __call__(self, seconds: float) -> None:
+            nonlocal stopping
+            await super().__call__(seconds)
+            stopping = True
+
+    sleep = StopWhileWaiting()
+    writer, status = await make_writer(api_client, 10.0, Clock(), sleep=sleep, stopping=lambda: stopping)
+    cluster.emulator.faults.add(verb="patch", resource="agentruns", subresource="status", status=500, times=5)
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    assert sleep.waits == [0.2] and writer.writes == 0
+    assert status_patches_tried(cluster) == 1
+    assert "phase" not in await status()
+
+
+def status_patches_tried(cluster: KubeEmulator) -> int:
+    return sum(
+        1
+        for r in cluster.emulator.request_log
+        if r.verb == "patch" and r.resource == "agentruns" and r.subresource == "status"
+    )

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrun.controller import kubeconfig_loading
 from agentrun.controller.handlers import connection_info
-from agentrun.controller.kubeconfig_loading import ClusterAccess, KubeconfigError, load
+from agentrun.kube import kubeconfig_loading
+from agentrun.kube.kubeconfig_loading import ClusterAccess, KubeconfigError, load
 from tests.support.kubeconfigs import exec_calls, exec_plugin, exec_user, write_kubeconfig
 from tests.support.tls import Pki, make_pki
 

@@ -17,6 +17,8 @@ from typing import Protocol
 
 import aiohttp
 
+from agentrun.kube.errors import APIError, APITransportError
+
 __all__ = ["KubeFailure", "KubeconfigError", "Source", "explain", "explained"]
 
 SERVER_MESSAGE_LIMIT = 500
@@ -31,7 +33,7 @@ class KubeconfigError(KubeFailure):
 
 
 class Source(Protocol):
-    """Where the failing client was sent, for the advice (controller/kubeconfig_loading.ClusterAccess)."""
+    """Where the failing client was sent, for the advice (kube/kubeconfig_loading.ClusterAccess)."""
 
     @property
     def server(self) -> str: ...
@@ -58,6 +60,13 @@ def explain(
     for cause in _causes(exc):
         if isinstance(cause, KubeFailure):
             return str(cause)
+        if isinstance(cause, APITransportError) and cause.__cause__ is None:
+            return (
+                f"cannot {action} {subject}: cannot reach the Kubernetes API at {_server(cause, access)} "
+                f"({cause.message}); check that the cluster is running and that {_source(access)} "
+                "points at it"
+            )
+        # Our typed APIError, or Kopf's own (its login and startup checks): both carry the HTTP status.
         status = getattr(cause, "status", None)
         if isinstance(status, int) and 400 <= status <= 599:
             return _refused(cause, status, action, subject, access, missing, invalid)
@@ -145,9 +154,9 @@ def _refused(
 
 def _server_message(exc: BaseException) -> str:
     """The Status message of the server's answer, on one line and bounded."""
-    message = ""
-    body = getattr(exc, "body", None)  # kubernetes_asyncio's ApiException: the raw Status
-    if body:
+    message = exc.message if isinstance(exc, APIError) else ""  # ours: the Status message, parsed once
+    body = getattr(exc, "body", None)  # anyone else's: the raw Status, if any
+    if not message and body:
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             message = str(json.loads(body).get("message") or "")
     if not message and exc.args and isinstance(exc.args[0], str):  # Kopf's APIError: the message

@@ -5,10 +5,10 @@ kubectl reads a kubeconfig's relative file paths against that kubeconfig's folde
 name an entry wins) and uses the current context. Kopf's ``login_with_kubeconfig`` reads relative paths
 against the working directory and knows neither token files nor exec plugins, so a kubeconfig that
 kubectl accepts could stop the operator. Hence one resolution, here, for Kopf's login
-(controller/handlers.py), the operator's own client (controller/kubeapi.py), the demo,
+(controller/handlers.py), the operator's own client (kube/calling.py), the demo,
 `agentrun run` and the kubectl plugin. kubernetes_asyncio's loader does the credential work (exec
 plugins, embedded data written to private temporary files); this module merges the files, makes paths
-absolute against their own file, and words every problem as one line (controller/kube_failures.py).
+absolute against their own file, and words every problem as one line (kube/failures.py).
 
 Order: ``--kubeconfig``, else ``KUBECONFIG``, else the pod's service account, else ``~/.kube/config``.
 """
@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import KubeConfigLoader
 
-from agentrun.controller.kube_failures import KubeconfigError
+from agentrun.kube.failures import KubeconfigError
 
 __all__ = ["SERVICE_ACCOUNT", "ClusterAccess", "KubeconfigError", "load"]
 

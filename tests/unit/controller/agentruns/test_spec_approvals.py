@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agentrun.controller.spec_approvals import SpecApprovals
+from agentrun.controller.agentruns.spec_approvals import SpecApprovals
 from agentrun.loop.approving import Decision
 from agentrun.loop.protocols import ToolCall
 

@@ -17,11 +17,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from agentrun.api import GROUP, PLURAL, VERSION
-from agentrun.controller.kubeapi import KubeAPI, is_transient
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIConflictError, APIError, APIGoneError, APINotFoundError
 
 logger = logging.getLogger(__name__)
 RETRY_SECONDS = 5.0
@@ -49,7 +46,7 @@ def due_time(status: Mapping[str, Any], ttl: int, now: dt.datetime) -> dt.dateti
 
 
 class TTLReaper:
-    def __init__(self, kube: KubeAPI, default_ttl: int | None) -> None:
+    def __init__(self, kube: KubeClient, default_ttl: int | None) -> None:
         self._kube = kube
         self._default = default_ttl
         self._tasks: dict[str, tuple[dt.datetime, asyncio.Task[None]]] = {}
@@ -92,23 +89,14 @@ class TTLReaper:
             if delay > 0:
                 await asyncio.sleep(delay)
             try:
-                await self._kube.custom.delete_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    name,
-                    body=client.V1DeleteOptions(
-                        preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background"
-                    ),
-                )
-            except ApiException as exc:
-                if exc.status in (404, 409, 410):  # gone already, or a different run by that name
-                    break
-                if not is_transient(exc):
+                await self._kube.delete_run(namespace, name, uid)
+            except (APINotFoundError, APIConflictError, APIGoneError):
+                break  # gone already, or a different run by that name (the uid precondition failed)
+            except APIError as exc:
+                if not exc.retryable:
                     logger.error("deleting finished run %s/%s after its TTL failed: %s", namespace, name, exc)
                     break
-            except (OSError, TimeoutError) as exc:
+                # Until it is done, however long: a TTL is a promise, and a retry every few seconds is cheap.
                 logger.warning("deleting finished run %s/%s failed (%s); retrying", namespace, name, exc)
             else:
                 logger.info("deleted finished run %s/%s: ttlSecondsAfterFinished passed", namespace, name)

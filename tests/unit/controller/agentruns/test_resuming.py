@@ -10,7 +10,7 @@ from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress, TraceRow
 from agentrun.api.transcripts import Transcript
 from agentrun.api.usage import TokenUsage
-from agentrun.controller.resuming import resume_point_of, seconds_since
+from agentrun.controller.agentruns.resuming import resume_point_of, seconds_since
 from agentrun.loop.state import RunState
 
 

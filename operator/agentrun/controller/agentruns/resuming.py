@@ -22,7 +22,7 @@ from agentrun.api.stops import Outcome
 from agentrun.api.traces import Progress
 from agentrun.api.transcripts import Transcript
 from agentrun.api.usage import TokenUsage
-from agentrun.controller.transcript_storing import TranscriptStore
+from agentrun.controller.agentruns.transcript_storing import TranscriptStore
 from agentrun.loop.state import RunState
 
 NO_PROGRESS = Progress(0, 0, TokenUsage(), None)

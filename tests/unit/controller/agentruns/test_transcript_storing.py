@@ -12,8 +12,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress, ToolTrace, TraceRow
@@ -22,16 +20,21 @@ from agentrun.api.transcripts import (
     PART_ANNOTATION,
     RUN_LABEL,
     UID_LABEL,
+    TranscriptError,
     decode_objects,
 )
 from agentrun.api.usage import TokenUsage
-from agentrun.controller.transcript_storing import (
+from agentrun.controller.agentruns.transcript_storing import (
     RunIdentity,
+    StoreStopped,
     TranscriptConflict,
     TranscriptStore,
     list_chunk_objects,
     load,
 )
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIForbiddenError
+from agentrun.kube.retrying import RetryPolicy
 from agentrun.loop.events import Checkpoint, RunFinished
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.kube_testing import eventually
@@ -147,15 +150,15 @@ class Conversation:
         )
 
 
-def store_for(core: client.CoreV1Api, run: RunIdentity, clock: FakeClock, **kwargs: Any) -> TranscriptStore:
-    return TranscriptStore(core, run, flush_after_seconds=3.0, monotonic=clock, **kwargs)
+def store_for(kube: KubeClient, run: RunIdentity, clock: FakeClock, **kwargs: Any) -> TranscriptStore:
+    return TranscriptStore(kube, run, flush_after_seconds=3.0, monotonic=clock, **kwargs)
 
 
 async def test_a_tool_request_is_stored_before_tools_run_and_quick_results_ride_with_the_next_write(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock)
+    store = store_for(kube, run, clock)
     talk = Conversation(store, clock)
     await talk.start()
     assert store.writes == 0, "the task alone is rebuilt from the spec"
@@ -165,39 +168,41 @@ async def test_a_tool_request_is_stored_before_tools_run_and_quick_results_ride_
     assert store.writes == 1, "quick tool results wait for the next write"
     await talk.model_asked_for_tools()
     assert store.writes == 2
-    transcript = await load(core, "default", "demo", uid=run.uid)
+    transcript = await load(kube, "default", "demo", uid=run.uid)
     assert [m["role"] for m in transcript.messages] == ["user", "assistant", "user", "assistant"]
     assert [r.iteration for r in transcript.trace_rows] == [1]
     assert transcript.tools_pending
     assert transcript.state == {"iterations": 2, "toolCalls": 1}
 
 
-async def test_a_slow_tool_phase_is_stored_on_its_own(cluster: KubeEmulator, core: client.CoreV1Api) -> None:
+async def test_a_slow_tool_phase_is_stored_on_its_own(cluster: KubeEmulator, kube: KubeClient) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock)
+    store = store_for(kube, run, clock)
     talk = Conversation(store, clock)
     await talk.start()
     await talk.model_asked_for_tools()
     await talk.tools_answered(seconds=3.0)
     assert store.writes == 2
-    transcript = await load(core, "default", "demo", uid=run.uid)
+    transcript = await load(kube, "default", "demo", uid=run.uid)
     assert transcript.messages[-1]["role"] == "user" and not transcript.tools_pending
     assert transcript.progress is not None and transcript.progress.tool_calls == 1
 
 
-async def test_the_run_end_is_stored_with_its_outcome(cluster: KubeEmulator, core: client.CoreV1Api) -> None:
+async def test_the_run_end_is_stored_with_its_outcome(cluster: KubeEmulator, kube: KubeClient) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock)
+    store = store_for(kube, run, clock)
     talk = Conversation(store, clock)
     await talk.start()
     await talk.model_asked_for_tools()
     await talk.tools_answered()
     await talk.finish()
-    transcript = await load(core, "default", "demo", uid=run.uid)
+    transcript = await load(kube, "default", "demo", uid=run.uid)
     assert transcript.outcome == Outcome(StopReason.END_TURN, "finished", result="done")
     assert [r.iteration for r in transcript.trace_rows] == [1, 2]
     assert len(transcript.messages) == 4
-    assert store.reference() == {
+    reference = store.reference()
+    assert reference is not None
+    assert reference.model_dump(by_alias=True) == {
         "kind": "Secret",
         "namePrefix": "demo-transcript",
         "chunks": 2,
@@ -206,10 +211,10 @@ async def test_the_run_end_is_stored_with_its_outcome(cluster: KubeEmulator, cor
 
 
 async def test_chunks_are_owned_secrets_labelled_with_the_run_and_hold_gzip_json(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(core, run, clock), clock)
+    talk = Conversation(store_for(kube, run, clock), clock)
     await talk.start()
     await talk.model_asked_for_tools()
     secret = cluster.emulator.get_object("secrets", "default", "demo-transcript-0")
@@ -233,26 +238,27 @@ async def test_chunks_are_owned_secrets_labelled_with_the_run_and_hold_gzip_json
 
 
 async def test_config_map_storage_keeps_the_same_layout_in_binary_data(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock, storage="configmap")
+    store = store_for(kube, run, clock, storage="configmap")
     talk = Conversation(store, clock)
     await talk.start()
     await talk.model_asked_for_tools()
     assert cluster.emulator.list_objects("secrets", "default") == []
     config_map = cluster.emulator.get_object("configmaps", "default", "demo-transcript-0")
     assert config_map is not None and "chunk.json.gz" in config_map["binaryData"]
-    transcript = await load(core, "default", "demo", uid=run.uid, storage="configmap")
+    transcript = await load(kube, "default", "demo", uid=run.uid, storage="configmap")
     assert len(transcript.messages) == 2
-    assert store.reference() is not None and store.reference()["kind"] == "ConfigMap"  # type: ignore[index]
+    reference = store.reference()
+    assert reference is not None and reference.kind == "ConfigMap"
 
 
 async def test_bytes_written_per_iteration_do_not_grow_with_the_history(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock)
+    store = store_for(kube, run, clock)
     talk = Conversation(store, clock)
     await talk.start()
     sizes = []
@@ -263,7 +269,7 @@ async def test_bytes_written_per_iteration_do_not_grow_with_the_history(
         sizes.append(store.bytes - before)
     # Every write holds one iteration's messages (its size varies by a few bytes of counters).
     assert max(sizes[1:]) - min(sizes[1:]) < 64, sizes
-    transcript = await load(core, "default", "demo", uid=run.uid)
+    transcript = await load(kube, "default", "demo", uid=run.uid)
     assert len(transcript.messages) == 1 + 2 * 60 - 1  # the last tool results are still deferred
     assert store.chunks == 60
 
@@ -274,10 +280,10 @@ def incompressible(size: int, seed: int) -> str:
 
 
 async def test_a_record_larger_than_one_object_is_split_and_read_back_whole(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock, max_part_bytes=4096)
+    store = store_for(kube, run, clock, max_part_bytes=4096)
     talk = Conversation(store, clock)
     await talk.start()
     big = incompressible(20_000, seed=1)
@@ -285,37 +291,37 @@ async def test_a_record_larger_than_one_object_is_split_and_read_back_whole(
     assert store.chunks >= 4
     parts = [
         o["metadata"]["annotations"][PART_ANNOTATION]
-        for o in await list_chunk_objects(core, "default", uid=run.uid)
+        for o in await list_chunk_objects(kube, "default", uid=run.uid)
     ]
     assert sorted(parts) == sorted(f"{i}/{store.chunks}" for i in range(store.chunks))
     await talk.tools_answered(seconds=5)
-    transcript = await load(core, "default", "demo", uid=run.uid)
+    transcript = await load(kube, "default", "demo", uid=run.uid)
     assert transcript.messages[1]["content"][0]["text"] == big
     assert transcript.records == 2 and transcript.next_index == store.chunks
 
 
 async def test_the_default_part_size_keeps_each_secret_under_the_1_mib_data_limit(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock)
+    store = store_for(kube, run, clock)
     talk = Conversation(store, clock)
     await talk.start()
     big = incompressible(2_500_000, seed=2)  # about 1.9 MB gzipped: more than any one object holds
     await talk.model_asked_for_tools(text=big)
-    objects = await list_chunk_objects(core, "default", uid=run.uid)
+    objects = await list_chunk_objects(kube, "default", uid=run.uid)
     assert len(objects) >= 4
     for obj in objects:
         assert len(base64.b64decode(obj["data"]["chunk.json.gz"])) <= 1024 * 1024
-    transcript = await load(core, "default", "demo", uid=run.uid)
+    transcript = await load(kube, "default", "demo", uid=run.uid)
     assert transcript.messages[1]["content"][0]["text"] == big
 
 
 async def test_a_split_record_cut_short_by_a_crash_is_skipped_and_never_overwritten(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    store = store_for(core, run, clock, max_part_bytes=4096)
+    store = store_for(kube, run, clock, max_part_bytes=4096)
     talk = Conversation(store, clock)
     await talk.start()
     await talk.model_asked_for_tools()
@@ -323,44 +329,44 @@ async def test_a_split_record_cut_short_by_a_crash_is_skipped_and_never_overwrit
     await talk.tools_answered(seconds=0.1)
     await talk.model_asked_for_tools(text=incompressible(20_000, seed=3))
     # The operator died after writing only the first part of the second record.
-    for obj in await list_chunk_objects(core, "default", uid=run.uid):
+    for obj in await list_chunk_objects(kube, "default", uid=run.uid):
         index = int(obj["metadata"]["labels"][CHUNK_LABEL])
         if index > first_chunks:
             cluster.emulator.delete_object("secrets", "default", obj["metadata"]["name"])
-    transcript = await load(core, "default", "demo", uid=run.uid)
+    transcript = await load(kube, "default", "demo", uid=run.uid)
     assert transcript.records == 1 and len(transcript.messages) == 2
     assert transcript.next_index == first_chunks + 1
-    resumed = store_for(core, run, FakeClock(), loaded=transcript)
+    resumed = store_for(kube, run, FakeClock(), loaded=transcript)
     await resumed.notify(
         Checkpoint(1, [results(1)], 3, row(1), progress(1, 1), False, {"iterations": 1, "toolCalls": 1})
     )
     await resumed.notify(RunFinished(Outcome(StopReason.TIMEOUT, "late"), progress(1, 1)))
-    again = await load(core, "default", "demo", uid=run.uid)
+    again = await load(kube, "default", "demo", uid=run.uid)
     assert [m["role"] for m in again.messages] == ["user", "assistant", "user"]
     assert again.outcome is not None and again.outcome.stop_reason is StopReason.TIMEOUT
 
 
 async def test_a_retried_create_of_the_same_chunk_is_accepted_and_different_content_is_a_conflict(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
     checkpoint = Checkpoint(1, [assistant(1)], 2, None, progress(1), True, {"iterations": 1})
-    first = store_for(core, run, clock)
+    first = store_for(kube, run, clock)
     await first.notify(checkpoint)
     # The same write again from index 0, as after a lost answer to the first create.
-    twin = store_for(core, run, clock)
+    twin = store_for(kube, run, clock)
     await twin.notify(checkpoint)
     assert twin.chunks == 1
-    other = store_for(core, run, clock)
+    other = store_for(kube, run, clock)
     with pytest.raises(TranscriptConflict):
         await other.notify(Checkpoint(1, [assistant(1, "something else")], 2, None, progress(1), True, {}))
 
 
 async def test_deleting_the_run_garbage_collects_its_transcript(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(core, run, clock), clock)
+    talk = Conversation(store_for(kube, run, clock), clock)
     await talk.start()
     await talk.model_asked_for_tools()
     await talk.tools_answered(seconds=10)
@@ -374,26 +380,26 @@ async def test_deleting_the_run_garbage_collects_its_transcript(
 
 
 async def test_another_run_with_the_same_name_reads_only_its_own_chunks(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     old, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(core, old, clock), clock)
+    talk = Conversation(store_for(kube, old, clock), clock)
     await talk.start()
     await talk.model_asked_for_tools()
-    transcript = await load(core, "default", "demo", uid="another-uid")
+    transcript = await load(kube, "default", "demo", uid="another-uid")
     assert transcript.empty and transcript.messages == []
 
 
 async def test_chunks_listed_in_any_order_decode_to_the_same_transcript(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(core, run, clock), clock)
+    talk = Conversation(store_for(kube, run, clock), clock)
     await talk.start()
     for _ in range(4):
         await talk.model_asked_for_tools()
         await talk.tools_answered()
-    objects = await list_chunk_objects(core, "default", uid=run.uid)
+    objects = await list_chunk_objects(kube, "default", uid=run.uid)
     forward, backward = decode_objects(objects), decode_objects(list(reversed(objects)))
     assert forward == backward
     assert [r.iteration for r in forward.trace_rows] == [1, 2, 3]
@@ -401,26 +407,26 @@ async def test_chunks_listed_in_any_order_decode_to_the_same_transcript(
 
 
 async def test_a_refused_chunk_listing_raises_instead_of_reading_as_an_empty_transcript(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     """An empty transcript would restart the run from its task, repeating every iteration."""
     run, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(core, run, clock), clock)
+    talk = Conversation(store_for(kube, run, clock), clock)
     await talk.start()
     await talk.model_asked_for_tools()
     cluster.emulator.faults.add(verb="list", resource="secrets", status=403, times=1)
-    with pytest.raises(ApiException) as refused:
-        await load(core, "default", "demo", uid=run.uid)
+    with pytest.raises(APIForbiddenError) as refused:
+        await load(kube, "default", "demo", uid=run.uid)
     assert refused.value.status == 403
-    assert (await load(core, "default", "demo", uid=run.uid)).tools_pending
+    assert (await load(kube, "default", "demo", uid=run.uid)).tools_pending
 
 
 async def test_a_slow_chunk_write_does_not_count_as_a_slow_tool_phase(
-    cluster: KubeEmulator, core: client.CoreV1Api
+    cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     """Under API server load, quick tool results still ride with the next write."""
     run = make_run(cluster)
-    store = TranscriptStore(core, run, flush_after_seconds=0.3, monotonic=time.monotonic)
+    store = TranscriptStore(kube, run, flush_after_seconds=0.3, monotonic=time.monotonic)
     talk = Conversation(store, FakeClock())
     await talk.start()
     cluster.emulator.faults.add(verb="create", resource="secrets", status=None, delay=0.5, times=1)
@@ -428,3 +434,62 @@ async def test_a_slow_chunk_write_does_not_count_as_a_slow_tool_phase(
     assert store.writes == 1
     await talk.tools_answered()
     assert store.writes == 1, "the 0.5 s write before the tools is not tool time"
+
+
+class FakeSleep:
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+async def ask_for_tools(store: TranscriptStore) -> None:
+    """The task, then a model answer asking for tools: the first write of a run."""
+    talk = Conversation(store, FakeClock())
+    await talk.start()
+    await talk.model_asked_for_tools()
+
+
+async def test_a_chunk_the_server_refuses_for_now_is_retried_by_the_policy_and_written_once(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    run, sleep = make_run(cluster), FakeSleep()
+    store = store_for(kube, run, FakeClock(), retry=RetryPolicy(attempts=3, first_seconds=1.0), sleep=sleep)
+    cluster.emulator.faults.add(verb="create", resource="secrets", status=500, times=2)
+    cluster.emulator.faults.add(verb="create", resource="secrets", status=429, retry_after=2, times=1)
+    await ask_for_tools(store)
+    assert sleep.waits == [1.0, 2.0, 2.0]
+    assert store.writes == 1 and store.chunks == 1
+    assert (await load(kube, "default", "demo", uid=run.uid)).tools_pending
+
+
+async def test_a_chunk_refused_for_good_fails_the_write_at_once_with_the_servers_answer(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    run, sleep = make_run(cluster), FakeSleep()
+    store = store_for(kube, run, FakeClock(), sleep=sleep)
+    cluster.emulator.faults.add(verb="create", resource="secrets", status=403, message="quota", times=1)
+    with pytest.raises(TranscriptError, match=r"demo-transcript-0 failed: HTTP 403 .*quota") as failed:
+        await ask_for_tools(store)
+    assert isinstance(failed.value.__cause__, APIForbiddenError)
+    assert sleep.waits == [] and store.writes == 0
+
+
+async def test_a_run_being_stopped_ends_a_retried_chunk_write_as_store_stopped(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    stopping = False
+
+    class StopWhileWaiting(FakeSleep):
+        async def __call__(self, seconds: float) -> None:
+            nonlocal stopping
+            await super().__call__(seconds)
+            stopping = True
+
+    run, sleep = make_run(cluster), StopWhileWaiting()
+    store = store_for(kube, run, FakeClock(), sleep=sleep, stopping=lambda: stopping)
+    cluster.emulator.faults.add(verb="create", resource="secrets", status=503, times=5)
+    with pytest.raises(StoreStopped, match="is stopping; chunk demo-transcript-0 not written"):
+        await ask_for_tools(store)
+    assert sleep.waits == [0.2] and store.writes == 0

@@ -10,7 +10,7 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun.controller.kubeapi import KubeAPI
+from agentrun.kube.calling import KubeClient
 from agentrun.tools.environment import KubeConnection, SecretMissing, SecretUse
 
 
@@ -38,7 +38,7 @@ def kube_connection(configuration: Any) -> KubeConnection:
 
 @dataclass
 class RunToolEnvironment:
-    kube: KubeAPI | None
+    kube: KubeClient | None
     namespace: str
     run_uid: str
     service_account_name: str | None

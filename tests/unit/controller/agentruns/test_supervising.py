@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agentrun.controller.supervising import RunSupervisor
+from agentrun.controller.agentruns.supervising import RunSupervisor
 
 
 def run_body(uid: str, phase: str | None = None, **metadata: Any) -> dict[str, Any]:

@@ -1,0 +1,205 @@
+"""Status writes as values of the status model: the one place where a status patch takes its shape.
+
+Why typed: the CRD is generated from :class:`AgentRunStatus`, and the API server prunes status
+fields the CRD does not declare, silently. A patch built from the same model cannot name a field
+the CRD lacks, and a field renamed in the model is renamed in every write. The writer
+(controller/agentruns/status_writing.py) only sends these; `agentrun run` prints them.
+
+A JSON merge patch removes a field with an explicit null, so a patch carries the model's fields
+it sets plus the names of the fields it clears.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from agentrun.api.conditions import bounded_result, conditions_for
+from agentrun.api.status import AgentRunStatus, Condition, PendingApproval, Phase, TranscriptRef, Usage
+from agentrun.api.stops import Outcome
+from agentrun.api.traces import Progress
+
+PENDING_INPUT_LIMIT = 4096
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class StatusPatch:
+    """A merge patch of ``status``: the fields set on ``status`` are written, ``cleared`` ones removed."""
+
+    status: AgentRunStatus = field(default_factory=AgentRunStatus)
+    cleared: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = self.cleared - AgentRunStatus.model_fields.keys()
+        if unknown:
+            raise ValueError(f"not fields of AgentRunStatus: {sorted(unknown)}")
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The model fields this patch writes (set or cleared)."""
+        return frozenset(self.status.model_fields_set) | self.cleared
+
+    def merged(self, other: StatusPatch) -> StatusPatch:
+        """This patch, then ``other`` on top: what ``other`` sets or clears wins."""
+        values = {name: getattr(self.status, name) for name in self.status.model_fields_set - other.cleared}
+        values.update({name: getattr(other.status, name) for name in other.status.model_fields_set})
+        status = AgentRunStatus.model_construct(_fields_set=set(values), **values)
+        return StatusPatch(status, (self.cleared - other.status.model_fields_set) | other.cleared)
+
+    def body(self) -> dict[str, Any]:
+        """The JSON of the patch's ``status`` (camelCase, as stored)."""
+        body = self.status.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        for name in self.cleared - self.status.model_fields_set:
+            body[_alias(name)] = None
+        return body
+
+
+def _alias(name: str) -> str:
+    return AgentRunStatus.model_fields[name].alias or name
+
+
+def usage(progress: Progress) -> Usage:
+    u = progress.usage
+    return Usage(
+        input_tokens=u.input_tokens,
+        output_tokens=u.output_tokens,
+        cache_creation_input_tokens=u.cache_creation_input_tokens,
+        cache_read_input_tokens=u.cache_read_input_tokens,
+        total_tokens=u.total,
+        costUSD=None if progress.cost_usd is None else f"{progress.cost_usd:.6f}",
+        unpriced_models=list(progress.unpriced_models),
+    )
+
+
+def progressed(progress: Progress) -> StatusPatch:
+    """The counters: iterations, tool calls, tokens and spend."""
+    return StatusPatch(
+        AgentRunStatus(iterations=progress.iterations, tool_calls=progress.tool_calls, usage=usage(progress))
+    )
+
+
+def pending() -> StatusPatch:
+    return StatusPatch(AgentRunStatus(phase=Phase.PENDING))
+
+
+def running(start_time: str, *, clear_pending_approvals: bool = False) -> StatusPatch:
+    return StatusPatch(
+        AgentRunStatus(phase=Phase.RUNNING, start_time=start_time),
+        frozenset({"pending_approvals"}) if clear_pending_approvals else frozenset(),
+    )
+
+
+def approvals_settled() -> StatusPatch:
+    """Back to Running once the last awaited call is decided."""
+    return StatusPatch(AgentRunStatus(phase=Phase.RUNNING), frozenset({"pending_approvals"}))
+
+
+def pending_input(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's input for status.pendingApprovals, cut when large: status must stay small."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    if len(text) <= PENDING_INPUT_LIMIT:
+        return dict(value)
+    return {"_truncated": True, "_preview": text[:PENDING_INPUT_LIMIT]}
+
+
+def pending_approval(
+    tool_use_id: str, tool_name: str, call_input: Mapping[str, Any], since: str
+) -> PendingApproval:
+    return PendingApproval(
+        tool_use_id=tool_use_id, tool_name=tool_name, input=pending_input(call_input), since=since
+    )
+
+
+def awaiting_approval(waiting: Sequence[PendingApproval]) -> StatusPatch:
+    return StatusPatch(AgentRunStatus(phase=Phase.AWAITING_APPROVAL, pending_approvals=list(waiting)))
+
+
+def transcript(reference: TranscriptRef) -> StatusPatch:
+    return StatusPatch(AgentRunStatus(transcript=reference))
+
+
+def conditioned(
+    phase: Phase,
+    *,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> StatusPatch:
+    """message, observedGeneration and the conditions of ``phase``; every write carries them."""
+    conditions = conditions_for(
+        phase, reason=reason, message=message, now=now, generation=generation, previous=previous
+    )
+    return StatusPatch(
+        AgentRunStatus(
+            message=message,
+            observed_generation=generation,
+            conditions=[Condition.model_validate(c) for c in conditions],
+        )
+    )
+
+
+def finished(
+    outcome: Outcome,
+    progress: Progress,
+    *,
+    now: str,
+    generation: int | None,
+    previous_conditions: Sequence[Mapping[str, Any]] = (),
+) -> StatusPatch:
+    """The whole terminal status of an outcome; shared by the operator and `agentrun run`."""
+    reason = outcome.stop_reason
+    if reason.succeeded:
+        phase = Phase.SUCCEEDED
+    elif reason.value == "Cancelled":
+        phase = Phase.CANCELLED
+    else:
+        phase = Phase.FAILED
+    result, truncated = bounded_result(outcome.result)
+    end = StatusPatch(
+        AgentRunStatus(
+            phase=phase,
+            stop_reason=reason.value,
+            raw_stop_reason=outcome.raw_stop_reason,
+            result=result,
+            result_truncated=truncated or None,
+            completion_time=now,
+        )
+    )
+    return end.merged(progressed(progress)).merged(
+        conditioned(
+            phase,
+            reason=outcome.condition_reason or reason.value,
+            message=outcome.message,
+            now=now,
+            generation=generation,
+            previous=previous_conditions,
+        )
+    )
+
+
+def observed(status: Mapping[str, Any], generation: int | None) -> StatusPatch | None:
+    """Marks a finished run's latest generation observed, or None when it already is.
+
+    A finished run's spec can still change (cancel, approvals, ttlSecondsAfterFinished); without
+    this, kstatus (Flux) reads `observedGeneration != generation` as "in progress" forever.
+    """
+    if generation is None or status.get("observedGeneration") in (None, generation):
+        return None
+    raw = [c for c in status.get("conditions") or () if isinstance(c, Mapping)]
+    try:
+        conditions = [Condition.model_validate({**c, "observedGeneration": generation}) for c in raw]
+    except pydantic.ValidationError:
+        # Someone else's conditions: leave them alone rather than rewrite what we cannot read.
+        return StatusPatch(AgentRunStatus(observed_generation=generation))
+    return StatusPatch(AgentRunStatus(observed_generation=generation, conditions=conditions))

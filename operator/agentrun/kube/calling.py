@@ -1,0 +1,208 @@
+"""The operator's Kubernetes client: every call the product makes outside Kopf goes through :func:`call`.
+
+Why one call point: that is where a failure is translated into a typed error (kube/errors.py), once,
+so no caller sees kubernetes_asyncio's ApiException or a bare aiohttp error, and the retry policy
+(kube/retrying.py) can trust ``retryable``. Kopf's own watch and patch traffic and the tools'
+read-only reader (tools/kube_reading.py) keep their own clients.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from kubernetes_asyncio import client
+
+from agentrun import __version__
+from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.api.transcripts import StorageKind
+from agentrun.kube import kubeconfig_loading
+from agentrun.kube.errors import APINotFoundError, refused, translated
+from agentrun.kube.kubeconfig_loading import ClusterAccess
+
+__all__ = ["JSON_PATCH", "MERGE_PATCH", "USER_AGENT", "KubeClient", "call", "connect"]
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+USER_AGENT = f"agentrun-operator/{__version__}"
+
+
+async def connect(access: ClusterAccess | None = None) -> KubeClient:
+    """A client for ``access``, by default the cluster Kopf logs in to (kube/kubeconfig_loading.py)."""
+    if access is None:
+        access = await kubeconfig_loading.load()
+    api_client = access.api_client()
+    # Names the operator in API server audit logs (and lets tests tell its requests apart).
+    api_client.user_agent = USER_AGENT
+    return KubeClient(api_client)
+
+
+async def call(request: Awaitable[Any]) -> bytes:
+    """The body of a call made with ``_preload_content=False``; any failure raised as a typed APIError.
+
+    Why unparsed: the parsed path builds model objects and parses every timestamp with dateutil, a
+    few percent of the operator's CPU at scale for responses nobody reads (bench/RESULTS.md). And the
+    client checks the status only on the parsed path, so without the check here a refused call would pass.
+    """
+    try:
+        response = await request
+        try:
+            body: bytes = await response.read()
+        finally:
+            response.release()
+    except Exception as exc:
+        error = translated(exc)
+        if error is None:
+            raise
+        raise error from exc
+    if not 200 <= response.status <= 299:
+        raise refused(response.status, response.reason, body, response.headers)
+    return body
+
+
+async def call_json(request: Awaitable[Any]) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(await call(request)))
+
+
+class KubeClient:
+    """The calls the operator, `agentrun run` and the kubectl plugin make, each through :func:`call`."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    # AgentRuns -----------------------------------------------------------------------------------
+
+    async def get_run(self, namespace: str, name: str) -> dict[str, Any]:
+        return await call_json(
+            self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            )
+        )
+
+    async def list_runs(self, namespace: str | None, *, limit: int = 0) -> dict[str, Any]:
+        """One page of AgentRuns in ``namespace`` (None: all namespaces; ``limit`` 0: no limit)."""
+        if namespace is None:
+            request = self._custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, limit=limit, _preload_content=False
+            )
+        else:
+            request = self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, limit=limit, _preload_content=False
+            )
+        return await call_json(request)
+
+    async def patch_run(
+        self, namespace: str, name: str, patch: Any, *, content_type: str = MERGE_PATCH
+    ) -> None:
+        """A merge patch (or, with JSON_PATCH, a list of operations) on the run's main object."""
+        await call(
+            self._custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                patch,
+                _content_type=content_type,
+                _preload_content=False,
+            )
+        )
+
+    async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge patch on the status subresource (a status sent to the main object is ignored)."""
+        await call(
+            self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        )
+
+    async def delete_run(self, namespace: str, name: str, uid: str) -> None:
+        """Deletes that very run (a uid precondition: never a newer run of that name), dependents after it."""
+        body = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background"
+        )
+        await call(
+            self._custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, body=body, _preload_content=False
+            )
+        )
+
+    # Secrets and ConfigMaps ----------------------------------------------------------------------
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value, or None if the Secret or key is missing (the run waits for it)."""
+        try:
+            secret = await self.read_object("secret", namespace, name)
+        except APINotFoundError:
+            return None
+        data = secret.get("data") or {}
+        if key not in data:
+            return None
+        return base64.b64decode(data[key]).decode()
+
+    async def create_object(self, storage: StorageKind, namespace: str, body: dict[str, Any]) -> None:
+        """Creates a Secret or a ConfigMap (the kinds a transcript is stored in)."""
+        create: Callable[..., Awaitable[Any]] = (
+            self._core.create_namespaced_secret
+            if storage == "secret"
+            else self._core.create_namespaced_config_map
+        )
+        await call(create(namespace, body, _preload_content=False))
+
+    async def read_object(self, storage: StorageKind, namespace: str, name: str) -> dict[str, Any]:
+        read: Callable[..., Awaitable[Any]] = (
+            self._core.read_namespaced_secret
+            if storage == "secret"
+            else self._core.read_namespaced_config_map
+        )
+        return await call_json(read(name, namespace, _preload_content=False))
+
+    async def list_objects(
+        self, storage: StorageKind, namespace: str, *, label_selector: str
+    ) -> list[dict[str, Any]]:
+        """The items of one listing of Secrets or ConfigMaps (as the API serves them, without ``kind``)."""
+        lister: Callable[..., Awaitable[Any]] = (
+            self._core.list_namespaced_secret
+            if storage == "secret"
+            else self._core.list_namespaced_config_map
+        )
+        listing = await call_json(lister(namespace, label_selector=label_selector, _preload_content=False))
+        return list(listing.get("items") or [])
+
+    # Events and identity -------------------------------------------------------------------------
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        await call(self._core.create_namespaced_event(namespace, body, _preload_content=False))  # type: ignore[arg-type]
+
+    async def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        await call(
+            self._core.patch_namespaced_event(  # type: ignore[call-arg]
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            )
+        )
+
+    async def who_am_i(self) -> str | None:
+        """The user name the API server authenticates us as (a SelfSubjectReview, Kubernetes 1.28+)."""
+        review = await call_json(
+            client.AuthenticationV1Api(self.api_client).create_self_subject_review(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},  # type: ignore[arg-type]
+                _preload_content=False,
+            )
+        )
+        user = (review.get("status") or {}).get("userInfo") or {}
+        name = user.get("username")
+        return str(name) if name else None

@@ -1,0 +1,125 @@
+"""The phases of a run end it for the right reason, say why it waits, and hold nothing they give up."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.stops import StopReason
+from agentrun.controller.agentruns import phases
+from agentrun.controller.agentruns.phases import Ending
+from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
+from agentrun.kube.calling import KubeClient
+
+SPEC: dict[str, Any] = {"task": "t", "model": {"name": "claude-sonnet-4-6"}}
+
+
+class Announcements:
+    def __init__(self) -> None:
+        self.said: list[tuple[str, str]] = []
+        self.changed = asyncio.Event()
+
+    async def __call__(self, reason: str, message: str) -> None:
+        self.said.append((reason, message))
+        self.changed.set()
+
+
+def test_admit_ends_an_invalid_spec_naming_every_wrong_field() -> None:
+    ending = phases.admit({"task": "", "model": {"name": "m", "maxTokens": 0}, "extra": 1})
+    assert isinstance(ending, Ending)
+    assert ending.outcome.stop_reason is StopReason.INVALID_SPEC
+    assert "spec.model.maxTokens" in ending.outcome.message
+    assert "spec.extra" in ending.outcome.message
+
+
+def test_admit_ends_a_tool_configuration_the_schema_cannot_check() -> None:
+    ending = phases.admit({**SPEC, "tools": [{"builtin": {"name": "no_such_tool"}}]})
+    assert isinstance(ending, Ending)
+    assert ending.outcome.stop_reason is StopReason.INVALID_SPEC
+    assert "no_such_tool" in ending.outcome.message
+
+
+def test_admit_returns_the_validated_spec() -> None:
+    spec = phases.admit(SPEC)
+    assert isinstance(spec, AgentRunSpec) and spec.task == "t"
+
+
+async def test_a_run_waits_pending_once_for_its_key_secret_and_starts_when_it_appears(
+    kube: KubeClient, core: client.CoreV1Api
+) -> None:
+    spec = phases.admit({**SPEC, "model": {**SPEC["model"], "apiKeySecretRef": {"name": "key", "key": "k"}}})
+    assert isinstance(spec, AgentRunSpec)
+    announce, cancel = Announcements(), asyncio.Event()
+    env = RunToolEnvironment(kube, "default", "uid-1", None)
+    waiting = asyncio.create_task(
+        phases.wait_for_secrets(
+            spec, env, operator_key=None, cancel=cancel, announce=announce, retry_seconds=0.05
+        )
+    )
+    await asyncio.wait_for(announce.changed.wait(), 5)
+    await asyncio.sleep(0.2)  # several more looks, no new announcement
+    assert announce.said == [
+        (
+            "SecretNotFound",
+            "Secret default/key with key 'k' (spec.model.apiKeySecretRef) does not exist yet; "
+            "the run starts once it does",
+        )
+    ]
+    secret = {
+        "metadata": {"name": "key", "namespace": "default"},
+        "data": {"k": base64.b64encode(b"sk").decode()},
+    }
+    await core.create_namespaced_secret("default", secret)
+    assert await asyncio.wait_for(waiting, 5) == "sk"
+
+
+async def test_without_a_key_anywhere_the_run_says_so_and_a_cancel_ends_it() -> None:
+    spec = phases.admit(SPEC)
+    assert isinstance(spec, AgentRunSpec)
+    announce, cancel = Announcements(), asyncio.Event()
+    env = RunToolEnvironment(None, "default", "uid-1", None)
+    waiting = asyncio.create_task(
+        phases.wait_for_secrets(
+            spec, env, operator_key=None, cancel=cancel, announce=announce, retry_seconds=60
+        )
+    )
+    await asyncio.wait_for(announce.changed.wait(), 5)
+    assert announce.said[0][0] == "APIKeyMissing"
+    cancel.set()
+    ending = await asyncio.wait_for(waiting, 5)
+    assert isinstance(ending, Ending) and ending.outcome.stop_reason is StopReason.CANCELLED
+    assert ending.outcome.message == "spec.cancel was set while pending"
+
+
+async def test_the_operators_key_is_used_when_the_spec_names_none() -> None:
+    spec = phases.admit(SPEC)
+    assert isinstance(spec, AgentRunSpec)
+    env = RunToolEnvironment(None, "default", "uid-1", None)
+    found = await phases.secrets_ready(spec, env, operator_key="sk-operator")
+    assert found == "sk-operator"
+
+
+async def test_a_queued_run_says_it_is_queued_and_a_cancel_ends_it_without_taking_a_slot() -> None:
+    slots, cancel, announce = asyncio.Semaphore(1), asyncio.Event(), Announcements()
+    await slots.acquire()  # every slot taken
+    queued = asyncio.create_task(phases.queue(slots, cancel, announce=announce, capacity=1))
+    await asyncio.wait_for(announce.changed.wait(), 5)
+    assert announce.said == [("Queued", "waiting for one of 1 run slots")]
+    cancel.set()
+    ending = await asyncio.wait_for(queued, 5)
+    assert isinstance(ending, Ending) and ending.outcome.message == "spec.cancel was set while queued"
+    slots.release()
+    assert not slots.locked(), "the cancelled run must not keep the slot it was waiting for"
+
+
+async def test_a_free_slot_is_taken_at_once_without_an_announcement() -> None:
+    slots, announce = asyncio.Semaphore(2), Announcements()
+    assert await phases.queue(slots, asyncio.Event(), announce=announce, capacity=2) is None
+    assert announce.said == []
+    assert not slots.locked()
+    await slots.acquire()
+    assert slots.locked(), "the first slot is the caller's now"
