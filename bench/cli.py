@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import checkpoint_cost, loop_overhead, operator_scale, parallel_tools
+from bench import checkpoint_cost, long_context, loop_overhead, operator_scale, parallel_tools
 from bench.figures import Section
 from bench.machine import describe
 from bench.reporting import markdown, table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
-BENCHMARKS = ("loop", "parallel", "scale", "checkpoint")
+BENCHMARKS = ("loop", "parallel", "scale", "checkpoint", "context")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Plan:
     checkpoint_iterations: int = 200
     checkpoint_marks: tuple[int, ...] = (5, 50, 200)
     checkpoint_repeats: int = 3
+    context_iterations: int = 200
 
 
 FULL = Plan(loop_rounds=30)
@@ -50,6 +51,7 @@ QUICK = Plan(
     checkpoint_iterations=20,
     checkpoint_marks=(2, 5, 20),
     checkpoint_repeats=1,
+    context_iterations=60,
 )
 SMOKE = Plan(
     loop_rounds=1,
@@ -61,6 +63,7 @@ SMOKE = Plan(
     checkpoint_iterations=6,
     checkpoint_marks=(2, 6),
     checkpoint_repeats=1,
+    context_iterations=12,
 )
 """The smallest plan that still takes every code path, the profiled operator included: CI runs it so a
 broken harness fails a test, and its figures mean nothing."""
@@ -101,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--loop-rounds", type=int, default=None, help="rounds of the loop benchmark")
     parser.add_argument("--checkpoint-iterations", type=int, default=None, help="length of the long run")
     parser.add_argument(
+        "--context-iterations", type=int, default=None, help="length of the long-context run (default 200)"
+    )
+    parser.add_argument(
         "--profile-size", type=int, default=None, help="runs in the profiled scale run (0: none)"
     )
     return parser
@@ -120,6 +126,8 @@ def _plan(args: argparse.Namespace) -> Plan:
         n = args.checkpoint_iterations
         marks = tuple(sorted({m for m in (2, 5, 50, 200) if m < n} | {n}))
         plan = dataclasses.replace(plan, checkpoint_iterations=n, checkpoint_marks=marks)
+    if args.context_iterations is not None:
+        plan = dataclasses.replace(plan, context_iterations=args.context_iterations)
     if args.profile_size is not None:
         plan = dataclasses.replace(plan, profile_size=args.profile_size or None)
     return plan
@@ -159,6 +167,10 @@ async def run(selected: Sequence[str], plan: Plan, workdir: Path, seed: int) -> 
             marks=list(plan.checkpoint_marks),
             repeats=plan.checkpoint_repeats,
         )
+        sections.append(section)
+    if "context" in selected:
+        section = Section("context", "Long runs: context management", _method(long_context.__doc__))
+        await long_context.measure(section, iterations=plan.context_iterations)
         sections.append(section)
     return sections
 

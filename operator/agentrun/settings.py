@@ -68,6 +68,11 @@ class Settings(BaseModel):
         default=15.0, gt=0, description="Interval of agentrun_operator_heartbeat_timestamp_seconds."
     )
     otel_enabled: bool = Field(default=False, description="Export OpenTelemetry traces (OTLP/HTTP).")
+    context_windows: tuple[tuple[str, int], ...] = Field(
+        default=(),
+        description="Context windows in tokens per model, beating the built-in table: "
+        "'claude-foo*=500000,my-model=32000' (a trailing * matches a prefix).",
+    )
 
     @field_validator("namespaces", mode="before")
     @classmethod
@@ -75,6 +80,23 @@ class Settings(BaseModel):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         return value
+
+    @field_validator("context_windows", mode="before")
+    @classmethod
+    def _windows(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        entries = []
+        for item in (v.strip() for v in value.split(",")):
+            if not item:
+                continue
+            pattern, _, tokens = item.partition("=")
+            if not pattern.strip() or not tokens.strip().isdigit() or int(tokens) < 1024:
+                raise ValueError(
+                    f"context window entry {item!r}: expected <model or prefix*>=<tokens, at least 1024>"
+                )
+            entries.append((pattern.strip(), int(tokens)))
+        return tuple(entries)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:

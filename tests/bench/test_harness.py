@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("Loop overhead", "Parallel tools", "Operator at scale", "Checkpoint cost")
+SECTIONS = (
+    "Loop overhead",
+    "Parallel tools",
+    "Operator at scale",
+    "Checkpoint cost",
+    "Long runs: context management",
+)
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 VERDICT = re.compile(r"pass|\*\*MISS \([^)]*\)\*\*")
 RUN_SECONDS = 300
@@ -93,6 +99,16 @@ def test_the_scale_benchmark_counted_the_operators_api_requests(smoke: SmokeRun)
 def test_the_checkpoint_benchmark_measured_bytes_at_every_mark(smoke: SmokeRun) -> None:
     for mark in (2, 6):
         assert figure(smoke.results, "## 4. Checkpoint cost", f"bytes written in iteration {mark}") > 0
+
+
+def test_the_context_benchmark_ran_every_iteration_and_tabled_input_tokens_per_iteration(
+    smoke: SmokeRun,
+) -> None:
+    heading = "## 5. Long runs: context management"
+    completed = figure(smoke.results, heading, "12 iterations with the defaults: iterations completed")
+    assert completed == 13
+    assert "| defaults, cache: full price | EndTurn | 13 |" in smoke.results
+    assert "| management off: input | EndTurn | 13 |" in smoke.results  # 12 results fit the window
 
 
 def test_both_profiles_were_taken_and_summarised(smoke: SmokeRun) -> None:

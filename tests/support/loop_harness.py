@@ -16,6 +16,7 @@ from agentrun.loop.config import LoopConfig, RetryPolicy
 from agentrun.loop.events import Checkpoint, Event, RunFinished
 from agentrun.loop.protocols import Clock, Observer, ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
+from agentrun.loop.state import RunState
 from agentrun.model.anthropic_calling import AnthropicModel
 from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
@@ -139,10 +140,17 @@ async def run_scripted(
     marker: str = "[scenario:test]",
     clock: Clock | None = None,
     observers: Sequence[Observer] = (),
+    context_window: int | None = None,
+    state: RunState | None = None,
+    prompt_cache: bool = False,
 ) -> LoopRun:
     raw_spec = {"task": f"{marker} do the thing", **(spec or {})}
     parsed = AgentRunSpec.model_validate(raw_spec)
-    api = FakeMessagesAPI(scripts=[Script(marker, steps)], demo_brain=False)
+    api = FakeMessagesAPI(
+        scripts=[Script(marker, steps, context_window=context_window)],
+        demo_brain=False,
+        prompt_cache=prompt_cache,
+    )
     recorder = Recorder()
     async with api.running() as server:
         client = anthropic.AsyncAnthropic(api_key="sk-test", base_url=server.url, max_retries=0, timeout=30)
@@ -155,6 +163,7 @@ async def run_scripted(
                 clock=clock or SystemClock(),
                 pricer=PriceTable(),
                 cancel=cancel or asyncio.Event(),
+                state=state,
             )
         finally:
             await client.close()

@@ -57,8 +57,8 @@ def _structural(node: Any) -> Any:
             node[plain] = node.pop(bound)
             node[bound] = True
     if node.get("x-kubernetes-preserve-unknown-fields"):
+        # Without a type from the model (Any), any JSON value is allowed, as the API server permits.
         node.pop("additionalProperties", None)
-        node.setdefault("type", "object")
     elif node.get("additionalProperties") is False or "properties" in node:
         node.pop("additionalProperties", None)
     if "properties" in node:

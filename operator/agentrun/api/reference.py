@@ -81,7 +81,7 @@ def _type(path: str, name: str, prop: dict[str, Any]) -> str:
     if "properties" in node:
         kind = f"[object](#{anchor(child)})"
     elif node.get("x-kubernetes-preserve-unknown-fields"):
-        kind = "object (free-form)"
+        kind = "object (free-form)" if node.get("type") == "object" else "any JSON value"
     elif "enum" in node:
         kind = "string: " + ", ".join(_code(v) for v in node["enum"])
     else:

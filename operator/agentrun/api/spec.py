@@ -7,9 +7,14 @@ written here is enforced twice: by the API server at admission and by pydantic w
 
 from __future__ import annotations
 
+import json
+import urllib.parse
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+import jsonschema
+import jsonschema.protocols
+import referencing.jsonschema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -45,8 +50,62 @@ class SecretKeyRef(_Model):
     )
 
 
+#: The smallest thinking budget the Messages API accepts.
+MIN_THINKING_BUDGET = 1024
+DEFAULT_MAX_TOKENS = 4096
+
+
+class ThinkingSpec(_Model):
+    """Extended thinking: the model reasons in thinking blocks before it answers or calls a tool."""
+
+    budget_tokens: int = Field(
+        ge=MIN_THINKING_BUDGET,
+        le=128_000,
+        description=(
+            "Tokens the model may spend thinking per request (the API's thinking.budget_tokens): at "
+            "least 1024 and less than maxTokens, because thinking counts toward maxTokens and toward "
+            "the output tokens of usage, budgets and cost."
+        ),
+    )
+    interleaved: bool = Field(
+        default=True,
+        description=(
+            "Let the model think again after each tool result (the API's interleaved-thinking beta, "
+            "sent when the run has tools). Turn it off for a model or a Messages-API-compatible "
+            "server that does not accept the beta; the model then thinks once per turn."
+        ),
+    )
+
+
+#: Combinations the Messages API refuses; the CRD says so at admission, pydantic in the admit phase.
+THINKING_WITHIN_MAX_TOKENS: dict[str, JsonValue] = {
+    "rule": f"!has(self.thinking) || self.thinking.budgetTokens < "
+    f"(has(self.maxTokens) ? self.maxTokens : {DEFAULT_MAX_TOKENS})",
+    "message": "model.thinking.budgetTokens must be less than model.maxTokens "
+    "(thinking counts toward maxTokens)",
+    "fieldPath": ".thinking.budgetTokens",
+}
+THINKING_TEMPERATURE: dict[str, JsonValue] = {
+    "rule": "!has(self.thinking) || !has(self.temperature) || self.temperature == 1.0",
+    "message": "model.temperature must be unset or 1 with model.thinking "
+    "(the API refuses other temperatures when thinking is on)",
+    "fieldPath": ".temperature",
+}
+THINKING_TOOL_CHOICE: dict[str, JsonValue] = {
+    "rule": "!has(self.model) || !has(self.model.thinking) || !has(self.toolChoice) || "
+    "self.toolChoice.type == 'auto' || self.toolChoice.type == 'none'",
+    "message": "toolChoice.type any or tool forces a tool call, which the API refuses with "
+    "model.thinking; use auto or none",
+    "fieldPath": ".toolChoice.type",
+}
+
+
 class ModelSpec(_Model):
     """Which Anthropic model to call and how."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [THINKING_WITHIN_MAX_TOKENS, THINKING_TEMPERATURE]}
+    )
 
     name: str = Field(
         default="claude-sonnet-4-6",
@@ -55,7 +114,7 @@ class ModelSpec(_Model):
         max_length=128,
     )
     max_tokens: int = Field(
-        default=4096,
+        default=DEFAULT_MAX_TOKENS,
         ge=1,
         le=128_000,
         description="Upper bound on output tokens per model request (the API's max_tokens).",
@@ -96,6 +155,30 @@ class ModelSpec(_Model):
         pattern=r"^https?://",
         description="Messages API base URL; defaults to the operator's ANTHROPIC_BASE_URL or Anthropic's.",
     )
+    thinking: ThinkingSpec | None = Field(
+        default=None,
+        description=(
+            "Extended thinking; off when unset. Thinking blocks are sent back unchanged in the "
+            "following requests, as the API requires. The API refuses it with a temperature other "
+            "than 1 and with a toolChoice that forces a tool."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _thinking_fits(self) -> ModelSpec:
+        if self.thinking is None:
+            return self
+        if self.thinking.budget_tokens >= self.max_tokens:
+            raise ValueError(
+                f"model.thinking.budgetTokens ({self.thinking.budget_tokens}) must be less than "
+                f"model.maxTokens ({self.max_tokens}): thinking counts toward maxTokens"
+            )
+        if self.temperature is not None and self.temperature != 1.0:
+            raise ValueError(
+                f"model.temperature must be unset or 1 with model.thinking, got {self.temperature} "
+                "(the API refuses other temperatures when thinking is on)"
+            )
+        return self
 
 
 class BuiltinTool(_Model):
@@ -245,13 +328,20 @@ class LoopDetection(_Model):
         default=3,
         ge=2,
         le=100,
-        description="Identical consecutive tool calls (same tool and input, or same result) ending the run.",
+        description=(
+            "Tool turns in a row without progress that end the run: the same call (tool and input) in "
+            "each, the same whole turn (every call and result) repeated, or a cycle of up to 4 turns "
+            "gone round at least twice. Equal results of different calls are never a loop."
+        ),
     )
     failures_per_tool: int = Field(
         default=5,
         ge=2,
         le=100,
-        description="Consecutive failures of one tool, whatever the arguments, that end the run.",
+        description=(
+            "Tool turns in a row in which every call of one tool failed, whatever its input, "
+            "that end the run."
+        ),
     )
 
 
@@ -311,6 +401,196 @@ class Limits(_Model):
     )
 
 
+MAX_OUTPUT_SCHEMA_CHARS = 65_536
+
+
+class OutputSpec(_Model):
+    """A structured answer: the final answer must be JSON valid against a JSON Schema."""
+
+    json_schema: dict[str, Any] = Field(
+        alias="schema",
+        description=(
+            "JSON Schema (draft 2020-12 unless $schema names another) the final answer must match. "
+            "It is shown to the model in the system prompt; only references inside it are followed. "
+            "The validated JSON is in status.output."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description=(
+            "Answers that are not valid JSON for the schema are sent back with the validation errors "
+            "this many times; then the run ends InvalidOutput."
+        ),
+    )
+
+    @field_validator("json_schema")
+    @classmethod
+    def _usable_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        problem = json_schema_problem(schema)
+        if problem is not None:
+            raise ValueError(problem)
+        return schema
+
+
+def json_schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` cannot check answers, or None: caught at admission, before anything is spent."""
+    size = len(json.dumps(schema, separators=(",", ":"), default=str))
+    if size > MAX_OUTPUT_SCHEMA_CHARS:
+        return f"is {size} characters as JSON; at most {MAX_OUTPUT_SCHEMA_CHARS} are allowed"
+    validator = json_schema_validator_class(schema)
+    if validator is None:
+        return f"$schema {schema.get('$schema')!r} is not a JSON Schema draft this operator knows"
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path).lstrip(".")
+        return f"not a valid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
+    return _unresolvable_ref(schema)
+
+
+def json_schema_validator_class(schema: dict[str, Any]) -> type[jsonschema.protocols.Validator] | None:
+    """The draft ``$schema`` names (2020-12 when it names none), or None for an unknown one."""
+    dialect = schema.get("$schema")
+    if dialect is None:
+        return jsonschema.Draft202012Validator
+    if not isinstance(dialect, str):
+        return None
+    try:
+        referencing.jsonschema.specification_with(dialect)
+    except referencing.jsonschema.UnknownDialect:
+        return None
+    return jsonschema.validators.validator_for(schema)
+
+
+#: Keywords whose values are data, not subschemas: a "$ref" key inside them is no reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def _unresolvable_ref(schema: dict[str, Any]) -> str | None:
+    """The first $ref that would need the network or points at nothing, described; else None.
+
+    Validation never fetches anything (the operator has no business reaching arbitrary URLs
+    from inside a cluster), so a schema must carry what it references, under $defs.
+    """
+
+    def walk(node: Any, resource: dict[str, Any]) -> str | None:
+        if isinstance(node, list):
+            return next((p for item in node if (p := walk(item, resource)) is not None), None)
+        if not isinstance(node, dict):
+            return None
+        if isinstance(node.get("$id"), str) and node is not schema:
+            resource = node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith(META_SCHEMA_PREFIXES):
+            if not ref.startswith("#"):
+                return (
+                    f"$ref {ref!r} points outside the schema; only references inside it "
+                    "(#/$defs/...) are followed"
+                )
+            if ref.startswith("#/") and not _pointer_exists(resource, ref[1:]):
+                return f"$ref {ref!r} points at nothing in the schema"
+        for key, value in node.items():
+            if key not in _DATA_KEYWORDS and (problem := walk(value, resource)) is not None:
+                return problem
+        return None
+
+    return walk(schema, schema)
+
+
+META_SCHEMA_PREFIXES = ("http://json-schema.org/", "https://json-schema.org/")
+
+
+def _pointer_exists(document: Any, pointer: str) -> bool:
+    node = document
+    for raw in pointer.split("/")[1:]:
+        token = urllib.parse.unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return False
+    return True
+
+
+class ClearToolResults(_Model):
+    """Old tool results replaced, in what is sent, by a short marker: the lightest way to save context."""
+
+    enabled: bool = Field(default=True, description="Whether old tool results are cleared.")
+    keep_newest: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description=(
+            "Successful tool results kept whole: the newest this many. Older ones larger than minChars "
+            "are sent as a marker naming the tool, the call id, the size and how to get it again. "
+            "Failed results (is_error) are never cleared. The transcript keeps every result whole."
+        ),
+    )
+    min_chars: int = Field(
+        default=1024,
+        ge=0,
+        le=1_000_000,
+        description="Results shorter than this are never cleared: they cost little, and clearing "
+        "them would only move the cached prefix.",
+    )
+    batch: int = Field(
+        default=4,
+        ge=1,
+        le=1000,
+        description=(
+            "Results are cleared this many at a time (so between keepNewest and keepNewest+batch-1 "
+            "stay whole): each clearing changes an earlier message, where the cached prefix of the "
+            "conversation ends, so batching keeps the cache valid for several turns. 1 clears each "
+            "result as soon as it falls out of the newest keepNewest."
+        ),
+    )
+
+
+class Compaction(_Model):
+    """A summary of the work so far replaces the older turns in what is sent, near the window's limit."""
+
+    enabled: bool = Field(default=True, description="Whether the conversation is compacted.")
+    threshold_percent: int = Field(
+        default=80,
+        ge=10,
+        le=95,
+        description=(
+            "Compact when the next request's estimated input reaches this percentage of the model's "
+            "context window (the operator's table, or contextWindowTokens). The summary request is "
+            "a model request of its own, tools off: its tokens count in usage, tokenBudget and "
+            "costBudgetUSD, not in maxIterations."
+        ),
+    )
+    keep_newest_turns: int = Field(
+        default=2,
+        ge=1,
+        le=100,
+        description="Model turns (with their tool results) sent whole after the summary.",
+    )
+
+
+class ContextSpec(_Model):
+    """How the conversation is kept within the model's context window; what is stored never changes."""
+
+    clear_tool_results: ClearToolResults = Field(
+        default_factory=ClearToolResults, description="Clearing of old tool results."
+    )
+    compaction: Compaction = Field(default_factory=Compaction, description="Summary-based compaction.")
+    context_window_tokens: int | None = Field(
+        default=None,
+        ge=1024,
+        le=10_000_000,
+        description=(
+            "The model's context window in tokens. Defaults to the operator's table of windows per "
+            "model (AGENTRUN_CONTEXT_WINDOWS overrides it); set it for a model the table does not know."
+        ),
+    )
+
+
 class Approval(_Model):
     """A human decision on a tool call that requires approval."""
 
@@ -343,13 +623,17 @@ IMMUTABLE_SPEC_FIELDS = (
     "requiredTools",
     "limits",
     "serviceAccountName",
+    "output",
+    "context",
 )
 
 
 class AgentRunSpec(_Model):
     """The desired run. Immutable once created, except cancel, approvals and ttlSecondsAfterFinished."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [APPROVALS_KEPT]})
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [APPROVALS_KEPT, THINKING_TOOL_CHOICE]}
+    )
 
     task: str = Field(
         min_length=1,
@@ -375,6 +659,17 @@ class AgentRunSpec(_Model):
         description="Tools that must have run successfully before an end_turn is accepted.",
     )
     limits: Limits = Field(default_factory=Limits, description="Termination limits and budgets.")
+    context: ContextSpec = Field(
+        default_factory=ContextSpec,
+        description="Context management for long runs: clearing old tool results and compaction.",
+    )
+    output: OutputSpec | None = Field(
+        default=None,
+        description=(
+            "Structured answer: the final answer must be JSON valid against output.schema; "
+            "it is then in status.output. Free text when unset."
+        ),
+    )
     service_account_name: str | None = Field(
         default=None,
         pattern=DNS_LABEL_PATTERN,
@@ -397,6 +692,16 @@ class AgentRunSpec(_Model):
         ),
         json_schema_extra={"x-kubernetes-validations": [APPROVALS_APPEND_ONLY]},
     )
+
+    @model_validator(mode="after")
+    def _thinking_lets_the_model_choose(self) -> AgentRunSpec:
+        choice = self.tool_choice
+        if self.model.thinking is not None and choice is not None and choice.type in ("any", "tool"):
+            raise ValueError(
+                f"toolChoice.type {choice.type} forces a tool call, which the API refuses with "
+                "model.thinking; use auto or none"
+            )
+        return self
 
     def tool_names(self) -> list[str]:
         """Names of non-MCP tools as the model sees them (MCP names are known only after listing)."""

@@ -92,6 +92,24 @@ class PendingApproval(_Status):
     since: str = Field(description="When the run started waiting (RFC 3339).")
 
 
+class ContextStatus(_Status):
+    """Context management so far: compactions, and the request sizes around the latest one."""
+
+    compactions: int = Field(default=0, description="Compactions of the conversation so far.")
+    last_compaction_iteration: int | None = Field(
+        default=None, description="The iteration after which the latest compaction happened."
+    )
+    tokens_before: int | None = Field(
+        default=None, description="Estimated input tokens of the next request before the latest compaction."
+    )
+    tokens_after: int | None = Field(
+        default=None, description="Estimated input tokens of the next request after the latest compaction."
+    )
+    tokens_removed: int = Field(
+        default=0, description="Estimated input tokens all compactions removed from the next request."
+    )
+
+
 class AgentRunStatus(_Status):
     """Observed state of the run."""
 
@@ -111,10 +129,26 @@ class AgentRunStatus(_Status):
         default=None, description="The final answer, cut to 32 KiB; the transcript holds everything."
     )
     result_truncated: bool | None = Field(default=None, description="True when result was cut to fit.")
+    output: Any = Field(
+        default=None,
+        description=(
+            "The final answer as JSON, valid against spec.output.schema (any JSON value; object "
+            "members that are null are absent, as a merge patch drops them). Left out when larger "
+            "than 32 KiB as JSON: see outputOmitted."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    output_omitted: bool | None = Field(
+        default=None,
+        description="True when output was larger than 32 KiB as JSON; the transcript holds it whole.",
+    )
     start_time: str | None = Field(default=None, description="When the loop started.")
     completion_time: str | None = Field(default=None, description="When the run finished.")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted upon.")
     transcript: TranscriptRef | None = Field(default=None, description="Reference to the stored transcript.")
+    context: ContextStatus | None = Field(
+        default=None, description="Context management (spec.context): set once the run compacts."
+    )
     pending_approvals: list[PendingApproval] = Field(
         default_factory=list, description="Tool calls awaiting a decision."
     )

@@ -19,8 +19,16 @@ from typing import Any
 
 import pydantic
 
-from agentrun.api.conditions import bounded_result, conditions_for
-from agentrun.api.status import AgentRunStatus, Condition, PendingApproval, Phase, TranscriptRef, Usage
+from agentrun.api.conditions import RESULT_LIMIT, bounded_result, conditions_for
+from agentrun.api.status import (
+    AgentRunStatus,
+    Condition,
+    ContextStatus,
+    PendingApproval,
+    Phase,
+    TranscriptRef,
+    Usage,
+)
 from agentrun.api.stops import Outcome
 from agentrun.api.traces import Progress
 
@@ -84,6 +92,23 @@ def progressed(progress: Progress) -> StatusPatch:
     """The counters: iterations, tool calls, tokens and spend."""
     return StatusPatch(
         AgentRunStatus(iterations=progress.iterations, tool_calls=progress.tool_calls, usage=usage(progress))
+    )
+
+
+def compacted(
+    *, compactions: int, iteration: int, tokens_before: int, tokens_after: int, tokens_removed: int
+) -> StatusPatch:
+    """status.context after a compaction; the whole object, so a resumed run's write is complete."""
+    return StatusPatch(
+        AgentRunStatus(
+            context=ContextStatus(
+                compactions=compactions,
+                last_compaction_iteration=iteration,
+                tokens_before=tokens_before,
+                tokens_after=tokens_after,
+                tokens_removed=tokens_removed,
+            )
+        )
     )
 
 
@@ -166,6 +191,7 @@ def finished(
     else:
         phase = Phase.FAILED
     result, truncated = bounded_result(outcome.result)
+    output, omitted = bounded_output(outcome.output)
     end = StatusPatch(
         AgentRunStatus(
             phase=phase,
@@ -176,6 +202,10 @@ def finished(
             completion_time=now,
         )
     )
+    if output is not None:
+        end = end.merged(StatusPatch(AgentRunStatus(output=output)))
+    elif omitted:
+        end = end.merged(StatusPatch(AgentRunStatus(output_omitted=True)))
     return end.merged(progressed(progress)).merged(
         conditioned(
             phase,
@@ -186,6 +216,15 @@ def finished(
             previous=previous_conditions,
         )
     )
+
+
+def bounded_output(value: Any) -> tuple[Any, bool]:
+    """JSON cannot be cut and stay JSON: a structured answer too big for status is left out whole."""
+    if value is None:
+        return None, False
+    if len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()) <= RESULT_LIMIT:
+        return value, False
+    return None, True
 
 
 def observed(status: Mapping[str, Any], generation: int | None) -> StatusPatch | None:

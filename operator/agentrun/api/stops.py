@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class StopReason(StrEnum):
@@ -20,6 +21,7 @@ class StopReason(StrEnum):
     REFUSAL = "Refusal"
     CONTEXT_WINDOW_EXCEEDED = "ContextWindowExceeded"
     DELIVERABLE_UNVERIFIED = "DeliverableUnverified"
+    INVALID_OUTPUT = "InvalidOutput"
     STOP_SEQUENCE_DRIFT = "StopSequenceDrift"
     UNEXPECTED_STOP_REASON = "UnexpectedStopReason"
     CANCELLED = "Cancelled"
@@ -43,3 +45,6 @@ class Outcome:
     # (e.g. AuthenticationFailed for a ModelError caused by a 401).
     condition_reason: str | None = None
     raw_stop_reason: str | None = None
+    # The answer as JSON, validated against spec.output.schema; None without a schema (a JSON
+    # null answer is None too: status cannot hold a null field, result still has "null").
+    output: Any = None

@@ -13,6 +13,9 @@ from typing import Any
 
 from agentrun.api.usage import TokenUsage
 
+#: The stop_reason column of a summary request's trace row (context compaction), which is no iteration.
+COMPACTION = "compaction"
+
 
 @dataclass(frozen=True)
 class ToolTrace:

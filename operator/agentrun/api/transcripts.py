@@ -147,6 +147,7 @@ def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
         "result": outcome.result,
         "conditionReason": outcome.condition_reason,
         "rawStopReason": outcome.raw_stop_reason,
+        "output": outcome.output,
     }
 
 
@@ -157,6 +158,7 @@ def outcome_from_dict(raw: Mapping[str, Any]) -> Outcome:
         result=raw.get("result"),
         condition_reason=raw.get("conditionReason"),
         raw_stop_reason=raw.get("rawStopReason"),
+        output=raw.get("output"),
     )
 
 

@@ -33,6 +33,7 @@ from agentrun.kube.failures import KubeFailure, explained
 from agentrun.kube.kubeconfig_loading import ClusterAccess
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.events import (
+    ContextCompacted,
     Event,
     ModelRequestFinished,
     ModelRetryScheduled,
@@ -82,6 +83,8 @@ class ProgressPrinter:
             case ToolCallFinished(trace=t):
                 result = "ok" if t.ok else f"error {t.error_code}"
                 line = f"  tool {t.name}: {result} in {t.duration_seconds:.2f}s"
+            case ContextCompacted(tokens_before=b, tokens_after=a, turns=n):
+                line = f"  context compacted: {n} turns summarized, next request ~{b} -> ~{a} input tokens"
             case RunFinished(outcome=o):
                 line = f"finished: {o.stop_reason.value}: {o.message}"
             case _:

@@ -110,7 +110,8 @@ async def cmd_trace(session: Session, args: argparse.Namespace) -> str:
         return json.dumps([row.as_dict() for row in transcript.trace_rows], indent=2) + "\n"
     if not transcript.trace_rows:
         return f"agentrun {session.namespace}/{args.name} has no iterations recorded yet\n"
-    return render_trace(transcript.trace_rows)
+    context = transcript.state.get("context") or {}
+    return render_trace(transcript.trace_rows, context.get("log") or ())
 
 
 async def cmd_cancel(session: Session, args: argparse.Namespace) -> str:

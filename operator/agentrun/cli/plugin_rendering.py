@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrun.api.traces import TraceRow
+from agentrun.api.traces import COMPACTION, TraceRow
 
 INDENT = "    "
 
@@ -82,12 +82,29 @@ def _tools_cell(row: TraceRow) -> str:
     return ", ".join(cells) or "-"
 
 
-def render_trace(rows: Sequence[TraceRow]) -> str:
-    """One line per model request, like `kubectl get`: fixed columns, the tool list last."""
+def _compaction_cell(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "context compacted"
+    return (
+        f"context compacted: {entry.get('turns', '?')} turns summarized, next request "
+        f"~{entry.get('tokensBefore', '?')} -> ~{entry.get('tokensAfter', '?')} input tokens"
+    )
+
+
+def render_trace(rows: Sequence[TraceRow], compactions: Sequence[Mapping[str, Any]] = ()) -> str:
+    """One line per model request, like `kubectl get`: fixed columns, the tool list last.
+
+    A summary request (context compaction) has a row of its own, after the iteration it followed;
+    `compactions` (the transcript state's log, in order) says what each one did.
+    """
     header = ("ITER", "STOP REASON", "IN", "OUT", "CACHE W", "CACHE R", "TOOLS")
     table = [header]
+    summaries = iter(compactions)
     for row in rows:
         u = row.usage
+        tools = _tools_cell(row)
+        if row.stop_reason == COMPACTION:
+            tools = _compaction_cell(next(summaries, None))
         table.append(
             (
                 str(row.iteration),
@@ -96,7 +113,7 @@ def render_trace(rows: Sequence[TraceRow]) -> str:
                 str(u.output_tokens),
                 str(u.cache_creation_input_tokens),
                 str(u.cache_read_input_tokens),
-                _tools_cell(row),
+                tools,
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]

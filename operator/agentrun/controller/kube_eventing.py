@@ -30,6 +30,7 @@ from agentrun.kube.calling import KubeClient
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
+    ContextCompacted,
     Event,
     ModelRequestFinished,
     ModelRetryScheduled,
@@ -177,6 +178,16 @@ class RunEvents:
                     "ModelError",
                     f"model request to {model} failed in iteration {iteration} and is not retried",
                     key=model,
+                )
+            case ContextCompacted() as done:
+                # One Event for the run's compactions: each one bumps its count (client-go style).
+                why = "the API refused the request as too long" if done.refused else "near the window"
+                await self.record(
+                    "Normal",
+                    "ContextCompacted",
+                    f"compaction {done.compactions} after iteration {done.iteration} ({why}): "
+                    f"{done.turns} turns summarized, next request about {done.tokens_before} -> "
+                    f"{done.tokens_after} input tokens; the transcript keeps every message",
                 )
             case ApprovalRequested(tool_name=tool, tool_use_id=call_id):
                 # A human has to act, so this one is never rate-limited; the input is not shown.

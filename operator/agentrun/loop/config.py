@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.loop.answers import with_instructions
+from agentrun.loop.protocols import Thinking
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,50 @@ class RetryPolicy:
         return float(raw * (0.5 + jitter))
 
 
+#: Context windows in tokens per model name pattern (exact, or a prefix ending in "*"); the longest
+#: matching pattern wins. Models with a larger window only with a beta header get the default one.
+CONTEXT_WINDOWS: tuple[tuple[str, int], ...] = (
+    ("claude-opus-4*", 200_000),
+    ("claude-sonnet-4*", 200_000),
+    ("claude-haiku-4*", 200_000),
+    ("claude-3-7-sonnet*", 200_000),
+    ("claude-3-5*", 200_000),
+)
+
+
+def context_window_of(model: str, table: Sequence[tuple[str, int]] = ()) -> int | None:
+    """The window of `model`: the operator's entries (`table`) first, then the built-in ones."""
+    for entries in (table, CONTEXT_WINDOWS):
+        matching = [
+            (len(pattern), not pattern.endswith("*"), tokens)
+            for pattern, tokens in entries
+            if (model.startswith(pattern[:-1]) if pattern.endswith("*") else model == pattern)
+        ]
+        if matching:
+            return max(matching)[2]
+    return None
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """spec.context, with the model's window resolved (None: unknown, so compaction cannot trigger)."""
+
+    clear_tool_results: bool = True
+    keep_tool_results: int = 8
+    clear_min_chars: int = 1024
+    clear_batch: int = 4
+    compaction: bool = True
+    threshold_percent: int = 80
+    keep_turns: int = 2
+    window_tokens: int | None = None
+
+    @property
+    def threshold_tokens(self) -> int | None:
+        if not self.compaction or self.window_tokens is None:
+            return None
+        return self.window_tokens * self.threshold_percent // 100
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     run_id: str
@@ -31,6 +78,7 @@ class LoopConfig:
     max_tokens: int
     system: str | None = None
     temperature: float | None = None
+    thinking: Thinking | None = None
     stop_sequences: tuple[str, ...] = ()
     finish_sequences: tuple[str, ...] = ()
     first_tool_choice: dict[str, Any] | None = None
@@ -53,7 +101,11 @@ class LoopConfig:
     max_reissues: int = 3
     max_drift_reprompts: int = 2
     max_deliverable_nudges: int = 2
+    # spec.output: the schema a final answer must match (None: free text), and its retries.
+    output_schema: dict[str, Any] | None = None
+    max_output_retries: int = 2
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    context: ContextConfig = field(default_factory=ContextConfig)
 
     @classmethod
     def from_spec(
@@ -63,6 +115,7 @@ class LoopConfig:
         run_id: str,
         retry: RetryPolicy | None = None,
         approval_timeout_seconds: float = 600.0,
+        context_windows: Sequence[tuple[str, int]] = (),
     ) -> LoopConfig:
         """`approval_timeout_seconds` is the operator's default, used when the spec sets none."""
         limits = spec.limits
@@ -76,8 +129,21 @@ class LoopConfig:
             task=spec.task,
             model=spec.model.name,
             max_tokens=spec.model.max_tokens,
-            system=spec.system_prompt,
+            # The answer's schema goes into the system prompt: stable, so cached, and never
+            # compacted away like an early user turn could be.
+            system=(
+                with_instructions(spec.system_prompt, spec.output.json_schema)
+                if spec.output is not None
+                else spec.system_prompt
+            ),
+            output_schema=dict(spec.output.json_schema) if spec.output is not None else None,
+            max_output_retries=spec.output.max_retries if spec.output is not None else 2,
             temperature=spec.model.temperature,
+            thinking=(
+                Thinking(spec.model.thinking.budget_tokens, spec.model.thinking.interleaved)
+                if spec.model.thinking is not None
+                else None
+            ),
             stop_sequences=tuple(spec.model.stop_sequences),
             finish_sequences=tuple(spec.model.finish_sequences),
             first_tool_choice=choice,
@@ -101,4 +167,18 @@ class LoopConfig:
                 else approval_timeout_seconds
             ),
             retry=retry or RetryPolicy(),
+            context=ContextConfig(
+                clear_tool_results=spec.context.clear_tool_results.enabled,
+                keep_tool_results=spec.context.clear_tool_results.keep_newest,
+                clear_min_chars=spec.context.clear_tool_results.min_chars,
+                clear_batch=spec.context.clear_tool_results.batch,
+                compaction=spec.context.compaction.enabled,
+                threshold_percent=spec.context.compaction.threshold_percent,
+                keep_turns=spec.context.compaction.keep_newest_turns,
+                window_tokens=(
+                    spec.context.context_window_tokens
+                    if spec.context.context_window_tokens is not None
+                    else context_window_of(spec.model.name, context_windows)
+                ),
+            ),
         )

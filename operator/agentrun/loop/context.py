@@ -56,7 +56,9 @@ class Context:
             c.id for c in calls if c.name in self.tools and self.tools[c.name].definition.requires_approval
         }
 
-    async def emit_checkpoint(self, trace: TraceRow | None, *, tools_pending: bool) -> None:
+    async def emit_checkpoint(
+        self, trace: TraceRow | None, *, tools_pending: bool, durable: bool = False
+    ) -> None:
         new = list(self.state.unpersisted())
         await self.observer.notify(
             Checkpoint(
@@ -66,7 +68,8 @@ class Context:
                 trace=trace,
                 progress=self.state.progress(self.pricer),
                 tools_pending=tools_pending,
-                state=self.state.snapshot(self.config.loop_repeats),
+                state=self.state.snapshot(),
+                durable=durable,
             )
         )
         self.state.persisted = len(self.state.messages)

@@ -58,6 +58,22 @@ class Checkpoint:
     tools_pending: bool
     # RunState.snapshot(): the counters a resumed run needs besides the messages (small, JSON-ready).
     state: Mapping[str, Any] = field(default_factory=dict)
+    # Written at once, whatever the store would defer: a compaction's summary cost a request.
+    durable: bool = False
+
+
+@dataclass(frozen=True)
+class ContextCompacted:
+    """The turns before `boundary` are sent as a summary from now on; the transcript keeps them."""
+
+    iteration: int
+    compactions: int  # of the run so far, this one included
+    tokens_before: int  # estimated input tokens of the next request without compaction
+    tokens_after: int  # estimated input tokens of the next request with it
+    turns: int  # model turns the summary stands for
+    usage: TokenUsage  # of the summary request
+    tokens_removed: int = 0  # by every compaction of the run so far
+    refused: bool = False  # the API had refused the request as too long
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,7 @@ Event = (
     | ModelRetryScheduled
     | ToolCallFinished
     | Checkpoint
+    | ContextCompacted
     | LoopDetected
     | ToolCallRecovered
     | ApprovalRequested

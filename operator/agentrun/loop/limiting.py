@@ -10,10 +10,11 @@ from __future__ import annotations
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context
-from agentrun.loop.steps import CallModel, Finish
+from agentrun.loop.steps import CallModel, Compact, Finish
+from agentrun.loop.windowing import estimate, fixed_chars, plan_cut, sent_messages
 
 
-async def prepare(ctx: Context) -> CallModel | Finish:
+async def prepare(ctx: Context) -> CallModel | Compact | Finish:
     cfg, state = ctx.config, ctx.state
     if ctx.cancel.is_set():
         return Finish(Outcome(StopReason.CANCELLED, "spec.cancel was set"))
@@ -46,6 +47,9 @@ async def prepare(ctx: Context) -> CallModel | Finish:
                     f"spent ${cost:.6f} of costBudgetUSD ${cfg.cost_budget_usd}",
                 )
             )
+    crowded = crowding(ctx)
+    if crowded is not None:
+        return crowded
     if state.iterations >= cfg.max_iterations:
         if state.final_turn:
             return Finish(
@@ -56,3 +60,23 @@ async def prepare(ctx: Context) -> CallModel | Finish:
             )
         return CallModel(final=True)
     return CallModel(final=False)
+
+
+def crowding(ctx: Context) -> Compact | None:
+    """Compaction when the next request would reach the threshold, at most once per model turn.
+
+    Checked after the budgets, so a summary request is never sent past one either. When nothing
+    can be compacted (no turn left to summarize, or compacted since the last turn), the request
+    goes out anyway: the estimate may be wrong, and the API's refusal says so if it is not.
+    """
+    cfg, state = ctx.config.context, ctx.state
+    threshold = cfg.threshold_tokens
+    if threshold is None:
+        return None
+    if state.compaction is not None and state.compaction.iteration >= state.iterations:
+        return None
+    if plan_cut(state, cfg.keep_turns) is None:
+        return None
+    tools = [tool.definition for tool in ctx.tools.values()]
+    tokens = estimate(state, sent_messages(state, cfg), fixed_chars(ctx.config.system, tools))
+    return Compact(tokens) if tokens >= threshold else None

@@ -29,6 +29,16 @@ class ToolDefinition:
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """Extended thinking for every request of a run. The thinking blocks it produces stay in the
+    assistant messages unchanged: the API checks their signatures when they come back."""
+
+    budget_tokens: int
+    # Think again after each tool result, where the model supports it.
+    interleaved: bool = True
+
+
+@dataclass(frozen=True)
 class ModelRequest:
     model: str
     max_tokens: int
@@ -40,6 +50,7 @@ class ModelRequest:
     stop_sequences: Sequence[str] = ()
     # Opaque per-run identity for the provider (Anthropic's metadata.user_id), never a secret.
     user_id: str | None = None
+    thinking: Thinking | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from agentrun.loop.context import Context, Interrupted
 from agentrun.loop.errors import FatalModelError, RetryableModelError
 from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import ModelRequest
-from agentrun.loop.steps import CallModel, Finish, Handle
+from agentrun.loop.steps import CallModel, Compact, Finish, Handle
+from agentrun.loop.windowing import chars_of, overflow, sent_messages
 
 
 def build_request(step: CallModel, ctx: Context) -> ModelRequest:
@@ -26,17 +27,18 @@ def build_request(step: CallModel, ctx: Context) -> ModelRequest:
     return ModelRequest(
         model=cfg.model,
         max_tokens=cfg.max_tokens,
-        messages=list(state.messages),
+        messages=sent_messages(state, cfg.context),
         system=cfg.system,
         tools=[tool.definition for tool in ctx.tools.values()],
         tool_choice=choice,
         temperature=cfg.temperature,
         stop_sequences=(*cfg.stop_sequences, *cfg.finish_sequences),
         user_id=cfg.run_id,
+        thinking=cfg.thinking,
     )
 
 
-async def call_model(step: CallModel, ctx: Context) -> Handle | Finish:
+async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish:
     request = build_request(step, ctx)
     attempt = 0
     while True:
@@ -76,7 +78,8 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Finish:
             elapsed = ctx.clock.monotonic() - started
             await ctx.observer.notify(ModelRequestFinished(iteration, request.model, elapsed, "error"))
             if exc.context_window_exceeded:
-                return Finish(Outcome(StopReason.CONTEXT_WINDOW_EXCEEDED, exc.message))
+                # Compacted (once per turn) if management is on, else the message says why not.
+                return overflow(ctx.state, ctx.config.context, exc.message, request)
             status = f"HTTP {exc.status}: " if exc.status else ""
             return Finish(
                 Outcome(StopReason.MODEL_ERROR, f"{status}{exc.message}", condition_reason=exc.reason)
@@ -84,6 +87,11 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Finish:
         elapsed = ctx.clock.monotonic() - started
         ctx.state.iterations = iteration
         ctx.state.add_usage(response.model or request.model, response.usage)
+        u = response.usage
+        ctx.state.last_input_tokens = (
+            u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens
+        )
+        ctx.state.last_sent_chars = chars_of(list(request.messages))
         if step.final:
             ctx.state.final_turn = True
         await ctx.observer.notify(

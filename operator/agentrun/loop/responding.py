@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import TraceRow
+from agentrun.loop import answers
 from agentrun.loop.context import Context
 from agentrun.loop.dispatching import ToolOutcome
 from agentrun.loop.errors import ToolError
-from agentrun.loop.protocols import Message
+from agentrun.loop.protocols import Block, Message
 from agentrun.loop.state import text_of, tool_uses
 from agentrun.loop.steps import Finish, Handle, Prepare, RunTools
 
@@ -69,13 +70,8 @@ async def handle(step: Handle, ctx: Context) -> RunTools | Prepare | Finish:
             return Prepare()
         case "stop_sequence":
             if r.stop_sequence in cfg.finish_sequences:
-                await append_and_checkpoint(step, ctx, None)
-                return Finish(
-                    Outcome(
-                        StopReason.FINISH_SEQUENCE,
-                        f"finished at finish sequence {r.stop_sequence!r}",
-                        result=joined_text(step, ctx) or None,
-                    )
+                return await finish_answer(
+                    step, ctx, StopReason.FINISH_SEQUENCE, f"finished at finish sequence {r.stop_sequence!r}"
                 )
             if step.final or state.drift_reprompts >= cfg.max_drift_reprompts:
                 await append_and_checkpoint(step, ctx, None)
@@ -107,8 +103,17 @@ async def handle(step: Handle, ctx: Context) -> RunTools | Prepare | Finish:
             return Finish(Outcome(StopReason.REFUSAL, f"the model declined the task{detail}"))
         case "model_context_window_exceeded":
             await append_and_checkpoint(step, ctx, None)
+            why = (
+                "context compaction is off (spec.context.compaction.enabled: false)"
+                if not cfg.context.compaction
+                else "context management could not make room: the answer filled what the window had "
+                "left; lower spec.context.compaction.thresholdPercent or model.maxTokens"
+            )
             return Finish(
-                Outcome(StopReason.CONTEXT_WINDOW_EXCEEDED, "the conversation outgrew the context window")
+                Outcome(
+                    StopReason.CONTEXT_WINDOW_EXCEEDED,
+                    f"the conversation outgrew the context window while the model answered ({why})",
+                )
             )
         case _:
             logger.warning("unexpected stop_reason %r from the model", r.stop_reason)
@@ -196,11 +201,61 @@ async def end_turn(step: Handle, ctx: Context) -> RunTools | Prepare | Finish:
         state.text_parts.clear()
         await append_and_checkpoint(step, ctx, ctx.user_message([{"type": "text", "text": note}]))
         return Prepare()
-    await append_and_checkpoint(step, ctx, None)
+    return await finish_answer(step, ctx, StopReason.END_TURN, "the model finished its answer")
+
+
+async def finish_answer(step: Handle, ctx: Context, reason: StopReason, message: str) -> Prepare | Finish:
+    """A natural finish: free text, or JSON that spec.output.schema accepts.
+
+    An answer the schema refuses goes back to the model with the errors while retries last; the
+    retry is an ordinary turn, so limits, budgets and the iteration count apply to it.
+    """
+    state, cfg = ctx.state, ctx.config
     text = joined_text(step, ctx)
-    if not text.strip():
-        return Finish(Outcome(StopReason.END_TURN, "the model ended its turn with an empty answer"))
-    return Finish(Outcome(StopReason.END_TURN, "the model finished its answer", result=text))
+    if cfg.output_schema is None:
+        await append_and_checkpoint(step, ctx, None)
+        if reason is StopReason.END_TURN and not text.strip():
+            return Finish(Outcome(reason, "the model ended its turn with an empty answer"))
+        return Finish(Outcome(reason, message, result=text or None))
+    try:
+        checked = answers.check(text, cfg.output_schema)
+    except answers.UnusableSchema as exc:
+        await append_and_checkpoint(step, ctx, None)
+        return Finish(Outcome(StopReason.INVALID_SPEC, str(exc)))
+    if checked.valid:
+        await append_and_checkpoint(step, ctx, None)
+        return Finish(
+            Outcome(
+                reason,
+                f"{message}; it matches spec.output.schema",
+                result=checked.text,
+                output=checked.value,
+            )
+        )
+    if state.output_retries >= cfg.max_output_retries or not resendable(step.response.content):
+        await append_and_checkpoint(step, ctx, None)
+        why = (
+            f"after {state.output_retries} retries"
+            if resendable(step.response.content)
+            else "and an empty turn cannot be sent back to retry"
+        )
+        return Finish(
+            Outcome(
+                StopReason.INVALID_OUTPUT,
+                f"the answer did not match spec.output.schema {why}: {'; '.join(checked.errors)}",
+                result=text or None,
+            )
+        )
+    state.output_retries += 1
+    state.text_parts.clear()
+    note = answers.retry_prompt(checked.errors, state.output_retries, cfg.max_output_retries)
+    await append_and_checkpoint(step, ctx, ctx.user_message([{"type": "text", "text": note}]))
+    return Prepare()
+
+
+def resendable(content: Sequence[Block]) -> bool:
+    """Whether the API takes this turn back in the history: it refuses empty turns and empty text."""
+    return bool(content) and all(b.get("type") != "text" or str(b.get("text", "")).strip() for b in content)
 
 
 def recover_text_tool_call(step: Handle, ctx: Context) -> RunTools | None:

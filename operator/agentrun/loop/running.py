@@ -12,6 +12,7 @@ from typing import assert_never
 
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.loop.approving import ApprovalGate, Approvals, NoApprover
+from agentrun.loop.compacting import compact
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.context import CancelSignal, Context, Interrupted
 from agentrun.loop.dispatching import Dispatcher
@@ -21,7 +22,7 @@ from agentrun.loop.protocols import Clock, ModelClient, Observer, Pricer, Tool
 from agentrun.loop.requesting import call_model
 from agentrun.loop.responding import handle
 from agentrun.loop.state import RunState
-from agentrun.loop.steps import CallModel, Finish, Handle, Prepare, RunTools, Step
+from agentrun.loop.steps import CallModel, Compact, Finish, Handle, Prepare, RunTools, Step
 from agentrun.loop.tool_calling import run_tools
 
 
@@ -29,6 +30,8 @@ async def advance(step: Step, ctx: Context) -> Step | Finish:
     match step:
         case Prepare():
             return await prepare(ctx)
+        case Compact():
+            return await compact(step, ctx)
         case CallModel():
             return await call_model(step, ctx)
         case Handle():

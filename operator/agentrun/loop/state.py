@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -19,6 +18,84 @@ def content_hash(value: Any) -> str:
     """A short stable hash: enough to spot repeats without storing whole inputs in the trace."""
     canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+#: The longest cycle of whole tool turns loop detection looks for (A, B, C, D, A, B, C, D).
+MAX_CYCLE = 4
+
+
+@dataclass
+class LoopWatch:
+    """What loop detection remembers between tool turns: streak counters, not the turns themselves.
+
+    Counters keep every checkpoint small whatever `repeats` is, and a restored watch continues
+    each streak where the interrupted run left it, so a resumed run stops at the same turn.
+    """
+
+    # (tool, input hash) of each call of the last tool turn -> tool turns in a row that made it
+    call_streaks: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (signature of every call and result, label for the stop message) of the last MAX_CYCLE turns
+    turns: list[tuple[str, str]] = field(default_factory=list)
+    # per period p (index p - 1): tool turns in a row equal to the turn p before them
+    cycle_runs: list[int] = field(default_factory=lambda: [0] * MAX_CYCLE)
+    # tool -> tool turns in a row in which every call of that tool failed
+    failure_streaks: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "calls": [[name, digest, n] for (name, digest), n in self.call_streaks.items()],
+            "turns": [list(turn) for turn in self.turns],
+            "cycles": list(self.cycle_runs),
+            "failures": dict(self.failure_streaks),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LoopWatch:
+        """Absent keys (a transcript written before this format) start the streaks afresh."""
+        cycles = [int(n) for n in raw.get("cycles") or []][:MAX_CYCLE]
+        return cls(
+            call_streaks={(str(a), str(b)): int(n) for a, b, n in raw.get("calls") or []},
+            turns=[(str(a), str(b)) for a, b in raw.get("turns") or []][-MAX_CYCLE:],
+            cycle_runs=cycles + [0] * (MAX_CYCLE - len(cycles)),
+            failure_streaks={str(k): int(v) for k, v in (raw.get("failures") or {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The latest compaction: what is sent instead of `messages[:boundary]` (the task stays first).
+
+    Kept in every checkpoint, so a resumed run sends the same compacted view without asking for
+    the summary again; the messages themselves are never changed.
+    """
+
+    summary: str
+    boundary: int  # index of the first message sent whole: always an assistant message
+    turns: int  # assistant messages the summary stands for (all of them before the boundary)
+    tokens_before: int
+    tokens_after: int
+    iteration: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary,
+            "boundary": self.boundary,
+            "turns": self.turns,
+            "tokensBefore": self.tokens_before,
+            "tokensAfter": self.tokens_after,
+            "iteration": self.iteration,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Compaction:
+        return cls(
+            summary=str(raw.get("summary", "")),
+            boundary=int(raw.get("boundary", 0)),
+            turns=int(raw.get("turns", 0)),
+            tokens_before=int(raw.get("tokensBefore", 0)),
+            tokens_after=int(raw.get("tokensAfter", 0)),
+            iteration=int(raw.get("iteration", 0)),
+        )
 
 
 def text_of(blocks: Iterable[Block]) -> str:
@@ -42,15 +119,24 @@ class RunState:
     reissues: int = 0
     drift_reprompts: int = 0
     deliverable_nudges: int = 0
+    output_retries: int = 0
     final_turn: bool = False
     text_parts: list[str] = field(default_factory=list)
     succeeded_tools: set[str] = field(default_factory=set)
-    recent_calls: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=100))
-    recent_results: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=100))
-    failures_per_tool: dict[str, int] = field(default_factory=dict)
+    loop_watch: LoopWatch = field(default_factory=LoopWatch)
     # The trace row (without tool calls) of the model answer whose tools are running: a resumed run
     # finishes that row from here instead of inventing one.
     in_flight: TraceRow | None = None
+    # Context management: the latest compaction, how many there were and the tokens they removed,
+    # and the size of the last request (its reported input tokens and the characters of its
+    # messages), which the next request's size is estimated from.
+    compaction: Compaction | None = None
+    compactions: int = 0
+    context_tokens_removed: int = 0
+    last_input_tokens: int | None = None
+    last_sent_chars: int = 0
+    # One small entry per compaction (iteration, turns, tokens before and after), for the trace.
+    compaction_log: list[dict[str, int]] = field(default_factory=list)
 
     @classmethod
     def fresh(cls, task: str) -> RunState:
@@ -91,13 +177,8 @@ class RunState:
             return []
         return tool_uses(self.messages[-1]["content"])
 
-    def snapshot(self, history: int) -> dict[str, Any]:
-        """Everything besides the messages that a resumed run needs; small and JSON-ready.
-
-        `history` bounds the loop-detection windows kept: only the last `loop_repeats` entries
-        are ever compared, so storing more would only make every checkpoint bigger.
-        """
-        keep = max(history, 1)
+    def snapshot(self) -> dict[str, Any]:
+        """Everything besides the messages that a resumed run needs; small and JSON-ready."""
         return {
             "iterations": self.iterations,
             "toolCalls": self.tool_calls,
@@ -107,13 +188,20 @@ class RunState:
             "reissues": self.reissues,
             "driftReprompts": self.drift_reprompts,
             "deliverableNudges": self.deliverable_nudges,
+            "outputRetries": self.output_retries,
             "finalTurn": self.final_turn,
             "textParts": list(self.text_parts),
             "succeededTools": sorted(self.succeeded_tools),
-            "recentCalls": [list(c) for c in list(self.recent_calls)[-keep:]],
-            "recentResults": [list(r) for r in list(self.recent_results)[-keep:]],
-            "failuresPerTool": dict(self.failures_per_tool),
+            "loopWatch": self.loop_watch.as_dict(),
             "inFlight": self.in_flight.as_dict() if self.in_flight is not None else None,
+            "context": {
+                "compaction": self.compaction.as_dict() if self.compaction is not None else None,
+                "compactions": self.compactions,
+                "tokensRemoved": self.context_tokens_removed,
+                "lastInputTokens": self.last_input_tokens,
+                "lastSentChars": self.last_sent_chars,
+                "log": [dict(entry) for entry in self.compaction_log],
+            },
         }
 
     @classmethod
@@ -121,6 +209,8 @@ class RunState:
         """The state a run had at its last persisted checkpoint (see `snapshot`)."""
         usage = snapshot.get("usageByModel") or {}
         in_flight = snapshot.get("inFlight")
+        context = snapshot.get("context") or {}
+        compaction = context.get("compaction")
         return cls(
             messages=[dict(m) for m in messages],
             iterations=int(snapshot.get("iterations", 0)),
@@ -132,13 +222,18 @@ class RunState:
             reissues=int(snapshot.get("reissues", 0)),
             drift_reprompts=int(snapshot.get("driftReprompts", 0)),
             deliverable_nudges=int(snapshot.get("deliverableNudges", 0)),
+            output_retries=int(snapshot.get("outputRetries", 0)),
             final_turn=bool(snapshot.get("finalTurn", False)),
             text_parts=[str(t) for t in snapshot.get("textParts") or []],
             succeeded_tools={str(t) for t in snapshot.get("succeededTools") or []},
-            recent_calls=deque(((str(a), str(b)) for a, b in snapshot.get("recentCalls") or []), maxlen=100),
-            recent_results=deque(
-                ((str(a), str(b)) for a, b in snapshot.get("recentResults") or []), maxlen=100
-            ),
-            failures_per_tool={str(k): int(v) for k, v in (snapshot.get("failuresPerTool") or {}).items()},
+            loop_watch=LoopWatch.from_dict(snapshot.get("loopWatch") or {}),
             in_flight=TraceRow.from_dict(in_flight) if in_flight else None,
+            compaction=Compaction.from_dict(compaction) if compaction else None,
+            compactions=int(context.get("compactions", 0)),
+            context_tokens_removed=int(context.get("tokensRemoved", 0)),
+            last_input_tokens=(
+                int(context["lastInputTokens"]) if context.get("lastInputTokens") is not None else None
+            ),
+            last_sent_chars=int(context.get("lastSentChars", 0)),
+            compaction_log=[{str(k): int(v) for k, v in entry.items()} for entry in context.get("log") or []],
         )

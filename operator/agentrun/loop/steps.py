@@ -6,8 +6,9 @@ behaviour. Kept here as data, the modules that run steps import this one and non
 (an import contract holds them to it), and the return type of the function that runs a step still
 names the steps allowed next:
 
-    Prepare   -> CallModel | Finish            (limiting)
-    CallModel -> Handle | Finish               (requesting)
+    Prepare   -> CallModel | Compact | Finish  (limiting)
+    Compact   -> Prepare | Finish              (compacting)
+    CallModel -> Handle | Compact | Finish     (requesting)
     Handle    -> RunTools | Prepare | Finish   (responding)
     RunTools  -> Prepare | Finish              (tool_calling)
 """
@@ -32,6 +33,15 @@ class Prepare:
 
 
 @dataclass(frozen=True)
+class Compact:
+    """The next request would pass the compaction threshold (or the API said it was too long)."""
+
+    estimated_tokens: int
+    # The API's message when it refused the request as too long (the estimate was below the threshold).
+    refused: str | None = None
+
+
+@dataclass(frozen=True)
 class CallModel:
     final: bool  # the answer turn after maxIterations: tools are switched off
 
@@ -49,4 +59,4 @@ class RunTools:
     recovered: tuple[str, dict[str, Any]] | None = None
 
 
-Step = Prepare | CallModel | Handle | RunTools
+Step = Prepare | Compact | CallModel | Handle | RunTools

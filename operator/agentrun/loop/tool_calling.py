@@ -75,8 +75,10 @@ async def run_tools(step: RunTools, ctx: Context) -> Prepare | Finish:
     head = state.in_flight or TraceRow(state.iterations, "tool_use", (), TokenUsage(), cfg.model)
     state.in_flight = None
     trace = dataclasses.replace(head, tool_calls=tuple(o.trace for o in outcomes))
+    # Judged before the checkpoint, so the checkpoint holds the counters this turn moved.
+    verdict = await judge(ctx, outcomes, calls)
     await ctx.emit_checkpoint(trace, tools_pending=False)
-    return await judge(ctx, outcomes)
+    return verdict
 
 
 async def run_recovered(step: RunTools, ctx: Context) -> Prepare | Finish:
@@ -115,5 +117,6 @@ async def run_recovered(step: RunTools, ctx: Context) -> Prepare | Finish:
         step.response.model,
         step.response.request_id,
     )
+    verdict = await judge(ctx, outcomes, [call])
     await ctx.emit_checkpoint(trace, tools_pending=False)
-    return await judge(ctx, outcomes)
+    return verdict

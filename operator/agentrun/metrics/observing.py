@@ -22,6 +22,7 @@ from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
     Checkpoint,
+    ContextCompacted,
     Event,
     LoopDetected,
     ModelRequestFinished,
@@ -131,6 +132,20 @@ class Metrics:
             ["namespace", "model", "type"],
             registry=registry,
         )
+        # A pair for the cache hit ratio (cached / prompt), so the ratio needs no list of token types.
+        self.prompt_tokens = Counter(
+            "agentrun_prompt_tokens",
+            "Input-side tokens of model requests: uncached input, cache reads and cache writes together.",
+            ["namespace", "model"],
+            registry=registry,
+        )
+        self.prompt_cached_tokens = Counter(
+            "agentrun_prompt_cached_tokens",
+            "Input-side tokens read from the prompt cache; divided by agentrun_prompt_tokens_total, "
+            "the cache hit ratio.",
+            ["namespace", "model"],
+            registry=registry,
+        )
         self.cost = Counter(
             "agentrun_cost_usd",
             "Spend in US dollars by the operator's price table, counted as each response is priced.",
@@ -148,6 +163,16 @@ class Metrics:
             "Duration of tool calls.",
             ["tool"],
             buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.compactions = Counter(
+            "agentrun_context_compactions",
+            "Compactions of runs' conversations (the summary requests are in the model metrics).",
+            registry=registry,
+        )
+        self.compaction_tokens_removed = Counter(
+            "agentrun_context_compaction_tokens_removed",
+            "Estimated input tokens compactions removed from the next request.",
             registry=registry,
         )
         self.loop_detections = Counter(
@@ -252,6 +277,12 @@ class MetricsObserver:
                 ):
                     if value:
                         m.tokens.labels(ns, model, kind).inc(value)
+                prompt = (
+                    usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+                )
+                if prompt:
+                    m.prompt_tokens.labels(ns, model).inc(prompt)
+                    m.prompt_cached_tokens.labels(ns, model).inc(usage.cache_read_input_tokens)
             case Checkpoint(progress=progress):
                 self._count_cost(progress)
             case ModelRetryScheduled(retry_class=retry_class):
@@ -267,6 +298,9 @@ class MetricsObserver:
                 self.approval_decided()
             case LoopDetected(tool_name=tool):
                 m.loop_detections.labels(tool).inc()
+            case ContextCompacted(tokens_before=before, tokens_after=after):
+                m.compactions.inc()
+                m.compaction_tokens_removed.inc(max(before - after, 0))
             case ToolCallRecovered(tool_name=tool):
                 m.recovered_calls.labels(tool).inc()
             case RunFinished(outcome=outcome, progress=progress):

@@ -22,42 +22,106 @@ import hashlib
 import json
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anthropic
 import httpx2
 
 from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModelError, RetryClass
-from agentrun.loop.protocols import ModelRequest, ModelResponse
+from agentrun.loop.protocols import Message, ModelRequest, ModelResponse
 from agentrun.model.streaming import StreamedMessage, token_usage
 
 CONTEXT_TOO_LONG = re.compile(r"prompt is too long|context (window|length)|too many tokens", re.I)
 SPEND_LIMIT = re.compile(r"credit balance|spend(ing)? limit|billing|usage limit", re.I)
 
 
+#: The Messages API refuses a request with more cache breakpoints than this (system, tools and
+#: message blocks together).
+MAX_CACHE_BREAKPOINTS = 4
+#: Blocks the API does not let carry cache_control (they are cached as part of the prefix anyway).
+UNMARKABLE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+
+
 def build_params(request: ModelRequest) -> dict[str, Any]:
-    """The request body. System prompt and tool list form the cached prefix, marked once each."""
-    params: dict[str, Any] = {
-        "model": request.model,
-        "max_tokens": request.max_tokens,
-        "messages": list(request.messages),
-    }
+    """The request body: system prompt and tool list marked once each, the conversation as
+    `with_cache_breakpoints` marks it, and thinking as the spec asks for it."""
+    breakpoints = 0
+    params: dict[str, Any] = {"model": request.model, "max_tokens": request.max_tokens}
     if request.system:
         params["system"] = [{"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}]
+        breakpoints += 1
     if request.tools:
         tools = [tool.as_api() for tool in request.tools]
         tools[-1]["cache_control"] = {"type": "ephemeral"}
         params["tools"] = tools
+        breakpoints += 1
+    params["messages"] = with_cache_breakpoints(request.messages, MAX_CACHE_BREAKPOINTS - breakpoints)
+    if request.thinking is not None:
+        params["thinking"] = {"type": "enabled", "budget_tokens": request.thinking.budget_tokens}
+        if request.thinking.interleaved and request.tools:
+            params["extra_headers"] = {"anthropic-beta": INTERLEAVED_THINKING_BETA}
     if request.tool_choice is not None:
         params["tool_choice"] = dict(request.tool_choice)
     if request.temperature is not None:
-        params["temperature"] = request.temperature
+        # The SDK (2.12) has no temperature argument any more; the body field is still the API's.
+        params["extra_body"] = {"temperature": request.temperature}
     if request.stop_sequences:
         params["stop_sequences"] = list(request.stop_sequences)
     if request.user_id:
         params["metadata"] = {"user_id": request.user_id}
     return params
+
+
+def with_cache_breakpoints(messages: Sequence[Message], slots: int) -> list[Message]:
+    """The messages to send, the conversation read from cache up to the newest message.
+
+    The cached prefix is tools, system, then messages. The newest message is the last one of this
+    request and the end of the next request's unchanged prefix (clearing old tool results or
+    compaction may change earlier messages, never the newest): its breakpoint writes the cache the
+    next turn reads. The API looks for an earlier cache entry only about 20 blocks
+    back from a breakpoint, and a turn of many parallel tool calls adds more than that, so the last
+    message of the previous request (the one before the newest assistant message) keeps a
+    breakpoint too, where that cache was written. System and tool list keep theirs, so a compacted
+    conversation still reads them from cache. Marks go on copies: the loop's state is never changed.
+    """
+    chosen = [len(messages) - 1] if messages else []
+    answered = next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), 0
+    )
+    if answered > 0:
+        chosen.append(answered - 1)
+    marked = list(messages)
+    for index in chosen[: max(slots, 0)]:
+        message = _marked(marked[index])
+        if message is not None:
+            marked[index] = message
+    return marked
+
+
+def _marked(message: Message) -> Message | None:
+    """A copy of the message whose last markable block carries a breakpoint; None when it has none."""
+    content = message.get("content")
+    if isinstance(content, str):
+        if not content:
+            return None
+        return {
+            **message,
+            "content": [{"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}],
+        }
+    if not isinstance(content, list):
+        return None
+    for position in range(len(content) - 1, -1, -1):
+        block = content[position]
+        if not isinstance(block, dict) or block.get("type") in UNMARKABLE_BLOCKS:
+            continue
+        if block.get("type") == "text" and not block.get("text"):
+            continue
+        blocks = list(content)
+        blocks[position] = {**block, "cache_control": {"type": "ephemeral"}}
+        return {**message, "content": blocks}
+    return None
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

@@ -2,6 +2,11 @@
 
 Usage of a model missing from the table is reported as unpriced; its cost is never guessed.
 Prices are USD per million tokens. Cache writes are billed at the 5-minute TTL rate.
+
+The operator's own entries (`AGENTRUN_PRICE_FILE`) win over the built-in table for every model
+they match, whatever their dates: an operator who writes down a price (a negotiated rate, a proxy's
+markup) means it, and an undated entry must not lose to a built-in one by defaulting to 1970.
+Within each source the choice is by specificity, then date (see `PriceTable.lookup`).
 """
 
 from __future__ import annotations
@@ -64,19 +69,30 @@ DEFAULT_PRICES: tuple[Price, ...] = (
 
 
 class PriceTable:
-    """Picks, for a model, the most specific entry already in effect on the pricing date."""
+    """Picks, for a model, the most specific entry already in effect on the pricing date.
 
-    def __init__(self, prices: Iterable[Price] = DEFAULT_PRICES, *, today: dt.date | None = None) -> None:
+    Overrides are searched first; the built-in prices only price models no override matches.
+    """
+
+    def __init__(
+        self,
+        prices: Iterable[Price] = DEFAULT_PRICES,
+        *,
+        overrides: Iterable[Price] = (),
+        today: dt.date | None = None,
+    ) -> None:
         self._prices = tuple(prices)
+        self._overrides = tuple(overrides)
         self._today = today
 
     def lookup(self, model: str) -> Price | None:
         today = self._today or dt.date.today()
-        candidates = [p for p in self._prices if p.matches(model) and p.effective <= today]
-        if not candidates:
-            return None
-        # Exact names beat prefixes, longer prefixes beat shorter ones, newer beats older.
-        return max(candidates, key=lambda p: (not p.model.endswith("*"), len(p.model), p.effective))
+        for source in (self._overrides, self._prices):
+            candidates = [p for p in source if p.matches(model) and p.effective <= today]
+            if candidates:
+                # Exact names beat prefixes, longer prefixes beat shorter ones, newer beats older.
+                return max(candidates, key=lambda p: (not p.model.endswith("*"), len(p.model), p.effective))
+        return None
 
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
         price = self.lookup(model)
@@ -84,7 +100,7 @@ class PriceTable:
 
     def with_overrides(self, entries: Iterable[Mapping[str, Any]]) -> PriceTable:
         extra = tuple(parse_price(entry) for entry in entries)
-        return PriceTable((*self._prices, *extra), today=self._today)
+        return PriceTable(self._prices, overrides=(*self._overrides, *extra), today=self._today)
 
     @classmethod
     def load(cls, path: Path | None) -> PriceTable:

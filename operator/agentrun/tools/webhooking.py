@@ -14,8 +14,9 @@ from typing import Any
 
 import aiohttp
 import jsonschema
+import referencing
 
-from agentrun.api.spec import HTTPTool
+from agentrun.api.spec import HTTPTool, json_schema_problem, json_schema_validator_class
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.tools.body_reading import read_capped
@@ -70,7 +71,9 @@ class WebhookTool:
         self._headers = dict(headers)
         self._sleep = sleep
         self._retry_delays = retry_delays
-        self._validator = jsonschema.validators.validator_for(spec.input_schema)(spec.input_schema)
+        # An empty registry: a $ref is only ever resolved inside the schema, never fetched.
+        validator = json_schema_validator_class(spec.input_schema) or jsonschema.Draft202012Validator
+        self._validator = validator(spec.input_schema, registry=referencing.Registry())
 
     async def call(self, call: ToolCall) -> ToolOutput:
         errors = sorted(self._validator.iter_errors(dict(call.input)), key=lambda e: list(e.absolute_path))
@@ -148,10 +151,9 @@ class WebhookTool:
 
 def check_schema(schema: Mapping[str, Any]) -> str | None:
     """Why the inputSchema is not a usable JSON Schema for an object input, or None."""
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(dict(schema))
-    except jsonschema.SchemaError as exc:
-        return exc.message
+    problem = json_schema_problem(dict(schema))
+    if problem is not None:
+        return problem
     if schema.get("type") != "object":
         return "the Messages API needs an object schema: set type: object"
     return None

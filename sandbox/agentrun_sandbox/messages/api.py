@@ -11,7 +11,7 @@ In-process::
 As a child process (prints one line ``READY http://127.0.0.1:PORT``, serves until SIGTERM or SIGINT)::
 
     python -m agentrun_sandbox.messages.server --port 0 [--script FILE]... [--latency SECONDS]
-        [--require-api-key KEY] [--no-demo-brain] [--access-log]
+        [--require-api-key KEY] [--no-demo-brain] [--access-log] [--prompt-cache]
 
 Routes: ``POST /v1/messages`` (JSON or ``"stream": true`` SSE), ``POST /v1/messages/count_tokens``,
 ``GET /healthz``; anything else is a 404 ``not_found_error``. Every response carries a ``request-id``.
@@ -22,6 +22,9 @@ would reject (see :mod:`~agentrun_sandbox.messages.protocol`; also recorded in :
 then the first script whose ``match``/``model`` fits, at the step given by the number of assistant messages
 in the request (400 if the script has no such step); else the demo brain
 (:mod:`~agentrun_sandbox.messages.brain`), or 400 when it is switched off.
+
+``prompt_cache`` keeps prompt caching as the real API does (:mod:`~agentrun_sandbox.messages.caching`):
+usage a script leaves out then splits the input into cache reads, cache writes and the rest.
 
 ``latency_seconds`` delays every model response (replies, brain answers, and the faults that imitate a
 model response: stream errors, truncations, resets during the body, slow responses) before its headers,
@@ -36,6 +39,7 @@ This module routes and rejects; :mod:`~agentrun_sandbox.messages.planning` choos
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import secrets
@@ -44,6 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agentrun_sandbox.messages.caching import PromptCache
 from agentrun_sandbox.messages.planning import FaultCounts, plan
 from agentrun_sandbox.messages.protocol import ProtocolError, validate_request
 from agentrun_sandbox.messages.recording import RecordedRequest, RequestLog
@@ -66,8 +71,10 @@ class FakeMessagesAPI:
         demo_brain: bool = True,
         max_recorded_requests: int | None = None,
         access_log: bool = False,
+        prompt_cache: bool = False,
     ) -> None:
         self._scripts: list[Script] = list(scripts)
+        self._prompt_cache = PromptCache() if prompt_cache else None
         self.require_api_key = require_api_key
         self.latency_seconds = latency_seconds
         self.demo_brain = demo_brain
@@ -200,6 +207,8 @@ class FakeMessagesAPI:
             self.protocol_errors.append(str(err))
             self._log.record(request, request_id, body, "invalid_request")
             return error_response(400, "invalid_request_error", str(err), request_id)
+        if self._prompt_cache is not None and chosen.fault is None:
+            chosen = dataclasses.replace(chosen, cache=self._prompt_cache.use(body))
         self._log.record(request, request_id, body, chosen.outcome, script=chosen.script, step=chosen.step)
         return await serve(request, request_id, body, chosen, latency_seconds=self.latency_seconds)
 
@@ -220,7 +229,8 @@ class FakeMessagesAPI:
         try:
             if "anthropic-version" not in request.headers:
                 raise ProtocolError("anthropic-version: header is required")
-            validate_request(body, count_tokens=count_tokens)
+            betas = {b.strip() for b in request.headers.get("anthropic-beta", "").split(",") if b.strip()}
+            validate_request(body, count_tokens=count_tokens, betas=betas)
         except ProtocolError as err:
             self.protocol_errors.append(str(err))
             self._log.record(request, request_id, body, "invalid_request")

@@ -6,7 +6,7 @@ required fields); messages imitate the real API's wording so they are recognisab
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 from agentrun_sandbox.messages.script import TOOL_NAME_PATTERN
@@ -16,8 +16,14 @@ class ProtocolError(ValueError):
     """A request the real API would answer with 400 ``invalid_request_error``."""
 
 
-def validate_request(body: object, *, count_tokens: bool = False) -> dict[str, Any]:
-    """Returns the body as a dict, or raises :class:`ProtocolError` naming the first offending field."""
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+
+
+def validate_request(
+    body: object, *, count_tokens: bool = False, betas: Collection[str] = ()
+) -> dict[str, Any]:
+    """Returns the body as a dict, or raises :class:`ProtocolError` naming the first offending field.
+    ``betas`` are the request's ``anthropic-beta`` values (interleaved thinking relaxes the budget)."""
     if not isinstance(body, dict):
         raise ProtocolError("request body must be a JSON object")
     request = cast(dict[str, Any], body)
@@ -41,7 +47,63 @@ def validate_request(body: object, *, count_tokens: bool = False) -> dict[str, A
     temperature = request.get("temperature")
     if temperature is not None and (not isinstance(temperature, int | float) or not 0 <= temperature <= 1):
         raise ProtocolError(f"temperature: must be between 0 and 1, got {temperature!r}")
+    _check_thinking(request, count_tokens=count_tokens, interleaved=INTERLEAVED_THINKING_BETA in betas)
+    _check_cache_marks(request)
     return request
+
+
+#: The API refuses a request with more cache_control marks than this.
+MAX_CACHE_BREAKPOINTS = 4
+
+
+def _check_cache_marks(request: Mapping[str, Any]) -> None:
+    blocks: list[object] = [*(request.get("tools") or [])]
+    if isinstance(request.get("system"), list):
+        blocks.extend(request["system"])
+    for message in request.get("messages") or []:
+        if isinstance(message.get("content"), list):
+            blocks.extend(message["content"])
+    found = sum(1 for block in blocks if isinstance(block, dict) and "cache_control" in block)
+    if found > MAX_CACHE_BREAKPOINTS:
+        raise ProtocolError(
+            f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
+        )
+    for message in request.get("messages") or []:
+        for block in message.get("content") if isinstance(message.get("content"), list) else []:
+            if (
+                isinstance(block, dict)
+                and "cache_control" in block
+                and block.get("type")
+                in (
+                    "thinking",
+                    "redacted_thinking",
+                )
+            ):
+                raise ProtocolError(f"cache_control cannot be set on a {block['type']} block")
+
+
+def _check_thinking(request: Mapping[str, Any], *, count_tokens: bool, interleaved: bool) -> None:
+    """Manual extended thinking and what the real API refuses next to it."""
+    thinking = request.get("thinking")
+    if thinking is None:
+        return
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise ProtocolError("thinking: must be an object whose type is enabled, disabled or adaptive")
+    if thinking["type"] != "enabled":
+        return
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise ProtocolError("thinking.enabled.budget_tokens: Field required")
+    if budget < 1024:
+        raise ProtocolError("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
+    if not count_tokens and not interleaved and budget >= request["max_tokens"]:
+        raise ProtocolError("`max_tokens` must be greater than `thinking.budget_tokens`")
+    temperature = request.get("temperature")
+    if temperature is not None and temperature != 1:
+        raise ProtocolError("`temperature` may only be set to 1 when thinking is enabled")
+    choice = request.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        raise ProtocolError("Thinking may not be enabled when tool_choice forces tool use.")
 
 
 def _check_system(system: object) -> None:
@@ -154,6 +216,14 @@ def _blocks(content: object, where: str, *, allow_empty: bool) -> list[dict[str,
 def _check_assistant(blocks: Sequence[Mapping[str, Any]], where: str) -> list[str]:
     ids: list[str] = []
     for position, block in enumerate(blocks):
+        if block["type"] == "thinking" and not (
+            isinstance(block.get("thinking"), str) and isinstance(block.get("signature"), str)
+        ):
+            raise ProtocolError(
+                f"{where}.content.{position}: a thinking block needs `thinking` and `signature`"
+            )
+        if block["type"] == "redacted_thinking" and not isinstance(block.get("data"), str):
+            raise ProtocolError(f"{where}.content.{position}.data: Field required")
         if block["type"] == "tool_result":
             raise ProtocolError(
                 f"{where}.content.{position}: tool_result blocks are only allowed in user messages"

@@ -18,6 +18,8 @@ File format (YAML or JSON; one file may hold several scripts)::
               content:
                 - {type: text, text: "Let me look."}
                 - {type: tool_use, name: list_pods, input: {namespace: default}}   # id optional
+                # also {type: thinking, thinking: "..."} (signature optional) and
+                # {type: redacted_thinking, data: "..."}: the request must turn thinking on
               stop_reason: tool_use          # optional: tool_use if there is a tool_use block, else end_turn
               unknown_stop_reason: null      # opt-in: a stop_reason the API does not define, sent verbatim
               stop_sequence: null
@@ -107,6 +109,20 @@ def tool_use_block(name: str, input: Mapping[str, Any], *, id: str | None = None
     if id is not None:
         block["id"] = id
     return block
+
+
+def thinking_block(thinking: str, *, signature: str | None = None) -> dict[str, Any]:
+    """Leaves the signature out unless given, so the server signs the text as the real API does; a
+    follow-up request must send the block back exactly as served."""
+    block: dict[str, Any] = {"type": "thinking", "thinking": thinking}
+    if signature is not None:
+        block["signature"] = signature
+    return block
+
+
+def redacted_thinking_block(data: str) -> dict[str, Any]:
+    """Thinking the API encrypted: opaque ``data`` that must come back unchanged."""
+    return {"type": "redacted_thinking", "data": data}
 
 
 @dataclass(frozen=True)
@@ -286,8 +302,11 @@ FAULT_KINDS: Mapping[str, type[Fault]] = {
 class Reply:
     """One assistant message, as the fake model produces it.
 
-    Content blocks are raw API dicts (``text`` and ``tool_use``); a ``tool_use`` without an ``id`` gets one
-    derived from the conversation and step, so a resent history is answered with the same ids.
+    Content blocks are raw API dicts (``text``, ``tool_use``, ``thinking``, ``redacted_thinking``); a
+    ``tool_use`` without an ``id`` gets one derived from the conversation and step, so a resent history is
+    answered with the same ids, and a ``thinking`` block without a ``signature`` gets one derived from its
+    text. Thinking blocks need a request with thinking on, and must come back unchanged (see
+    :mod:`~agentrun_sandbox.messages.planning`).
 
     ``stop_reason`` must be one the API defines, so a typo in a script fails loudly. To see how a client
     copes with a value the API may add later, opt in explicitly with ``unknown_stop_reason``: it is sent
@@ -373,8 +392,19 @@ def _checked_block(block: Mapping[str, Any], index: int) -> dict[str, Any]:
         data.setdefault("input", {})
         if "id" in data and not isinstance(data["id"], str):
             raise ValueError(f"{where}: tool_use id must be a string")
+    elif kind == "thinking":
+        if not isinstance(data.get("thinking"), str):
+            raise ValueError(f"{where}: a thinking block needs a string 'thinking'")
+        if not isinstance(data.get("signature", ""), str):
+            raise ValueError(f"{where}: a thinking block's signature must be a string")
+    elif kind == "redacted_thinking":
+        if not isinstance(data.get("data"), str) or not data["data"]:
+            raise ValueError(f"{where}: a redacted_thinking block needs a non-empty string 'data'")
     else:
-        raise ValueError(f"{where}: only 'text' and 'tool_use' blocks can be scripted, got {kind!r}")
+        raise ValueError(
+            f"{where}: only 'text', 'tool_use', 'thinking' and 'redacted_thinking' blocks can be "
+            f"scripted, got {kind!r}"
+        )
     return data
 
 
@@ -390,6 +420,9 @@ class Script:
     _: KW_ONLY
     model: str | None = None
     name: str | None = None
+    #: Input tokens (estimated as usage is) above which a request is refused as the real API refuses
+    #: one: 400 invalid_request_error "prompt is too long: N tokens > M maximum". None: no limit.
+    context_window: int | None = None
 
     def __post_init__(self) -> None:
         if not self.match and not self.model:

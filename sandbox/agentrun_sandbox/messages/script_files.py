@@ -51,7 +51,10 @@ def parse_scripts(data: object) -> list[Script]:
 
 def _parse_script(data: object, where: str) -> Script:
     mapping = _mapping(data, where)
-    _reject_unknown(mapping, {"name", "match", "model", "steps"}, where)
+    _reject_unknown(mapping, {"name", "match", "model", "steps", "context_window"}, where)
+    window = mapping.get("context_window")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"{where}.context_window: expected a positive integer, got {window!r}")
     steps_data = mapping.get("steps")
     if not isinstance(steps_data, list):
         raise ValueError(f"{where}.steps: expected a list")
@@ -62,6 +65,7 @@ def _parse_script(data: object, where: str) -> Script:
             steps,
             model=_optional_str(mapping, "model", where),
             name=_optional_str(mapping, "name", where),
+            context_window=window,
         )
     except (ValueError, TypeError) as err:
         raise ValueError(f"{where}: {err}") from err
@@ -119,6 +123,8 @@ def _script_data(script: Script) -> dict[str, Any]:
     for key in ("name", "match", "model"):
         if getattr(script, key) is not None:
             data[key] = getattr(script, key)
+    if script.context_window is not None:
+        data["context_window"] = script.context_window
     data["steps"] = [_step_data(step) for step in script.steps]
     return data
 

@@ -31,6 +31,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--require-api-key", default=None, metavar="KEY", help="answer 401 to any other key")
     parser.add_argument("--no-demo-brain", action="store_true", help="answer 400 when no script matches")
     parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    parser.add_argument(
+        "--prompt-cache", action="store_true", help="keep prompt caching as the real API does"
+    )
     return parser.parse_args(argv)
 
 
@@ -59,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         latency_seconds=args.latency,
         demo_brain=not args.no_demo_brain,
         access_log=args.access_log,
+        prompt_cache=args.prompt_cache,
     )
     asyncio.run(_serve_until_signalled(api, args.host, args.port))
     return 0

@@ -43,6 +43,12 @@ def derived_id(prefix: str, *parts: object) -> str:
     return f"{prefix}_01{''.join(chars)}"
 
 
+def thinking_signature(thinking: str) -> str:
+    """What the server signs a thinking block with: derived from the text, so a block whose text was
+    altered no longer matches the signature it came with."""
+    return "sig_" + hashlib.sha256(b"agentrun-fake-thinking\x1f" + thinking.encode()).hexdigest()
+
+
 def estimate_tokens(value: object) -> int:
     """One token per :data:`CHARS_PER_TOKEN` characters of compact JSON (strings count as their text), at
     least 1, so usage grows with request and reply sizes in a documented, reproducible way."""
@@ -151,7 +157,20 @@ def stream_events(reply: WireReply, cut: Cut | None = None) -> list[Event]:
 
 
 def _block_events(index: int, block: Mapping[str, Any], keep: float | None) -> Iterator[Event]:
-    if block["type"] == "text":
+    if block["type"] == "redacted_thinking":
+        yield _start(index, dict(block))
+    elif block["type"] == "thinking":
+        # As the API streams it: empty text and signature first, then the text, then the signature
+        # just before the block stops (never sent for a block cut short).
+        text = str(block["thinking"])
+        if keep is not None:
+            text = text[: _cut_length(len(text), keep)]
+        yield _start(index, {"type": "thinking", "thinking": "", "signature": ""})
+        for piece in chunk(text, TEXT_CHUNK_CHARS):
+            yield _delta(index, {"type": "thinking_delta", "thinking": piece})
+        if keep is None:
+            yield _delta(index, {"type": "signature_delta", "signature": str(block.get("signature", ""))})
+    elif block["type"] == "text":
         text = str(block["text"])
         if keep is not None:
             text = text[: _cut_length(len(text), keep)]
@@ -201,6 +220,11 @@ def truncated_content(content: Sequence[Mapping[str, Any]], keep: float) -> list
     last = blocks[-1]
     if last["type"] == "text":
         last["text"] = last["text"][: _cut_length(len(last["text"]), keep)]
+    elif last["type"] == "thinking":
+        last["thinking"] = last["thinking"][: _cut_length(len(last["thinking"]), keep)]
+        last["signature"] = ""
+    elif last["type"] == "redacted_thinking":
+        pass
     else:
         full: dict[str, Any] = last["input"]
         limit = _cut_length(len(json.dumps(full, ensure_ascii=False)), keep)

@@ -49,7 +49,14 @@ async def test_tool_call_then_answer_succeeds_with_end_turn_and_exact_usage() ->
     second = run.requests[1].body["messages"]
     assert second[-1] == {
         "role": "user",
-        "content": [{"type": "tool_result", "tool_use_id": "toolu_A1", "content": "42 pods"}],
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_A1",
+                "content": "42 pods",
+                "cache_control": {"type": "ephemeral"},  # the newest message is the next cached prefix
+            }
+        ],
     }
     assert tool.calls[0].idempotency_key == "run-uid:toolu_A1"
 

@@ -42,7 +42,7 @@ def test_http_error_status_defaults_from_the_error_type() -> None:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: Reply([{"type": "image", "source": {}}]), "only 'text' and 'tool_use'"),
+        (lambda: Reply([{"type": "image", "source": {}}]), "only 'text', 'tool_use', 'thinking'"),
         (lambda: Reply([tool_use_block("bad name", {})]), "must match"),
         (lambda: Reply([text_block("x")], stop_reason=cast(Any, "done")), "unknown stop_reason"),
         (lambda: Script(None, []), "match"),

@@ -204,6 +204,18 @@ def test_an_invalid_input_schema_is_rejected_naming_the_field() -> None:
         check_tools(spec)
 
 
+def test_an_input_schema_referencing_a_url_is_refused_so_the_operator_never_fetches_it() -> None:
+    schema = {"type": "object", "properties": {"x": {"$ref": "http://169.254.169.254/latest/meta-data"}}}
+    spec = AgentRunSpec.model_validate(
+        {
+            "task": "t",
+            "tools": [{"http": {"name": "x", "description": "d", "url": "http://h/", "inputSchema": schema}}],
+        }
+    )
+    with pytest.raises(InvalidToolSpec, match=r"inputSchema: .*\$ref .* points outside the schema"):
+        check_tools(spec)
+
+
 def test_a_webhook_needs_exactly_one_of_url_and_service() -> None:
     spec = AgentRunSpec.model_validate({"task": "t", "tools": [{"http": {"name": "x", "description": "d"}}]})
     with pytest.raises(InvalidToolSpec, match=r"spec\.tools\[0\]\.http: set exactly one of url and service"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,12 +231,18 @@ async def run_agent_loop(
     approvals: Approvals | None = None,
     resume_from: ResumePoint | None = None,
     approval_timeout_seconds: float | None = None,
+    context_windows: Sequence[tuple[str, int]] = (),
 ) -> Outcome:
     """The loop itself (agentrun.loop): it ends with RunFinished, which the observers write."""
     config = (
-        LoopConfig.from_spec(spec, run_id=run_id)
+        LoopConfig.from_spec(spec, run_id=run_id, context_windows=context_windows)
         if approval_timeout_seconds is None
-        else LoopConfig.from_spec(spec, run_id=run_id, approval_timeout_seconds=approval_timeout_seconds)
+        else LoopConfig.from_spec(
+            spec,
+            run_id=run_id,
+            approval_timeout_seconds=approval_timeout_seconds,
+            context_windows=context_windows,
+        )
     )
     return await run_loop(
         config,

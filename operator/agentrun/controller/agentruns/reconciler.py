@@ -224,6 +224,7 @@ class AgentRunReconciler:
                 approvals=run.approvals,
                 resume_from=point,
                 approval_timeout_seconds=self.settings.approval_timeout_seconds,
+                context_windows=self.settings.context_windows,
             )
         finally:
             await tools_open.aclose()

@@ -34,6 +34,7 @@ from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
     Checkpoint,
+    ContextCompacted,
     Event,
     RunFinished,
     RunStarted,
@@ -141,6 +142,24 @@ class StatusWriter:
                     if self._pending or self._clear_pending:
                         patch = patch.merged(StatusPatch(cleared=frozenset({"pending_approvals"})))
                     await self._patch(patch)
+            case ContextCompacted() as done:
+                # Rare and worth seeing at once: written now, with the latest progress.
+                patch = status_patches.compacted(
+                    compactions=done.compactions,
+                    iteration=done.iteration,
+                    tokens_before=done.tokens_before,
+                    tokens_after=done.tokens_after,
+                    tokens_removed=done.tokens_removed,
+                )
+                if self._progress is not None:
+                    patch = status_patches.progressed(self._progress).merged(patch)
+                await self.write(
+                    patch,
+                    Phase.RUNNING,
+                    "Running",
+                    f"context compacted after iteration {done.iteration}: about {done.tokens_before} "
+                    f"-> {done.tokens_after} input tokens",
+                )
             case ApprovalRequested(tool_use_id=call_id, tool_name=tool, input=call_input):
                 self._clear_pending = True
                 since = self._since.get(call_id) or now_rfc3339()

@@ -171,8 +171,9 @@ class TranscriptStore:
     def _should_write_now(self, checkpoint: Checkpoint) -> bool:
         self._pending.append(checkpoint)
         now = self._monotonic()
-        if checkpoint.tools_pending:
+        if checkpoint.tools_pending or checkpoint.durable:
             # Must be durable before any tool runs: a restart re-runs exactly these tool_use ids.
+            # A compaction too: its summary request must not be sent again after a restart.
             return True
         if self._tools_since is not None:
             started, self._tools_since = self._tools_since, None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections import deque
 from decimal import Decimal
 
 from agentrun.api.stops import Outcome, StopReason
@@ -11,7 +10,7 @@ from agentrun.api.traces import Progress, TraceRow
 from agentrun.api.transcripts import Transcript
 from agentrun.api.usage import TokenUsage
 from agentrun.controller.agentruns.resuming import resume_point_of, seconds_since
-from agentrun.loop.state import RunState
+from agentrun.loop.state import MAX_CYCLE, LoopWatch, RunState
 
 
 def busy_state() -> RunState:
@@ -30,16 +29,19 @@ def busy_state() -> RunState:
     state.deliverable_nudges = 1
     state.text_parts = ["partial "]
     state.succeeded_tools = {"calc", "search"}
-    state.recent_calls = deque([("calc", f"h{i}") for i in range(10)], maxlen=100)
-    state.recent_results = deque([("calc", "same")] * 10, maxlen=100)
-    state.failures_per_tool = {"search": 2}
+    state.loop_watch = LoopWatch(
+        call_streaks={("calc", "h1"): 2, ("search", "h2"): 1},
+        turns=[(f"t{i}", f'calc {{"q":"{i}"}}') for i in range(MAX_CYCLE)],
+        cycle_runs=[0, 3, 1, 0],
+        failure_streaks={"search": 2},
+    )
     state.in_flight = TraceRow(4, "tool_use", (), TokenUsage(9, 8, 7, 6), "claude-haiku-4-5", "req_1")
     return state
 
 
 def test_a_restored_state_has_the_counters_usage_and_in_flight_row_of_the_snapshot() -> None:
     state = busy_state()
-    restored = RunState.restore(state.messages, state.snapshot(history=3))
+    restored = RunState.restore(state.messages, state.snapshot())
     assert restored.messages == state.messages and restored.persisted == len(state.messages)
     assert restored.usage_by_model == state.usage_by_model
     assert restored.usage == TokenUsage(101, 22, 33, 44)
@@ -53,20 +55,17 @@ def test_a_restored_state_has_the_counters_usage_and_in_flight_row_of_the_snapsh
         "deliverable_nudges",
         "text_parts",
         "succeeded_tools",
-        "failures_per_tool",
+        "loop_watch",
         "in_flight",
     ):
         assert getattr(restored, name) == getattr(state, name), name
-    # Only the window loop detection compares is kept.
-    assert list(restored.recent_calls) == [("calc", "h7"), ("calc", "h8"), ("calc", "h9")]
-    assert list(restored.recent_results) == [("calc", "same")] * 3
     assert restored.pending_tool_uses() == state.pending_tool_uses()
 
 
 def test_a_snapshot_survives_json_and_stays_small() -> None:
     import json
 
-    snapshot = busy_state().snapshot(history=3)
+    snapshot = busy_state().snapshot()
     assert json.loads(json.dumps(snapshot)) == snapshot
     assert len(json.dumps(snapshot)) < 1500
 
@@ -91,7 +90,7 @@ def test_a_transcript_with_an_outcome_finishes_the_run_with_its_progress() -> No
     transcript = Transcript(
         messages=state.messages,
         progress=progress,
-        state=state.snapshot(3),
+        state=state.snapshot(),
         outcome=Outcome(StopReason.END_TURN, "done", result="42"),
         records=3,
     )

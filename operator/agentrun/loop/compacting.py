@@ -1,0 +1,146 @@
+"""Compaction: the model summarizes the older turns, and the summary is sent in their place.
+
+The summary request is a model request of its own: tools stay declared (the conversation holds
+tool_use blocks, and the cached prefix stays the same) but switched off with tool_choice none, and
+thinking is off. Its tokens are the run's usage, so they count in tokenBudget and costBudgetUSD,
+which `limiting` checked before it led here and checks again before the next request; it is not
+an iteration (maxIterations counts the requests that may call tools).
+
+What is stored never changes: the summary, where it cuts and what it saved go into the state, and
+a durable checkpoint persists them before the run goes on, so a resumed run sends the same view
+without asking for the summary again.
+"""
+
+from __future__ import annotations
+
+from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.traces import COMPACTION, TraceRow
+from agentrun.api.usage import TokenUsage
+from agentrun.loop.context import Context, Interrupted
+from agentrun.loop.errors import FatalModelError, RetryableModelError
+from agentrun.loop.events import ContextCompacted, ModelRequestFinished, ModelRetryScheduled
+from agentrun.loop.protocols import ModelRequest, ModelResponse
+from agentrun.loop.state import Compaction, text_of
+from agentrun.loop.steps import Compact, Finish, Prepare
+from agentrun.loop.windowing import estimate, fixed_chars, plan_cut, sent_messages, summary_messages
+
+
+def cannot(reason: str, api_message: str | None = None) -> Finish:
+    why = f"context management could not make room: {reason}"
+    message = f"{api_message} ({why})" if api_message else why
+    return Finish(Outcome(StopReason.CONTEXT_WINDOW_EXCEEDED, message))
+
+
+async def compact(step: Compact, ctx: Context) -> Prepare | Finish:
+    cfg, state = ctx.config, ctx.state
+    cut = plan_cut(state, cfg.context.keep_turns)
+    if cut is None:
+        size = f"needs about {step.estimated_tokens} tokens" if step.refused is None else "is too long"
+        return cannot(
+            f"the next request {size} and no turn is left to summarize (the newest turn alone is "
+            "too large; lower limits.maxToolResultChars)",
+            step.refused,
+        )
+    tools = [tool.definition for tool in ctx.tools.values()]
+    request = ModelRequest(
+        model=cfg.model,
+        max_tokens=cfg.max_tokens,
+        messages=summary_messages(state, cut, cfg.context),
+        system=cfg.system,
+        tools=tools,
+        tool_choice={"type": "none"} if tools else None,
+        temperature=cfg.temperature,
+        user_id=cfg.run_id,
+    )
+    answer = await summarize(request, ctx)
+    if isinstance(answer, Finish):
+        return answer
+    summary = text_of(answer.content).strip()
+    if not summary:
+        return cannot(f"the summary request ended with stop_reason {answer.stop_reason!r} and no text")
+    before = step.estimated_tokens
+    compaction = Compaction(summary, cut.boundary, cut.turns, before, 0, state.iterations)
+    fixed = fixed_chars(cfg.system, tools)
+    state.compaction = compaction
+    state.last_input_tokens = None  # the next request's report is the first one of this view
+    after = estimate(state, sent_messages(state, cfg.context), fixed)
+    state.compaction = Compaction(summary, cut.boundary, cut.turns, before, after, state.iterations)
+    state.compactions += 1
+    state.context_tokens_removed += max(before - after, 0)
+    state.compaction_log.append(
+        {"iteration": state.iterations, "turns": cut.turns, "tokensBefore": before, "tokensAfter": after}
+    )
+    await ctx.observer.notify(
+        ContextCompacted(
+            iteration=state.iterations,
+            compactions=state.compactions,
+            tokens_before=before,
+            tokens_after=after,
+            turns=cut.turns,
+            usage=answer.usage,
+            tokens_removed=state.context_tokens_removed,
+            refused=step.refused is not None,
+        )
+    )
+    # The summary request's own trace row, so the trace's usage adds up to the run's.
+    row = TraceRow(
+        state.iterations, COMPACTION, (), answer.usage, answer.model or cfg.model, answer.request_id
+    )
+    await ctx.emit_checkpoint(row, tools_pending=False, durable=True)
+    return Prepare()
+
+
+async def summarize(request: ModelRequest, ctx: Context) -> ModelResponse | Finish:
+    """The summary request, retried like any model request within the run's deadline."""
+    state, retry = ctx.state, ctx.config.retry
+    attempt = 0
+    while True:
+        started = ctx.clock.monotonic()
+        try:
+            response = await ctx.guarded(ctx.model.complete(request))
+        except RetryableModelError as exc:
+            attempt += 1
+            elapsed = ctx.clock.monotonic() - started
+            await ctx.observer.notify(
+                ModelRequestFinished(state.iterations, request.model, elapsed, exc.retry_class.value)
+            )
+            if attempt > retry.max_retries:
+                return Finish(
+                    Outcome(
+                        StopReason.MODEL_ERROR,
+                        f"the summary request for context compaction still failed after {attempt} "
+                        f"attempts ({exc.retry_class.value}): {exc.message}",
+                        condition_reason="ModelRetriesExhausted",
+                    )
+                )
+            delay = (
+                exc.retry_after if exc.retry_after is not None else retry.backoff(attempt, ctx.clock.random())
+            )
+            delay = max(0.0, min(delay, ctx.deadline - ctx.clock.monotonic()))
+            await ctx.observer.notify(
+                ModelRetryScheduled(state.iterations, exc.retry_class.value, attempt, delay, exc.message)
+            )
+            await ctx.guarded(ctx.clock.sleep(delay))
+            if ctx.clock.monotonic() >= ctx.deadline:
+                raise Interrupted(StopReason.TIMEOUT) from exc
+            continue
+        except FatalModelError as exc:
+            elapsed = ctx.clock.monotonic() - started
+            await ctx.observer.notify(ModelRequestFinished(state.iterations, request.model, elapsed, "error"))
+            if exc.context_window_exceeded:
+                return cannot(f"the summary request itself was too long for the model: {exc.message}")
+            status = f"HTTP {exc.status}: " if exc.status else ""
+            return Finish(
+                Outcome(
+                    StopReason.MODEL_ERROR,
+                    f"the summary request for context compaction failed: {status}{exc.message}",
+                    condition_reason=exc.reason,
+                )
+            )
+        elapsed = ctx.clock.monotonic() - started
+        usage = response.usage if response.usage is not None else TokenUsage()
+        state.add_usage(response.model or request.model, usage)
+        await ctx.observer.notify(
+            ModelRequestFinished(state.iterations, request.model, elapsed, "ok", usage, response.stop_reason)
+        )
+        return response
