@@ -74,6 +74,18 @@ async def test_invalid_manifest_exits_2_naming_the_field(tmp_path: Path) -> None
     assert "spec.limits.maxIterations" in err and out == ""
 
 
+async def test_a_malformed_context_window_override_exits_2_in_one_line() -> None:
+    code, out, err = await _agentrun_run(
+        ROOT / "examples" / "what-time.yaml",
+        {"ANTHROPIC_API_KEY": "k", "AGENTRUN_CONTEXT_WINDOWS": "claude-haiku-4-5=lots"},
+    )
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "error: AGENTRUN_CONTEXT_WINDOWS: context window entry 'claude-haiku-4-5=lots': "
+        "expected <model or prefix*>=<tokens, at least 1024>"
+    ]
+
+
 class ThirdPartyMessagesAPI:
     """A Messages API written independently of the project's fake: hand-rolled SSE, one conversation.
 

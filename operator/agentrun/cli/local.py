@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import pydantic
 import yaml
 
 from agentrun.api import API_VERSION, KIND, status_patches
@@ -42,6 +43,7 @@ from agentrun.loop.events import (
 )
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
+from agentrun.settings import Settings
 from agentrun.tools.builtin.kubernetes import KUBERNETES_TOOLS
 from agentrun.tools.registry import secret_uses
 
@@ -145,6 +147,15 @@ async def run_manifest(
     if isinstance(spec, Ending):
         print(f"error: {path}: {spec.outcome.message}", file=stderr)
         return EXIT_INVALID
+    windows = os.environ.get("AGENTRUN_CONTEXT_WINDOWS")
+    try:
+        context_windows = Settings.from_env(
+            {"AGENTRUN_CONTEXT_WINDOWS": windows} if windows else {}
+        ).context_windows
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        print(f"error: AGENTRUN_CONTEXT_WINDOWS: {problems}", file=stderr)
+        return EXIT_INVALID
     api_key = os.environ.get("ANTHROPIC_API_KEY")
     if not api_key:
         print("error: set ANTHROPIC_API_KEY (Secrets are not read when running locally)", file=stderr)
@@ -193,6 +204,7 @@ async def run_manifest(
             clock=SystemClock(),
             pricer=prices,
             cancel=cancel,
+            context_windows=context_windows,
         )
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -184,12 +184,15 @@ async def end_turn(step: Handle, ctx: Context) -> RunTools | Prepare | Finish:
         return finish_max_iterations(step, ctx)
     missing = [name for name in cfg.required_tools if name not in state.succeeded_tools]
     if missing:
-        if state.deliverable_nudges >= cfg.max_deliverable_nudges:
+        # The API refuses an empty assistant turn in the history, so such a turn cannot be nudged.
+        empty = not resendable(step.response.content)
+        if empty or state.deliverable_nudges >= cfg.max_deliverable_nudges:
             await append_and_checkpoint(step, ctx, None)
+            why = "; its answer was empty and cannot be sent back with a nudge" if empty else ""
             return Finish(
                 Outcome(
                     StopReason.DELIVERABLE_UNVERIFIED,
-                    f"the model finished without running required tools: {', '.join(missing)}",
+                    f"the model finished without running required tools: {', '.join(missing)}{why}",
                     result=joined_text(step, ctx) or None,
                 )
             )

@@ -279,6 +279,17 @@ async def test_required_tools_never_run_end_as_deliverable_unverified() -> None:
     assert len(run.requests) == 3
 
 
+async def test_an_empty_answer_before_required_tools_ran_ends_the_run_rather_than_send_it_back() -> None:
+    run = await run_scripted(
+        [_answer(""), Reply([tool_use_block("deploy", {})]), _answer("deployed")],
+        tools=[FakeTool("deploy")],
+        spec={"requiredTools": ["deploy"]},
+    )
+    assert run.outcome.stop_reason is StopReason.DELIVERABLE_UNVERIFIED
+    assert "empty and cannot be sent back" in run.outcome.message
+    assert len(run.requests) == 1
+
+
 async def test_loop_detection_stops_identical_calls() -> None:
     tool = FakeTool("poll", answer="same")
     steps = [Reply([tool_use_block("poll", {"q": "x"})]) for _ in range(5)]
