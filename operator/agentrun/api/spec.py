@@ -548,6 +548,16 @@ class ClearToolResults(_Model):
             "result as soon as it falls out of the newest keepNewest."
         ),
     )
+    strategy: Literal["Client", "Server"] = Field(
+        default="Client",
+        description=(
+            "Client: the operator replaces old results in what it sends, so any "
+            "Messages-API-compatible server works. Server: the Messages API clears them (its context "
+            "editing beta, clear_tool_uses_20250919): tool uses beyond the newest keepNewest once "
+            "keepNewest+batch of them are in the request, failed and small results included (minChars "
+            "does not apply); only an API that offers the beta accepts it."
+        ),
+    )
 
 
 class Compaction(_Model):
@@ -570,6 +580,17 @@ class Compaction(_Model):
         ge=1,
         le=100,
         description="Model turns (with their tool results) sent whole after the summary.",
+    )
+    strategy: Literal["Client", "Server"] = Field(
+        default="Client",
+        description=(
+            "Client: the operator asks for the summary in a request of its own, so any "
+            "Messages-API-compatible server works. Server: the Messages API compacts (its compaction "
+            "beta, compact_20260112) when a request's input reaches thresholdPercent of the window "
+            "(the API's default of 150000 tokens when the window is unknown); the summary comes back "
+            "in the answer and is sent back with it. keepNewestTurns does not apply; only an API "
+            "that offers the beta accepts it."
+        ),
     )
 
 

@@ -51,6 +51,7 @@ async def compact(step: Compact, ctx: Context) -> Prepare | Finish:
         tool_choice={"type": "none"} if tools else None,
         temperature=cfg.temperature,
         user_id=cfg.run_id,
+        server_context=cfg.context.server_edits,
     )
     answer = await summarize(request, ctx)
     if isinstance(answer, Finish):

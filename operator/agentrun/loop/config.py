@@ -9,7 +9,7 @@ from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.loop.answers import with_instructions
-from agentrun.loop.protocols import Thinking
+from agentrun.loop.protocols import ServerContextEdits, Thinking
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,34 @@ class ContextConfig:
     threshold_percent: int = 80
     keep_turns: int = 2
     window_tokens: int | None = None
+    # strategy Server: the Messages API does that part itself, and the loop does not.
+    clear_on_server: bool = False
+    compact_on_server: bool = False
 
     @property
     def threshold_tokens(self) -> int | None:
-        if not self.compaction or self.window_tokens is None:
+        """Where the loop compacts; None where it does not (off, on the server, or no window)."""
+        if not self.compaction or self.compact_on_server or self.window_tokens is None:
             return None
         return self.window_tokens * self.threshold_percent // 100
+
+    @property
+    def server_edits(self) -> ServerContextEdits | None:
+        """What the model adapter asks the Messages API to do; None: nothing, all is client-side."""
+        clear = self.clear_tool_results and self.clear_on_server
+        compact = self.compaction and self.compact_on_server
+        if not (clear or compact):
+            return None
+        return ServerContextEdits(
+            clear_keep=self.keep_tool_results if clear else None,
+            clear_trigger=self.keep_tool_results + self.clear_batch if clear else None,
+            compact=compact,
+            compact_trigger_tokens=(
+                self.window_tokens * self.threshold_percent // 100
+                if compact and self.window_tokens is not None
+                else None
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -175,6 +197,8 @@ class LoopConfig:
                 compaction=spec.context.compaction.enabled,
                 threshold_percent=spec.context.compaction.threshold_percent,
                 keep_turns=spec.context.compaction.keep_newest_turns,
+                clear_on_server=spec.context.clear_tool_results.strategy == "Server",
+                compact_on_server=spec.context.compaction.strategy == "Server",
                 window_tokens=(
                     spec.context.context_window_tokens
                     if spec.context.context_window_tokens is not None

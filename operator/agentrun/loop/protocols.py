@@ -39,6 +39,27 @@ class Thinking:
 
 
 @dataclass(frozen=True)
+class ServerContextEdits:
+    """Context management the Messages API does itself (spec.context strategy Server), as plain
+    data: the model adapter words it as the API's beta edits."""
+
+    clear_keep: int | None = None  # clear tool uses beyond the newest this many (None: no clearing)
+    clear_trigger: int | None = None  # once the request holds this many tool uses
+    compact: bool = False
+    compact_trigger_tokens: int | None = None  # None: the API's own default
+
+
+@dataclass(frozen=True)
+class AppliedContextEdits:
+    """What the Messages API reports it did to the request's context (strategy Server)."""
+
+    compacted: bool = False  # the answer starts with a compaction block
+    cleared_tool_uses: int = 0
+    cleared_input_tokens: int = 0
+    compaction_usage: TokenUsage | None = None  # the compaction's own tokens, already in usage
+
+
+@dataclass(frozen=True)
 class ModelRequest:
     model: str
     max_tokens: int
@@ -51,6 +72,7 @@ class ModelRequest:
     # Opaque per-run identity for the provider (Anthropic's metadata.user_id), never a secret.
     user_id: str | None = None
     thinking: Thinking | None = None
+    server_context: ServerContextEdits | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,7 @@ class ModelResponse:
     stop_sequence: str | None = None
     request_id: str | None = None
     stop_details: Mapping[str, Any] | None = None
+    context_edits: AppliedContextEdits | None = None
 
 
 class ModelClient(Protocol):

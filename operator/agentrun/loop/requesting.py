@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.api.stops import Outcome, StopReason
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context, Interrupted
 from agentrun.loop.errors import FatalModelError, RetryableModelError
-from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
-from agentrun.loop.protocols import ModelRequest
+from agentrun.loop.events import ContextCompacted, ModelRequestFinished, ModelRetryScheduled
+from agentrun.loop.protocols import AppliedContextEdits, ModelRequest
 from agentrun.loop.steps import CallModel, Compact, Finish, Handle
-from agentrun.loop.windowing import chars_of, overflow, sent_messages
+from agentrun.loop.windowing import chars_of, estimate, fixed_chars, overflow, sent_messages
 
 
 def build_request(step: CallModel, ctx: Context) -> ModelRequest:
@@ -35,6 +36,7 @@ def build_request(step: CallModel, ctx: Context) -> ModelRequest:
         stop_sequences=(*cfg.stop_sequences, *cfg.finish_sequences),
         user_id=cfg.run_id,
         thinking=cfg.thinking,
+        server_context=cfg.context.server_edits,
     )
 
 
@@ -85,11 +87,21 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
                 Outcome(StopReason.MODEL_ERROR, f"{status}{exc.message}", condition_reason=exc.reason)
             )
         elapsed = ctx.clock.monotonic() - started
+        # Estimated before the state learns this response's size: what the request held before
+        # a compaction on the server made it smaller.
+        before = estimate(ctx.state, request.messages, fixed_chars(request.system, request.tools))
         ctx.state.iterations = iteration
         ctx.state.add_usage(response.model or request.model, response.usage)
         u = response.usage
-        ctx.state.last_input_tokens = (
-            u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens
+        edits = response.context_edits
+        # A compaction on the server is in the usage (it is billed) but not in the request's size.
+        c = edits.compaction_usage if edits is not None and edits.compaction_usage else TokenUsage()
+        ctx.state.last_input_tokens = max(
+            u.input_tokens
+            + u.cache_creation_input_tokens
+            + u.cache_read_input_tokens
+            - (c.input_tokens + c.cache_creation_input_tokens + c.cache_read_input_tokens),
+            0,
         )
         ctx.state.last_sent_chars = chars_of(list(request.messages))
         if step.final:
@@ -99,4 +111,31 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
                 iteration, request.model, elapsed, "ok", response.usage, response.stop_reason
             )
         )
+        if edits is not None and edits.compacted:
+            await compacted_on_server(ctx, request, edits, before)
         return Handle(response, final=step.final)
+
+
+async def compacted_on_server(
+    ctx: Context, request: ModelRequest, edits: AppliedContextEdits, before: int
+) -> None:
+    """Counted like the loop's own compactions, where the data allows: the size after is what the
+    API reports it read, the size before is the estimate, and the summarized turns are all before."""
+    state = ctx.state
+    after = state.last_input_tokens or 0
+    turns = sum(1 for m in request.messages if m.get("role") == "assistant")
+    state.compactions += 1
+    state.context_tokens_removed += max(before - after, 0)
+    # Not in compaction_log: that log describes the trace's rows of summary requests, and a
+    # compaction on the server has no request of its own.
+    await ctx.observer.notify(
+        ContextCompacted(
+            iteration=state.iterations,
+            compactions=state.compactions,
+            tokens_before=before,
+            tokens_after=after,
+            turns=turns,
+            usage=edits.compaction_usage or TokenUsage(),
+            tokens_removed=state.context_tokens_removed,
+        )
+    )

@@ -77,7 +77,7 @@ def cleared(messages: Sequence[Message], cfg: ContextConfig) -> list[Message]:
     Failed results stay: the model needs to see what did not work. Small results stay: they cost
     little, and every result cleared moves the cached prefix of the conversation.
     """
-    if not cfg.clear_tool_results:
+    if not cfg.clear_tool_results or cfg.clear_on_server:
         return list(messages)
     names: dict[str, str] = {}
     results: list[tuple[int, int]] = []  # (message index, block index) of clearable results
@@ -174,13 +174,21 @@ def summary_messages(state: RunState, cut: Cut, cfg: ContextConfig) -> list[Mess
 
 
 def overflow(state: RunState, cfg: ContextConfig, message: str, request: ModelRequest) -> Compact | Finish:
-    """The API refused a request as too long: compact now, unless that is off or was just done."""
-    if cfg.compaction and (state.compaction is None or state.compaction.iteration < state.iterations):
+    """The API refused a request as too long: compact now, unless that is off, on the server, or
+    was just done."""
+    if (
+        cfg.compaction
+        and not cfg.compact_on_server
+        and (state.compaction is None or state.compaction.iteration < state.iterations)
+    ):
         size = tokens_of_chars(chars_of(list(request.messages)) + fixed_chars(request.system, request.tools))
         return Compact(size, refused=message)
     why = (
         "context compaction is off (spec.context.compaction.enabled: false)"
         if not cfg.compaction
+        else "context compaction is the Messages API's (spec.context.compaction.strategy: Server), "
+        "and it did not make room"
+        if cfg.compact_on_server
         else "context management could not make room: the conversation was compacted after the "
         "last model turn and is still too long"
     )

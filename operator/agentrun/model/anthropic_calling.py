@@ -29,8 +29,8 @@ import anthropic
 import httpx2
 
 from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModelError, RetryClass
-from agentrun.loop.protocols import Message, ModelRequest, ModelResponse
-from agentrun.model.streaming import StreamedMessage, token_usage
+from agentrun.loop.protocols import Message, ModelRequest, ModelResponse, ServerContextEdits
+from agentrun.model.streaming import StreamedMessage, applied_edits, token_usage
 
 CONTEXT_TOO_LONG = re.compile(r"prompt is too long|context (window|length)|too many tokens", re.I)
 SPEND_LIMIT = re.compile(r"credit balance|spend(ing)? limit|billing|usage limit", re.I)
@@ -42,6 +42,9 @@ MAX_CACHE_BREAKPOINTS = 4
 #: Blocks the API does not let carry cache_control (they are cached as part of the prefix anyway).
 UNMARKABLE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+#: The betas of server-side context management: clearing tool results (context editing), compaction.
+CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
+COMPACTION_BETA = "compact-2026-01-12"
 
 
 def build_params(request: ModelRequest) -> dict[str, Any]:
@@ -58,20 +61,60 @@ def build_params(request: ModelRequest) -> dict[str, Any]:
         params["tools"] = tools
         breakpoints += 1
     params["messages"] = with_cache_breakpoints(request.messages, MAX_CACHE_BREAKPOINTS - breakpoints)
+    betas: list[str] = []
+    extra_body: dict[str, Any] = {}
     if request.thinking is not None:
         params["thinking"] = {"type": "enabled", "budget_tokens": request.thinking.budget_tokens}
         if request.thinking.interleaved and request.tools:
-            params["extra_headers"] = {"anthropic-beta": INTERLEAVED_THINKING_BETA}
+            betas.append(INTERLEAVED_THINKING_BETA)
+    if request.server_context is not None:
+        edits, edit_betas = context_edits(request.server_context)
+        if edits:
+            # The non-beta create() has no context_management argument; the body field is the beta's.
+            extra_body["context_management"] = {"edits": edits}
+            betas.extend(edit_betas)
     if request.tool_choice is not None:
         params["tool_choice"] = dict(request.tool_choice)
     if request.temperature is not None:
         # The SDK (2.12) has no temperature argument any more; the body field is still the API's.
-        params["extra_body"] = {"temperature": request.temperature}
+        extra_body["temperature"] = request.temperature
+    if extra_body:
+        params["extra_body"] = extra_body
+    if betas:
+        params["extra_headers"] = {"anthropic-beta": ",".join(betas)}
     if request.stop_sequences:
         params["stop_sequences"] = list(request.stop_sequences)
     if request.user_id:
         params["metadata"] = {"user_id": request.user_id}
     return params
+
+
+def context_edits(server: ServerContextEdits) -> tuple[list[dict[str, Any]], list[str]]:
+    """spec.context's Server parts as the API's edits, and the beta headers they need.
+
+    Clearing: tool uses beyond the newest `clear_keep` once the request holds `clear_trigger` of
+    them (keepNewest + batch: the client's batching, so the cached prefix stays valid for turns).
+    Compaction: at `compact_trigger_tokens` input tokens (the window times thresholdPercent), or
+    at the API's own default when the window is unknown.
+    """
+    edits: list[dict[str, Any]] = []
+    betas: list[str] = []
+    if server.clear_keep is not None:
+        edit: dict[str, Any] = {
+            "type": "clear_tool_uses_20250919",
+            "keep": {"type": "tool_uses", "value": server.clear_keep},
+        }
+        if server.clear_trigger is not None:
+            edit["trigger"] = {"type": "tool_uses", "value": server.clear_trigger}
+        edits.append(edit)
+        betas.append(CONTEXT_MANAGEMENT_BETA)
+    if server.compact:
+        compact: dict[str, Any] = {"type": "compact_20260112"}
+        if server.compact_trigger_tokens is not None:
+            compact["trigger"] = {"type": "input_tokens", "value": server.compact_trigger_tokens}
+        edits.append(compact)
+        betas.append(COMPACTION_BETA)
+    return edits, betas
 
 
 def with_cache_breakpoints(messages: Sequence[Message], slots: int) -> list[Message]:
@@ -267,14 +310,16 @@ def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
             request_id=request_id,
         )
     details = data.get("stop_details")
+    content = [block for block in data["content"] if isinstance(block, dict)]
     return ModelResponse(
-        content=[block for block in data["content"] if isinstance(block, dict)],
+        content=content,
         stop_reason=data.get("stop_reason") if isinstance(data.get("stop_reason"), str) else None,
         stop_sequence=data.get("stop_sequence") if isinstance(data.get("stop_sequence"), str) else None,
         usage=token_usage(data.get("usage")),
         model=str(data.get("model") or ""),
         request_id=request_id,
         stop_details=details if isinstance(details, dict) else None,
+        context_edits=applied_edits(content, data.get("context_management"), data.get("usage")),
     )
 
 

@@ -16,7 +16,7 @@ import jiter
 
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.errors import FatalModelError, RetryableModelError, RetryClass
-from agentrun.loop.protocols import Block, ModelResponse
+from agentrun.loop.protocols import AppliedContextEdits, Block, ModelResponse
 
 TOOL_INPUT_BLOCKS = frozenset({"tool_use", "server_tool_use"})
 #: Events whose data is malformed beyond what lenient reading can absorb.
@@ -49,6 +49,8 @@ class StreamedMessage:
                 self._start(event["message"])
             elif kind == "message_delta":
                 self._message_delta(event["delta"], event.get("usage"))
+                if isinstance(event.get("context_management"), dict):
+                    self._message["context_management"] = event["context_management"]
             elif kind == "message_stop":
                 self._stopped = True
         except MALFORMED as exc:
@@ -76,6 +78,7 @@ class StreamedMessage:
             model=str(message.get("model") or ""),
             request_id=self.request_id,
             stop_details=details if isinstance(details, dict) else None,
+            context_edits=applied_edits(content, message.get("context_management"), self._usage),
         )
 
     def _start(self, message: dict[str, Any]) -> None:
@@ -99,6 +102,11 @@ class StreamedMessage:
         elif kind == "signature_delta":
             if block_type == "thinking":
                 block["signature"] = delta["signature"]
+        elif kind == "compaction_delta":
+            # Sets the block's fields (the SDK's accumulator does the same); kept and sent back whole.
+            if block_type == "compaction":
+                block["content"] = delta.get("content")
+                block["encrypted_content"] = delta.get("encrypted_content")
         elif kind == "citations_delta" and block_type == "text":
             citations = block.get("citations")
             if citations:
@@ -166,8 +174,12 @@ def _text(value: object) -> str | None:
 
 def token_usage(usage: object) -> TokenUsage:
     """A count that is missing, null or not a non-negative integer reads as 0: usage is read as leniently
-    as the SDK reads it, so an odd server does not end a run over bookkeeping."""
+    as the SDK reads it, so an odd server does not end a run over bookkeeping. A compaction on the
+    server is billed but reported only in ``usage.iterations``, so it is added: budgets count it."""
+    return _counts(usage) + (compaction_usage(usage) or TokenUsage())
 
+
+def _counts(usage: object) -> TokenUsage:
     def tokens(name: str) -> int:
         value = usage.get(name) if isinstance(usage, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
@@ -177,4 +189,40 @@ def token_usage(usage: object) -> TokenUsage:
         output_tokens=tokens("output_tokens"),
         cache_creation_input_tokens=tokens("cache_creation_input_tokens"),
         cache_read_input_tokens=tokens("cache_read_input_tokens"),
+    )
+
+
+def compaction_usage(usage: object) -> TokenUsage | None:
+    """The ``compaction`` entries of ``usage.iterations``, which the top-level counts leave out."""
+    iterations = usage.get("iterations") if isinstance(usage, dict) else None
+    if not isinstance(iterations, list):
+        return None
+    entries = [e for e in iterations if isinstance(e, dict) and e.get("type") == "compaction"]
+    if not entries:
+        return None
+    total = TokenUsage()
+    for entry in entries:
+        total += _counts(entry)
+    return total
+
+
+def applied_edits(content: list[Block], management: object, usage: object) -> AppliedContextEdits | None:
+    """What the server's context management did, from the answer alone; None when it did nothing."""
+    compacted = any(block.get("type") == "compaction" for block in content)
+    applied = management.get("applied_edits") if isinstance(management, dict) else None
+    cleared = [
+        e for e in applied or () if isinstance(e, dict) and e.get("type") == "clear_tool_uses_20250919"
+    ]
+    spent = compaction_usage(usage)
+    if not (compacted or cleared or spent):
+        return None
+
+    def total(name: str) -> int:
+        return sum(e[name] for e in cleared if isinstance(e.get(name), int) and e[name] >= 0)
+
+    return AppliedContextEdits(
+        compacted=compacted,
+        cleared_tool_uses=total("cleared_tool_uses"),
+        cleared_input_tokens=total("cleared_input_tokens"),
+        compaction_usage=spent,
     )

@@ -23,6 +23,10 @@ then the first script whose ``match``/``model`` fits, at the step given by the n
 in the request (400 if the script has no such step); else the demo brain
 (:mod:`~agentrun_sandbox.messages.brain`), or 400 when it is switched off.
 
+``context_management`` (server-side clearing and compaction, with their beta headers) is done as the
+real API's betas do it (:mod:`~agentrun_sandbox.messages.context_editing`); what it did is in
+:attr:`context_edits`.
+
 ``prompt_cache`` keeps prompt caching as the real API does (:mod:`~agentrun_sandbox.messages.caching`):
 usage a script leaves out then splits the input into cache reads, cache writes and the rest.
 
@@ -48,9 +52,10 @@ from typing import Any
 
 from aiohttp import web
 
+from agentrun_sandbox.messages import context_editing
 from agentrun_sandbox.messages.caching import PromptCache
 from agentrun_sandbox.messages.planning import FaultCounts, plan
-from agentrun_sandbox.messages.protocol import ProtocolError, validate_request
+from agentrun_sandbox.messages.protocol import ProtocolError, assistant_turns, validate_request
 from agentrun_sandbox.messages.recording import RecordedRequest, RequestLog
 from agentrun_sandbox.messages.script import Script
 from agentrun_sandbox.messages.serving import error_response, serve
@@ -81,8 +86,12 @@ class FakeMessagesAPI:
         self._access_log = access_log
         self._log = RequestLog(max_recorded_requests)
         self._fault_counts: FaultCounts = {}
+        self._compactions = context_editing.ServedCompactions()
         self.protocol_errors: list[str] = []
         """Every 400 this server answered with, so a test can assert the client kept to the protocol."""
+        self.context_edits: list[tuple[str | None, list[dict[str, Any]], bool]] = []
+        """Per answer with server-side context management at work: (script, applied clear edits,
+        whether it compacted)."""
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
 
@@ -115,8 +124,10 @@ class FakeMessagesAPI:
         request sees every scripted fault again."""
         self._log.clear()
         self.protocol_errors.clear()
+        self.context_edits.clear()
         if faults:
             self._fault_counts.clear()
+        self._compactions.clear()
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -201,16 +212,24 @@ class FakeMessagesAPI:
         rejection = self._reject(request, request_id, body, count_tokens=False)
         if rejection is not None:
             return rejection
+        edited = context_editing.apply(body)  # server-side context management: what the model reads
         try:
-            chosen = plan(body, self._scripts, self._fault_counts, demo_brain=self.demo_brain)
+            chosen = plan(edited.body, self._scripts, self._fault_counts, demo_brain=self.demo_brain)
+            self._compactions.check_kept(body, chosen.conversation, chosen.step - assistant_turns(body))
         except ProtocolError as err:
             self.protocol_errors.append(str(err))
             self._log.record(request, request_id, body, "invalid_request")
             return error_response(400, "invalid_request_error", str(err), request_id)
         if self._prompt_cache is not None and chosen.fault is None:
             chosen = dataclasses.replace(chosen, cache=self._prompt_cache.use(body))
+        if chosen.fault is None and (edited.applied_edits or edited.compact):
+            compaction = context_editing.compaction_block(body, chosen.step) if edited.compact else None
+            chosen = dataclasses.replace(chosen, compaction=compaction, applied_edits=edited.applied_edits)
+            if compaction is not None:
+                self._compactions.add(chosen.conversation, chosen.step)
+            self.context_edits.append((chosen.script, list(edited.applied_edits), compaction is not None))
         self._log.record(request, request_id, body, chosen.outcome, script=chosen.script, step=chosen.step)
-        return await serve(request, request_id, body, chosen, latency_seconds=self.latency_seconds)
+        return await serve(request, request_id, edited.body, chosen, latency_seconds=self.latency_seconds)
 
     async def _read_json(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -231,6 +250,7 @@ class FakeMessagesAPI:
                 raise ProtocolError("anthropic-version: header is required")
             betas = {b.strip() for b in request.headers.get("anthropic-beta", "").split(",") if b.strip()}
             validate_request(body, count_tokens=count_tokens, betas=betas)
+            context_editing.check_request(body, betas)
         except ProtocolError as err:
             self.protocol_errors.append(str(err))
             self._log.record(request, request_id, body, "invalid_request")

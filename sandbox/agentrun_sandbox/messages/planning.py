@@ -42,6 +42,10 @@ class Plan:
     fault: Fault | None
     cache: CacheUsage | None = None
     """The input side of usage from the server's prompt cache, when it keeps one."""
+    compaction: Mapping[str, Any] | None = None
+    """A compaction block the server puts first in the answer (server-side compaction)."""
+    applied_edits: Sequence[Mapping[str, Any]] = ()
+    """Context edits the server applied (``context_management.applied_edits``)."""
 
     @property
     def outcome(self) -> str:
@@ -169,6 +173,8 @@ def check_thinking_kept(
         served = [b for b in wire_content(scripted, conversation, step - 1) if b["type"] in THINKING_BLOCKS]
         content = message.get("content")
         blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        if blocks and blocks[0].get("type") == "compaction":
+            blocks = blocks[1:]  # the server's compaction block comes before the model's own blocks
         sent = blocks[: len(served)]
         where = f"messages.{index}.content"
         kinds = [b.get("type") for b in sent]
@@ -220,6 +226,27 @@ def wire_reply(body: Mapping[str, Any], plan: Plan, *, max_tokens_cut: bool) -> 
             cache_read_input_tokens=plan.cache.cache_read_input_tokens,
             cache_creation_input_tokens=plan.cache.cache_creation_input_tokens,
         )
+    iterations: list[dict[str, Any]] | None = None
+    if plan.compaction is not None:
+        # The compaction read the whole request; the answer was written from its summary on.
+        content = [dict(plan.compaction), *content]
+        iterations = [
+            {
+                "type": "compaction",
+                "input_tokens": estimate_input_tokens(body),
+                "output_tokens": estimate_tokens(plan.compaction["content"]),
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            }
+        ]
+        if usage.input_tokens is None:
+            after = {k: body[k] for k in ("system", "tools") if k in body}
+            usage = dataclasses.replace(
+                usage,
+                input_tokens=estimate_input_tokens({**after, "messages": [plan.compaction]}),
+                cache_read_input_tokens=0,
+                cache_creation_input_tokens=0,
+            )
     return WireReply(
         message_id=derived_id("msg", plan.conversation, plan.step),
         model=str(body["model"]),
@@ -231,4 +258,10 @@ def wire_reply(body: Mapping[str, Any], plan: Plan, *, max_tokens_cut: bool) -> 
         output_tokens=int(body["max_tokens"]) if max_tokens_cut else output_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         cache_read_input_tokens=usage.cache_read_input_tokens,
+        iterations=iterations,
+        context_management=(
+            {"applied_edits": [dict(e) for e in plan.applied_edits]}
+            if plan.applied_edits or plan.compaction is not None
+            else None
+        ),
     )

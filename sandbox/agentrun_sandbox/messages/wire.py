@@ -79,9 +79,15 @@ class WireReply:
     output_tokens: int
     cache_creation_input_tokens: int
     cache_read_input_tokens: int
+    iterations: Sequence[Mapping[str, Any]] | None = None
+    """``usage.iterations`` (server-side compaction reports its own tokens only there)."""
+    context_management: Mapping[str, Any] | None = None
+    """``context_management`` of the answer: the edits the server applied."""
 
     def usage(self) -> dict[str, Any]:
+        extra = {"iterations": [dict(i) for i in self.iterations]} if self.iterations is not None else {}
         return {
+            **extra,
             "input_tokens": self.input_tokens,
             "cache_creation_input_tokens": self.cache_creation_input_tokens,
             "cache_read_input_tokens": self.cache_read_input_tokens,
@@ -105,6 +111,7 @@ class WireReply:
             "stop_sequence": self.stop_sequence,
             "stop_details": dict(self.stop_details) if self.stop_details is not None else None,
             "usage": self.usage(),
+            **({"context_management": dict(self.context_management)} if self.context_management else {}),
         }
 
 
@@ -145,13 +152,18 @@ def stream_events(reply: WireReply, cut: Cut | None = None) -> list[Event]:
     delta: dict[str, Any] = {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence}
     if reply.stop_details is not None:
         delta["stop_details"] = dict(reply.stop_details)
-    usage = {
+    usage: dict[str, Any] = {
         "input_tokens": reply.input_tokens,
         "cache_creation_input_tokens": reply.cache_creation_input_tokens,
         "cache_read_input_tokens": reply.cache_read_input_tokens,
         "output_tokens": reply.output_tokens,
     }
-    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+    if reply.iterations is not None:
+        usage["iterations"] = [dict(i) for i in reply.iterations]
+    message_delta: dict[str, Any] = {"type": "message_delta", "delta": delta, "usage": usage}
+    if reply.context_management:
+        message_delta["context_management"] = dict(reply.context_management)
+    events.append(("message_delta", message_delta))
     events.append(("message_stop", {"type": "message_stop"}))
     return events
 
@@ -159,6 +171,17 @@ def stream_events(reply: WireReply, cut: Cut | None = None) -> list[Event]:
 def _block_events(index: int, block: Mapping[str, Any], keep: float | None) -> Iterator[Event]:
     if block["type"] == "redacted_thinking":
         yield _start(index, dict(block))
+    elif block["type"] == "compaction":
+        # As the API streams it: the block empty, then one delta with the summary and its key.
+        yield _start(index, {"type": "compaction", "content": None, "encrypted_content": None})
+        yield _delta(
+            index,
+            {
+                "type": "compaction_delta",
+                "content": block["content"],
+                "encrypted_content": block["encrypted_content"],
+            },
+        )
     elif block["type"] == "thinking":
         # As the API streams it: empty text and signature first, then the text, then the signature
         # just before the block stops (never sent for a block cut short).
