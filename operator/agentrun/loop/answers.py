@@ -22,7 +22,7 @@ import jsonschema
 import referencing
 import referencing.exceptions
 
-from agentrun.api.spec import json_schema_validator_class
+from agentrun.api.json_schemas import json_schema_validator_class
 
 MAX_ERRORS = 8
 MAX_ERROR_CHARS = 300

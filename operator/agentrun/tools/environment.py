@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from agentrun.api.spec import SecretKeyRef
+from agentrun.api.spec_base import SecretKeyRef
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentrun.api.spec import TOOL_NAME_PATTERN, AgentRunSpec, MCPServer, ToolSpec
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec_base import TOOL_NAME_PATTERN
+from agentrun.api.tool_specs import MCPServer, ToolSpec
 from agentrun.loop.protocols import Tool, ToolCall, ToolDefinition, ToolOutput
 from agentrun.tools.builtin.basic import Calculator, CurrentTime
 from agentrun.tools.builtin.http_fetch import FetchConfig, HTTPFetch

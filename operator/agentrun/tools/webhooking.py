@@ -16,7 +16,8 @@ import aiohttp
 import jsonschema
 import referencing
 
-from agentrun.api.spec import HTTPTool, json_schema_problem, json_schema_validator_class
+from agentrun.api.json_schemas import json_schema_problem, json_schema_validator_class
+from agentrun.api.tool_specs import HTTPTool
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.tools.body_reading import read_capped

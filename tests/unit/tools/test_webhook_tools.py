@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.api.spec import AgentRunSpec, HTTPTool, ServiceRef
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.tool_specs import HTTPTool, ServiceRef
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import Tool, ToolCall
 from agentrun.tools.environment import SecretMissing

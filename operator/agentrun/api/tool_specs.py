@@ -1,0 +1,148 @@
+"""The tools a run may call (built-in, webhook, MCP) and how the first request may force one."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from agentrun.api.spec_base import DNS_LABEL_PATTERN, TOOL_NAME_PATTERN, SecretKeyRef, SpecModel, ToolName
+
+
+class BuiltinTool(SpecModel):
+    """A tool implemented inside the operator."""
+
+    name: str = Field(
+        description="Name of the built-in tool (see README, 'Built-in tools'), e.g. current_time.",
+        pattern=TOOL_NAME_PATTERN,
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Tool-specific configuration; each built-in documents its keys.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class ServiceRef(SpecModel):
+    """An in-cluster Service that serves a webhook tool."""
+
+    name: str = Field(description="Service name.", pattern=DNS_LABEL_PATTERN, max_length=63)
+    namespace: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="Service namespace; defaults to the run's namespace.",
+    )
+    port: int = Field(default=80, ge=1, le=65535, description="Service port.")
+    path: str = Field(default="/", max_length=2048, description="HTTP path of the tool endpoint.")
+    scheme: Literal["http", "https"] = Field(default="http", description="URL scheme.")
+
+
+class HTTPTool(SpecModel):
+    """A webhook tool: the operator POSTs the validated input as JSON and returns the answer."""
+
+    name: ToolName = Field(description="Tool name the model sees. Must be unique within the run.")
+    description: str = Field(description="What the tool does, for the model.", min_length=1, max_length=4096)
+    input_schema: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object"},
+        description="JSON Schema of the tool input; inputs are validated before any request is sent.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://", description="Endpoint URL.")
+    service: ServiceRef | None = Field(
+        default=None, description="In-cluster Service reference; alternative to url."
+    )
+    headers_from: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key whose value is a JSON object of extra request headers.",
+    )
+    timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Timeout of one request; a timeout is a tool error the model sees (not retried).",
+    )
+    auth_errors_recoverable: bool = Field(
+        default=False,
+        description=(
+            "Treat 401/403 answers as recoverable tool errors the model sees, instead of ending the "
+            "run with FatalToolError (the default: a credential problem cannot be fixed by the model)."
+        ),
+    )
+
+
+class MCPServer(SpecModel):
+    """A streamable-HTTP MCP server whose tools are offered to the model."""
+
+    name: ToolName = Field(description="Server name; its tools are offered as <name>_<tool>.")
+    url: str = Field(max_length=2048, pattern=r"^https?://", description="MCP endpoint URL.")
+    allowed_tools: list[ToolName] | None = Field(
+        default=None,
+        description="Only these tools of the server are offered; all of them when unset.",
+    )
+    headers_from: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key whose value is a JSON object of extra request headers.",
+    )
+
+
+class ToolSpec(SpecModel):
+    """One entry of spec.tools: exactly one of builtin, http or mcp."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0)"
+                    " + (has(self.mcp) ? 1 : 0) == 1",
+                    "message": "a tool needs exactly one of builtin, http, mcp",
+                }
+            ]
+        }
+    )
+
+    builtin: BuiltinTool | None = Field(default=None, description="A built-in tool.")
+    http: HTTPTool | None = Field(default=None, description="A webhook tool.")
+    mcp: MCPServer | None = Field(default=None, description="An MCP server's tools.")
+    requires_approval: bool = Field(
+        default=False,
+        description="Pause the run for a human approval (spec.approvals) before each call.",
+    )
+    write_key: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Calls sharing a write key run one after another instead of in parallel.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> ToolSpec:
+        kinds = [k for k in ("builtin", "http", "mcp") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"a tool needs exactly one of builtin, http, mcp; got {kinds or 'none'}")
+        return self
+
+
+class ToolChoice(SpecModel):
+    """How the first turn chooses tools; later turns always use auto."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(self.type == 'tool') == has(self.name)",
+                    "message": "toolChoice.name is required when type is tool, and only then",
+                }
+            ]
+        }
+    )
+
+    type: Literal["auto", "any", "tool", "none"] = Field(
+        default="auto", description="auto, any (some tool), tool (the named one) or none."
+    )
+    name: ToolName | None = Field(default=None, description="The forced tool when type is tool.")
+
+    @model_validator(mode="after")
+    def _name_iff_tool(self) -> ToolChoice:
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("toolChoice.name is required when type is tool, and only then")
+        return self
