@@ -18,7 +18,7 @@ from agentrun.api.traces import COMPACTION, TraceRow
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context, Interrupted
 from agentrun.loop.errors import FatalModelError, RetryableModelError
-from agentrun.loop.events import ContextCompacted, ModelRequestFinished, ModelRetryScheduled
+from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import ModelRequest, ModelResponse
 from agentrun.loop.state import Compaction, text_of
 from agentrun.loop.steps import Compact, Finish, Prepare
@@ -66,22 +66,11 @@ async def compact(step: Compact, ctx: Context) -> Prepare | Finish:
     state.last_input_tokens = None  # the next request's report is the first one of this view
     after = estimate(state, sent_messages(state, cfg.context), fixed)
     state.compaction = Compaction(summary, cut.boundary, cut.turns, before, after, state.iterations)
-    state.compactions += 1
-    state.context_tokens_removed += max(before - after, 0)
     state.compaction_log.append(
         {"iteration": state.iterations, "turns": cut.turns, "tokensBefore": before, "tokensAfter": after}
     )
-    await ctx.observer.notify(
-        ContextCompacted(
-            iteration=state.iterations,
-            compactions=state.compactions,
-            tokens_before=before,
-            tokens_after=after,
-            turns=cut.turns,
-            usage=answer.usage,
-            tokens_removed=state.context_tokens_removed,
-            refused=step.refused is not None,
-        )
+    await ctx.count_compaction(
+        before=before, after=after, turns=cut.turns, usage=answer.usage, refused=step.refused is not None
     )
     # The summary request's own trace row, so the trace's usage adds up to the run's.
     row = TraceRow(

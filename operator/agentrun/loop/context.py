@@ -9,10 +9,11 @@ from typing import Any, Protocol, TypeVar
 
 from agentrun.api.stops import StopReason
 from agentrun.api.traces import TraceRow
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.approving import ApprovalGate
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.dispatching import Dispatcher
-from agentrun.loop.events import Checkpoint
+from agentrun.loop.events import Checkpoint, ContextCompacted
 from agentrun.loop.protocols import Block, Clock, Message, ModelClient, Observer, Pricer, Tool, ToolCall
 from agentrun.loop.state import RunState
 
@@ -91,6 +92,26 @@ class Context:
                 if not task.done():
                     task.cancel()
             await asyncio.gather(work, stop, return_exceptions=True)
+
+    async def count_compaction(
+        self, *, before: int, after: int, turns: int, usage: TokenUsage, refused: bool = False
+    ) -> None:
+        """One compaction, the loop's own or the API's: counted in state, then told to observers."""
+        state = self.state
+        state.compactions += 1
+        state.context_tokens_removed += max(before - after, 0)
+        await self.observer.notify(
+            ContextCompacted(
+                iteration=state.iterations,
+                compactions=state.compactions,
+                tokens_before=before,
+                tokens_after=after,
+                turns=turns,
+                usage=usage,
+                tokens_removed=state.context_tokens_removed,
+                refused=refused,
+            )
+        )
 
     def user_message(self, blocks: list[Block]) -> Message:
         """Every user turn we write carries the final-turn notice once the iteration limit is hit."""

@@ -12,7 +12,7 @@ from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context, Interrupted
 from agentrun.loop.errors import FatalModelError, RetryableModelError
-from agentrun.loop.events import ContextCompacted, ModelRequestFinished, ModelRetryScheduled
+from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import AppliedContextEdits, ModelRequest
 from agentrun.loop.steps import CallModel, Compact, Finish, Handle
 from agentrun.loop.windowing import chars_of, estimate, fixed_chars, overflow, sent_messages
@@ -124,18 +124,8 @@ async def compacted_on_server(
     state = ctx.state
     after = state.last_input_tokens or 0
     turns = sum(1 for m in request.messages if m.get("role") == "assistant")
-    state.compactions += 1
-    state.context_tokens_removed += max(before - after, 0)
     # Not in compaction_log: that log describes the trace's rows of summary requests, and a
     # compaction on the server has no request of its own.
-    await ctx.observer.notify(
-        ContextCompacted(
-            iteration=state.iterations,
-            compactions=state.compactions,
-            tokens_before=before,
-            tokens_after=after,
-            turns=turns,
-            usage=edits.compaction_usage or TokenUsage(),
-            tokens_removed=state.context_tokens_removed,
-        )
+    await ctx.count_compaction(
+        before=before, after=after, turns=turns, usage=edits.compaction_usage or TokenUsage()
     )
