@@ -16,6 +16,9 @@ from agentrun.loop.windowing import estimate, fixed_chars, plan_cut, sent_messag
 
 async def prepare(ctx: Context) -> CallModel | Compact | Finish:
     cfg, state = ctx.config, ctx.state
+    if state.verdict is not None:
+        # Resumed from the checkpoint of the turn that decided the stop: it stands.
+        return Finish(Outcome(StopReason(state.verdict["stopReason"]), state.verdict["message"]))
     if ctx.cancel.is_set():
         return Finish(Outcome(StopReason.CANCELLED, "spec.cancel was set"))
     if ctx.clock.monotonic() >= ctx.deadline:

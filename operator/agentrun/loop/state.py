@@ -127,6 +127,9 @@ class RunState:
     # The trace row (without tool calls) of the model answer whose tools are running: a resumed run
     # finishes that row from here instead of inventing one.
     in_flight: TraceRow | None = None
+    # A stop decided after a tool turn, checkpointed with that turn: a run resumed from the
+    # checkpoint stops right there, as the uninterrupted run did (stopReason, message).
+    verdict: dict[str, str] | None = None
     # Context management: the latest compaction, how many there were and the tokens they removed,
     # and the size of the last request (its reported input tokens and the characters of its
     # messages), which the next request's size is estimated from.
@@ -194,6 +197,7 @@ class RunState:
             "succeededTools": sorted(self.succeeded_tools),
             "loopWatch": self.loop_watch.as_dict(),
             "inFlight": self.in_flight.as_dict() if self.in_flight is not None else None,
+            "verdict": dict(self.verdict) if self.verdict is not None else None,
             "context": {
                 "compaction": self.compaction.as_dict() if self.compaction is not None else None,
                 "compactions": self.compactions,
@@ -228,6 +232,7 @@ class RunState:
             succeeded_tools={str(t) for t in snapshot.get("succeededTools") or []},
             loop_watch=LoopWatch.from_dict(snapshot.get("loopWatch") or {}),
             in_flight=TraceRow.from_dict(in_flight) if in_flight else None,
+            verdict=_verdict(snapshot.get("verdict")),
             compaction=Compaction.from_dict(compaction) if compaction else None,
             compactions=int(context.get("compactions", 0)),
             context_tokens_removed=int(context.get("tokensRemoved", 0)),
@@ -237,3 +242,10 @@ class RunState:
             last_sent_chars=int(context.get("lastSentChars", 0)),
             compaction_log=[{str(k): int(v) for k, v in entry.items()} for entry in context.get("log") or []],
         )
+
+
+def _verdict(raw: Any) -> dict[str, str] | None:
+    """A checkpointed stop, or None (also for transcripts written before verdicts were kept)."""
+    if not isinstance(raw, Mapping) or "stopReason" not in raw:
+        return None
+    return {"stopReason": str(raw["stopReason"]), "message": str(raw.get("message", ""))}

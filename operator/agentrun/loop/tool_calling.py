@@ -17,6 +17,7 @@ from agentrun.loop.errors import ToolError
 from agentrun.loop.events import ToolCallFinished, ToolCallRecovered
 from agentrun.loop.judging import judge
 from agentrun.loop.protocols import ToolCall
+from agentrun.loop.state import RunState
 from agentrun.loop.steps import Finish, Prepare, RunTools
 
 REISSUE_HINT = "the call was cut off by the output token limit; reissue it with complete JSON input"
@@ -77,6 +78,7 @@ async def run_tools(step: RunTools, ctx: Context) -> Prepare | Finish:
     trace = dataclasses.replace(head, tool_calls=tuple(o.trace for o in outcomes))
     # Judged before the checkpoint, so the checkpoint holds the counters this turn moved.
     verdict = await judge(ctx, outcomes, calls)
+    remember(verdict, state)
     await ctx.emit_checkpoint(trace, tools_pending=False)
     return verdict
 
@@ -118,5 +120,13 @@ async def run_recovered(step: RunTools, ctx: Context) -> Prepare | Finish:
         step.response.request_id,
     )
     verdict = await judge(ctx, outcomes, [call])
+    remember(verdict, state)
     await ctx.emit_checkpoint(trace, tools_pending=False)
     return verdict
+
+
+def remember(verdict: Prepare | Finish, state: RunState) -> None:
+    """A stop decided on this turn rides in its checkpoint, so a restart cannot lose it."""
+    if isinstance(verdict, Finish):
+        outcome = verdict.outcome
+        state.verdict = {"stopReason": outcome.stop_reason.value, "message": outcome.message}

@@ -281,6 +281,15 @@ async def test_a_run_resumed_after_any_tool_turn_stops_at_the_same_turn_with_the
         assert calls == 4 - done, f"resumed after tool turn {done}"
 
 
+async def test_a_run_resumed_after_the_turn_that_decided_the_stop_stops_there_without_asking_again() -> None:
+    whole = await uninterrupted()
+    checkpoints = whole.recorder.of(Checkpoint)
+    last_turn = max(i for i, c in enumerate(checkpoints) if c.trace is not None and not c.tools_pending)
+    outcome, calls = await resume([*CYCLE, answer()], checkpoints[: last_turn + 1])
+    assert (outcome.stop_reason, outcome.message) == (whole.outcome.stop_reason, whole.outcome.message)
+    assert calls == 0, "the operator died after the verdict's checkpoint: no further tool turn"
+
+
 async def test_a_run_resumed_with_its_tools_in_flight_reruns_them_and_stops_at_the_same_turn() -> None:
     whole = await uninterrupted()
     checkpoints = whole.recorder.of(Checkpoint)
