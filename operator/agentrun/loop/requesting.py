@@ -15,7 +15,7 @@ from agentrun.loop.errors import FatalModelError, RetryableModelError
 from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import AppliedContextEdits, ModelRequest
 from agentrun.loop.steps import CallModel, Compact, Finish, Handle
-from agentrun.loop.windowing import chars_of, estimate, fixed_chars, overflow, sent_messages
+from agentrun.loop.windowing import estimate, fixed_chars, overflow, sent_messages, view_chars
 
 
 def build_request(step: CallModel, ctx: Context) -> ModelRequest:
@@ -103,7 +103,7 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
             - (c.input_tokens + c.cache_creation_input_tokens + c.cache_read_input_tokens),
             0,
         )
-        ctx.state.last_sent_chars = chars_of(list(request.messages))
+        ctx.state.last_sent_chars = view_chars(ctx.state, request.messages)
         if step.final:
             ctx.state.final_turn = True
         await ctx.observer.notify(

@@ -140,6 +140,10 @@ class RunState:
     last_sent_chars: int = 0
     # One small entry per compaction (iteration, turns, tokens before and after), for the trace.
     compaction_log: list[dict[str, int]] = field(default_factory=list)
+    # Characters of each stored message as JSON, by identity (windowing.view_chars): sizes are
+    # estimated before every request, and a stored message never changes, so each is measured once.
+    # The message itself is kept beside its size, so an id is never reused while it is cached.
+    measured: dict[int, tuple[Message, int]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def fresh(cls, task: str) -> RunState:

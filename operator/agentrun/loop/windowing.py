@@ -41,6 +41,29 @@ def chars_of(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str))
 
 
+def view_chars(state: RunState, view: Sequence[Message]) -> int:
+    """``chars_of(list(view))``, with each stored message serialised once per run, not per request.
+
+    Messages of the view that are not stored ones (the task with the summary, a message with
+    cleared results) are measured afresh; they are few and small.
+    """
+    if not view:
+        return 2
+    stored = {id(m) for m in state.messages}
+    total = len(view) + 1  # the brackets, and a comma between two messages
+    for message in view:
+        key = id(message)
+        entry = state.measured.get(key)
+        if entry is not None and entry[0] is message:
+            total += entry[1]
+            continue
+        size = chars_of(message)
+        if key in stored:
+            state.measured[key] = (message, size)
+        total += size
+    return total
+
+
 def tokens_of_chars(chars: int) -> int:
     return math.ceil(max(chars, 0) / CHARS_PER_TOKEN)
 
@@ -92,7 +115,7 @@ def cleared(messages: Sequence[Message], cfg: ContextConfig) -> list[Message]:
                 results.append((m_index, b_index))
     excess = max(len(results) - cfg.keep_tool_results, 0)
     older = results[: excess - excess % cfg.clear_batch]
-    out = [dict(m) for m in messages]
+    out = list(messages)  # a message is copied only where a result in it is cleared
     for m_index, b_index in older:
         content = list(out[m_index]["content"])
         block = content[b_index]
@@ -125,7 +148,7 @@ def fixed_chars(system: str | None, tools: Sequence[ToolDefinition]) -> int:
 
 def estimate(state: RunState, view: Sequence[Message], fixed: int) -> int:
     """Estimated input tokens of a request sending `view` (see the module docstring)."""
-    chars = chars_of(list(view))
+    chars = view_chars(state, view)
     if state.last_input_tokens is None:
         return tokens_of_chars(chars + fixed)
     delta = chars - state.last_sent_chars

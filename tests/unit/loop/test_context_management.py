@@ -10,11 +10,12 @@ from typing import Any
 
 from agentrun.api.stops import StopReason
 from agentrun.api.usage import TokenUsage
+from agentrun.loop.config import ContextConfig
 from agentrun.loop.errors import ToolError
 from agentrun.loop.events import Checkpoint, ContextCompacted, Event, ModelRequestFinished, RunFinished
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
-from agentrun.loop.state import RunState
-from agentrun.loop.windowing import SUMMARY_REQUEST
+from agentrun.loop.state import Compaction, RunState
+from agentrun.loop.windowing import SUMMARY_REQUEST, chars_of, sent_messages, view_chars
 from agentrun_sandbox.messages.recording import RecordedRequest
 from agentrun_sandbox.messages.script import Reply, ScriptUsage, text_block, tool_use_block
 from agentrun_sandbox.messages.wire import estimate_input_tokens
@@ -315,3 +316,31 @@ async def test_an_overflow_with_nothing_left_to_summarize_says_management_could_
     assert "context management could not make room: the next request is too long and no turn" in (
         run.outcome.message
     )
+
+
+def test_the_view_size_counted_message_by_message_equals_one_serialisation_of_the_whole_view() -> None:
+    """Stored messages are measured once per run; the sum must still be exactly the request's size."""
+    state = RunState.fresh("ünïcode task")
+    for turn in range(12):
+        call_id = f"toolu_{turn}"
+        state.messages.append(
+            {"role": "assistant", "content": [tool_use_block("pod_logs", {"pod": f"p{turn}"}, id=call_id)]}
+        )
+        result = {"type": "tool_result", "tool_use_id": call_id, "content": "log line\n" * (200 * turn)}
+        if turn % 4 == 3:
+            result["is_error"] = True
+        state.messages.append({"role": "user", "content": [result]})
+    configs = [
+        ContextConfig(),
+        ContextConfig(clear_tool_results=True, keep_tool_results=2, clear_batch=1, clear_min_chars=10),
+        ContextConfig(clear_tool_results=True, keep_tool_results=3, clear_batch=4, clear_min_chars=0),
+    ]
+    for compaction in (None, Compaction("what was done", 9, 4, 900, 300, 5)):
+        state.compaction = compaction
+        for cfg in configs:
+            for _ in range(2):  # the second time from the measured sizes
+                view = sent_messages(state, cfg)
+                assert view_chars(state, view) == chars_of(list(view))
+    assert view_chars(state, []) == chars_of([])
+    assert state.measured, "stored messages are measured once and kept"
+    assert all(entry[0] in state.messages for entry in state.measured.values())
