@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from agentrun_sandbox.kube import EmulatedCluster
+from agentrun_sandbox.messages.api import FakeMessagesAPI
 from tests.support.clusters import TestCluster, cluster_for
+from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import SessionRecord
 
 
@@ -43,3 +45,14 @@ async def cluster(real_kubeconfig: Path | None) -> AsyncIterator[TestCluster]:
     """The scenario's API server: a fresh emulator, or a namespace of its own on a real server."""
     async with cluster_for(real_kubeconfig) as chosen:
         yield chosen
+
+
+@pytest.fixture
+async def operator(
+    request: pytest.FixtureRequest, cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    """The real operator serving `cluster`, calling the module's `model` fixture with the module's
+    own API_KEY (each module has its own, so the leak scan can tell them apart)."""
+    env = {"ANTHROPIC_API_KEY": request.module.API_KEY, "ANTHROPIC_BASE_URL": model.url}
+    async with cluster.operator(tmp_path / "operator.log", env) as process:
+        yield process

@@ -11,7 +11,6 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,15 +42,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
     )
     async with api.running() as server:
         yield server
-
-
-@pytest.fixture
-async def operator(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
-) -> AsyncIterator[OperatorProcess]:
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with cluster.operator(tmp_path / "operator.log", env) as process:
-        yield process
 
 
 async def _create(cluster: TestCluster, manifest: dict[str, Any]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,15 +54,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 async def receiver() -> AsyncIterator[WebhookReceiver]:
     async with WebhookReceiver(default=Answer(200, {"ok": True})).running() as running:
         yield running
-
-
-@pytest.fixture
-async def operator(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
-) -> AsyncIterator[OperatorProcess]:
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with cluster.operator(tmp_path / "operator.log", env) as process:
-        yield process
 
 
 def webhook(name: str, receiver: WebhookReceiver, field: str) -> dict[str, Any]:

@@ -42,15 +42,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
         yield server
 
 
-@pytest.fixture
-async def operator(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
-) -> AsyncIterator[OperatorProcess]:
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with cluster.operator(tmp_path / "operator.log", env) as process:
-        yield process
-
-
 async def test_applied_run_calls_one_tool_then_succeeds_with_exact_status(
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:

@@ -65,15 +65,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
         yield server
 
 
-@pytest.fixture
-async def operator(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
-) -> AsyncIterator[OperatorProcess]:
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with cluster.operator(tmp_path / "operator.log", env) as process:
-        yield process
-
-
 async def plugin(cluster: TestCluster, *args: str, via_kubectl: bool = False) -> Ran:
     """The plugin as a user runs it whose kubeconfig context names the test namespace."""
     env = {

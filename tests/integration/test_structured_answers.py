@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,15 +56,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
     )
     async with api.running() as server:
         yield server
-
-
-@pytest.fixture
-async def operator(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
-) -> AsyncIterator[OperatorProcess]:
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with cluster.operator(tmp_path / "operator.log", env) as process:
-        yield process
 
 
 def _report_run(cluster: TestCluster, name: str, task: str, **output: Any) -> dict[str, Any]:

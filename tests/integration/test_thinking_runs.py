@@ -4,7 +4,6 @@ and the fake Messages API, which refuses any follow-up that lost or altered a th
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,15 +66,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
     )
     async with api.running() as server:
         yield server
-
-
-@pytest.fixture
-async def operator(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
-) -> AsyncIterator[OperatorProcess]:
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
-    async with cluster.operator(tmp_path / "operator.log", env) as process:
-        yield process
 
 
 def _cache_marks(body: dict[str, Any]) -> int:
