@@ -87,13 +87,18 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
                 Outcome(StopReason.MODEL_ERROR, f"{status}{exc.message}", condition_reason=exc.reason)
             )
         elapsed = ctx.clock.monotonic() - started
+        edits = response.context_edits
+        compacted = edits if edits is not None and edits.compacted else None
         # Estimated before the state learns this response's size: what the request held before
-        # a compaction on the server made it smaller.
-        before = estimate(ctx.state, request.messages, fixed_chars(request.system, request.tools))
+        # a compaction on the server made it smaller (only then: it serialises the request).
+        before = (
+            estimate(ctx.state, request.messages, fixed_chars(request.system, request.tools))
+            if compacted is not None
+            else 0
+        )
         ctx.state.iterations = iteration
         ctx.state.add_usage(response.model or request.model, response.usage)
         u = response.usage
-        edits = response.context_edits
         # A compaction on the server is in the usage (it is billed) but not in the request's size.
         c = edits.compaction_usage if edits is not None and edits.compaction_usage else TokenUsage()
         ctx.state.last_input_tokens = max(
@@ -111,8 +116,8 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
                 iteration, request.model, elapsed, "ok", response.usage, response.stop_reason
             )
         )
-        if edits is not None and edits.compacted:
-            await compacted_on_server(ctx, request, edits, before)
+        if compacted is not None:
+            await compacted_on_server(ctx, request, compacted, before)
         return Handle(response, final=step.final)
 
 
