@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 
 class Settings(BaseModel):
@@ -112,3 +112,13 @@ class Settings(BaseModel):
             values["anthropic_base_url"] = env["ANTHROPIC_BASE_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """One line per problem, each naming the environment variable (or flag) as the user set it."""
+    problems = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        message = str(error["msg"]).removeprefix("Value error, ")
+        problems.append(f"AGENTRUN_{field.upper()}: {message}" if field else message)
+    return "; ".join(problems)

@@ -43,7 +43,7 @@ from agentrun.loop.events import (
 )
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
-from agentrun.settings import Settings
+from agentrun.settings import Settings, describe_settings_error
 from agentrun.tools.builtin.kubernetes import KUBERNETES_TOOLS
 from agentrun.tools.registry import secret_uses
 
@@ -153,8 +153,7 @@ async def run_manifest(
             {"AGENTRUN_CONTEXT_WINDOWS": windows} if windows else {}
         ).context_windows
     except pydantic.ValidationError as exc:
-        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        print(f"error: AGENTRUN_CONTEXT_WINDOWS: {problems}", file=stderr)
+        print(f"error: {describe_settings_error(exc)}", file=stderr)
         return EXIT_INVALID
     api_key = os.environ.get("ANTHROPIC_API_KEY")
     if not api_key:

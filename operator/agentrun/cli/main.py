@@ -80,7 +80,7 @@ def _operator(args: argparse.Namespace) -> int:
     from agentrun import logs
     from agentrun.controller.operating import operate
     from agentrun.kube.failures import explain
-    from agentrun.settings import Settings
+    from agentrun.settings import Settings, describe_settings_error
 
     if args.all_namespaces and args.namespace:
         print("error: --all-namespaces and --namespace exclude each other", file=sys.stderr)
@@ -95,7 +95,7 @@ def _operator(args: argparse.Namespace) -> int:
             max_concurrent_runs=args.max_concurrent_runs,
         )
     except pydantic.ValidationError as exc:
-        print(f"error: invalid settings: {exc}", file=sys.stderr)
+        print(f"error: invalid settings: {describe_settings_error(exc)}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
     try:
