@@ -55,6 +55,9 @@ crds: $(STAMP)
 	$(BIN)/agentrun crd > crds/agentruns.agentrun.dev.yaml
 	cp crds/agentruns.agentrun.dev.yaml charts/agentrun-operator/crds/agentruns.agentrun.dev.yaml
 	$(BIN)/agentrun crd --reference > docs/reference/agentrun.md
+	$(BIN)/agentrun crd --kind AgentRunQuota > crds/agentrunquotas.agentrun.dev.yaml
+	cp crds/agentrunquotas.agentrun.dev.yaml charts/agentrun-operator/crds/agentrunquotas.agentrun.dev.yaml
+	$(BIN)/agentrun crd --kind AgentRunQuota --reference > docs/reference/agentrunquota.md
 
 # Material for MkDocs prints an end-of-life notice (fixes until May 2027) on every build; silenced here.
 # Without -q: MkDocs' quiet mode drops the warnings that --strict turns into a failed build.
@@ -66,6 +69,7 @@ $(VENV)/.docs-installed: $(STAMP) pyproject.toml
 
 docs: $(VENV)/.docs-installed
 	$(BIN)/agentrun crd --reference > docs/reference/agentrun.md
+	$(BIN)/agentrun crd --kind AgentRunQuota --reference > docs/reference/agentrunquota.md
 	$(MKDOCS) build --strict
 
 # What make test checks: the site builds with no warning (links, anchors, nav); the reference is

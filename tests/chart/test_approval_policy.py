@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from tests.chart.tooling import REPO, Manifest, Renderer, one
+from tests.chart.tooling import REPO, Manifest, Renderer
 
 MANIFEST = REPO / "deploy" / "approval-policy.yaml"
 POLICY = "ValidatingAdmissionPolicy"
@@ -14,7 +14,8 @@ BINDING = "ValidatingAdmissionPolicyBinding"
 
 
 def _policy_objects(manifests: list[Manifest]) -> list[Manifest]:
-    return [m for m in manifests if m["kind"] in (POLICY, BINDING)]
+    """The approval policy and its binding (the chart renders the quota policy beside them)."""
+    return [m for m in manifests if m["kind"] in (POLICY, BINDING) and "approval" in m["metadata"]["name"]]
 
 
 def _plain() -> list[Manifest]:
@@ -22,8 +23,7 @@ def _plain() -> list[Manifest]:
 
 
 def test_the_chart_installs_the_approval_policy_by_default_for_every_agentrun(renderer: Renderer) -> None:
-    manifests = renderer.render()
-    policy, binding = one(manifests, POLICY), one(manifests, BINDING)
+    policy, binding = _policy_objects(renderer.render())
     assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert policy["metadata"]["name"] == "agentrun-operator-approval-decider"
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
@@ -45,8 +45,8 @@ def test_approval_policy_enabled_false_leaves_it_out(renderer: Renderer) -> None
 
 def test_every_kubernetes_version_the_chart_accepts_gets_the_policy(renderer: Renderer) -> None:
     rendered = renderer.template(extra=["--kube-version", "1.33.0"])
-    kinds = [doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc]
-    assert sorted(k for k in kinds if k in (POLICY, BINDING)) == sorted([POLICY, BINDING])
+    docs = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
+    assert sorted(m["kind"] for m in _policy_objects(docs)) == sorted([POLICY, BINDING])
 
 
 def _comparable(manifest: Manifest) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from tests.chart.tooling import (
 
 MIN_KUBERNETES = "1.33.0"
 CRD_FILE = "agentruns.agentrun.dev.yaml"
+CRD_FILES = (CRD_FILE, "agentrunquotas.agentrun.dev.yaml")
 OPERATOR_SA = "agentrun-operator"
 OPERATOR_SUBJECT = {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}
 
@@ -96,6 +97,8 @@ NAMESPACED_NEEDS = {
     ("agentrun.dev", "agentruns"): {"list", "watch", "patch", "delete"},
     ("agentrun.dev", "agentruns/status"): {"patch"},
     ("agentrun.dev", "agentruns/finalizers"): {"update"},
+    ("agentrun.dev", "agentrunquotas"): {"get", "list", "watch"},
+    ("agentrun.dev", "agentrunquotas/status"): {"update"},
     ("", "events"): {"create", "patch"},
     ("", "secrets"): {"get", "list", "create"},
     ("", "serviceaccounts"): {"impersonate"},
@@ -570,9 +573,10 @@ def test_values_yaml_holds_no_secrets() -> None:
 # --- the CRD -------------------------------------------------------------------------------------------
 
 
-def test_chart_crd_copy_is_byte_identical_to_the_generated_crd() -> None:
-    generated = REPO / "crds" / CRD_FILE
-    copy = CHART / "crds" / CRD_FILE
+@pytest.mark.parametrize("crd_file", CRD_FILES)
+def test_chart_crd_copy_is_byte_identical_to_the_generated_crd(crd_file: str) -> None:
+    generated = REPO / "crds" / crd_file
+    copy = CHART / "crds" / crd_file
     assert generated.is_file(), f"{generated.relative_to(REPO)} is missing: run `make crds`"
     assert copy.is_file(), f"{copy.relative_to(REPO)} is missing: run `make crds`"
     assert copy.read_bytes() == generated.read_bytes(), f"{copy.relative_to(REPO)} differs: run `make crds`"

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client import CollectorRegistry
 
+from agentrun.metrics.observing import Metrics
 from tests.chart.tooling import CHART, MONITORING_API, REPO, Renderer, Tool, one
 
 RULES = CHART / "rules" / "agentrun.rules.yaml"
@@ -36,6 +38,11 @@ METRICS = [
     "agentrun_approvals_decided_total",
     "agentrun_operator_heartbeat_timestamp_seconds",
     "agentrun_build_info",
+    "agentrun_quota_hard",
+    "agentrun_quota_used",
+    "agentrun_quota_reserved",
+    "agentrun_quota_lost_reservations",
+    "agentrun_quota_refusals_total",
 ]
 EXPECTED_ALERTS = {
     "AgentRunOperatorDown",
@@ -46,6 +53,7 @@ EXPECTED_ALERTS = {
     "AgentRunCostBurnHigh",
     "AgentRunStuck",
     "AgentRunModelLatencyHigh",
+    "AgentRunQuotaCostAbove80Percent",
 }
 
 
@@ -79,7 +87,7 @@ def test_promtool_unit_tests_of_every_alert_pass(promtool: Tool) -> None:
     assert "SUCCESS" in proc.stdout
 
 
-def test_the_rules_cover_loops_tools_model_errors_cost_stuck_runs_operator_health_and_latency() -> None:
+def test_the_rules_cover_loops_tools_model_errors_cost_stuck_runs_health_latency_and_quota_spend() -> None:
     assert {rule["alert"] for rule in alert_rules()} == EXPECTED_ALERTS
 
 
@@ -161,6 +169,53 @@ def test_dashboard_shows_every_operator_metric() -> None:
     queries = " ".join(t["expr"] for p in dashboard_panels() for t in p["targets"])
     missing = [metric for metric in METRICS if not re.search(rf"\b{metric}\b", queries)]
     assert not missing, f"no dashboard panel queries {missing}"
+
+
+def exposed_names(registry: CollectorRegistry) -> set[str]:
+    """The sample names a scrape can contain for each registered family, whether or not it has samples yet."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {
+        family.name + suffix for family in registry.collect() for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_every_operator_metric_a_dashboard_panel_or_an_alert_queries_is_one_the_operator_registers() -> None:
+    # The real scrape (tests/integration/test_observability.py) shows only series that have samples;
+    # this holds for metrics that have none until something happens, like a quota's.
+    registered = exposed_names(Metrics(CollectorRegistry()).registry)
+    queries = [t["expr"] for p in dashboard_panels() for t in p["targets"]]
+    queries += [str(rule["expr"]) for rule in alert_rules()]
+    for expr in queries:
+        unknown = set(re.findall(r"\bagentrun_[a-z0-9_]+", expr)) - registered
+        assert not unknown, f"{expr!r} names metrics the operator does not register: {unknown}"
+
+
+def test_the_quota_row_shows_used_against_hard_reservations_refusals_and_lost_reservations() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Quotas")
+    end = next((i for i, p in enumerate(panels) if i > start and p["type"] == "row"), len(panels))
+    queries = " ".join(t["expr"] for p in panels[start + 1 : end] for t in p["targets"])
+    for metric in (
+        "agentrun_quota_used",
+        "agentrun_quota_hard",
+        "agentrun_quota_reserved",
+        "agentrun_quota_refusals_total",
+        "agentrun_quota_lost_reservations",
+    ):
+        assert re.search(rf"\b{metric}\b", queries), f"the Quotas row does not query {metric}"
+    assert "by (namespace, quota, resource)" in queries
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    cells: dict[tuple[int, int], str] = {}
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = panel["title"]
 
 
 def test_dashboard_panels_have_unique_ids_titles_and_a_datasource_variable() -> None:

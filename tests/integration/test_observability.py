@@ -1,7 +1,8 @@
 """Observability of the real operator process: a scripted workload, then its scrape, Events and logs.
 
 The chart's dashboard and alert rules are checked against the same real scrape: every metric a
-query names must be one the operator exports after the workload.
+query names must be one the operator exports after the workload. The workload runs under an
+AgentRunQuota, so the quota metrics are in the scrape too, equal to the quota's own status.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
+from tests.support.quotas import create_quota, install_quota_crd, quota_status
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "agentrun-operator"
 API_KEY = "sk-ant-observability-secret-0123456789"
 CALC = [{"builtin": {"name": "calculator"}}]
 MODEL = {"name": "claude-haiku-4-5"}
+#: Room for the whole workload: the quota counts it and limits nothing.
+QUOTA = "obs-budget"
+QUOTA_HARD = {"concurrentRuns": 10, "runs": 100, "tokens": 10_000_000, "costUSD": 100}
 
 
 def _scripts() -> list[Script]:
@@ -83,6 +88,7 @@ async def _operator(
         "ANTHROPIC_BASE_URL": model.url,
         "AGENTRUN_HEARTBEAT_SECONDS": "0.2",
     }
+    await install_quota_crd(cluster)
     async with cluster.operator(tmp_path / "operator.log", env, args) as process:
         yield process
 
@@ -104,6 +110,7 @@ async def json_operator(
 
 
 async def _run_workload(cluster: TestCluster) -> dict[str, dict[str, Any]]:
+    await create_quota(cluster, QUOTA, hard=QUOTA_HARD)
     for name, (task, _) in WORKLOAD.items():
         run = agentrun(name, task, namespace=cluster.namespace, model=MODEL, tools=CALC)
         await cluster.request("POST", cluster.runs_path, json=run)
@@ -196,6 +203,7 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
     assert samples['agentrun_tool_calls_recovered_from_text_total{tool="calculator"}'] == 1
     assert samples["agentrun_runs_active"] == 0
     assert samples["agentrun_runs_queued"] == 0
+    assert samples[f"agentrun_runs_queued_by_namespace{{{ns}}}"] == 0
     assert samples["agentrun_approvals_pending"] == 0
     assert samples["agentrun_oldest_running_run_age_seconds"] == 0
     assert samples[f"agentrun_run_iterations_count{{{ns}}}"] == 4
@@ -211,6 +219,35 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
     assert _samples(await operator.scrape())["agentrun_operator_heartbeat_timestamp_seconds"] > first
     # No per-run label anywhere.
     assert not re.search(r'(name|uid|run)="obs-', scrape)
+
+    # The quota gauges follow the quota's status (written by the ledger, seen through the watch).
+    quota = f'namespace="{cluster.namespace}",quota="{QUOTA}"'
+    deadline = time.monotonic() + 30
+    while True:
+        status = await quota_status(cluster, QUOTA)
+        used = status.get("used") or {}
+        samples = _samples(scrape)
+        if (
+            used.get("runs") == len(WORKLOAD)
+            and used.get("concurrentRuns") == 0
+            and samples.get(f'agentrun_quota_used{{{quota},resource="runs"}}') == len(WORKLOAD)
+            and samples.get(f'agentrun_quota_used{{{quota},resource="concurrentRuns"}}') == 0
+        ) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+        scrape = await operator.scrape()
+    assert used.get("runs") == len(WORKLOAD), status
+    for resource, value in QUOTA_HARD.items():
+        assert samples[f'agentrun_quota_hard{{{quota},resource="{resource}"}}'] == value
+    assert samples[f'agentrun_quota_used{{{quota},resource="runs"}}'] == len(WORKLOAD)
+    assert samples[f'agentrun_quota_used{{{quota},resource="concurrentRuns"}}'] == 0
+    assert samples[f'agentrun_quota_used{{{quota},resource="tokens"}}'] == used["tokens"]
+    assert samples[f'agentrun_quota_used{{{quota},resource="costUSD"}}'] == pytest.approx(
+        float(used["costUSD"]), abs=1e-9
+    )
+    assert float(used["costUSD"]) == pytest.approx(status_cost, abs=1e-5)
+    assert samples[f'agentrun_quota_reserved{{{quota},resource="tokens"}}'] == 0
+    assert samples[f"agentrun_quota_lost_reservations{{{quota}}}"] == 0
 
     promtool = find_tool("promtool")
     assert promtool is not None, "promtool is needed: run `make tools`"

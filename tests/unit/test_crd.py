@@ -72,8 +72,32 @@ def test_names_printer_columns_and_status_subresource() -> None:
 def test_limits_defaults_are_applied_by_the_api_server() -> None:
     limits = _openapi()["properties"]["spec"]["properties"]["limits"]
     assert limits["default"] == {}
-    assert limits["properties"]["maxIterations"]["default"] == 20
     assert limits["properties"]["toolConcurrency"]["default"] == 8
+
+
+def test_limits_a_quota_may_default_are_left_to_the_operator_so_a_run_declaring_none_shows() -> None:
+    limits = _openapi()["properties"]["spec"]["properties"]["limits"]["properties"]
+    for name, default in (("maxIterations", 20), ("timeoutSeconds", 1800)):
+        assert "default" not in limits[name]
+        assert f"Default {default}, or the smallest perRun.{name}.default" in limits[name]["description"]
+    # The models still fill them in when the operator reads a run.
+    limits_model = AgentRunSpec.model_validate({"task": "x"}).limits
+    assert (limits_model.max_iterations, limits_model.timeout_seconds) == (20, 1800)
+
+
+def test_priority_is_a_bounded_integer_that_can_change_while_a_run_waits() -> None:
+    spec = _openapi()["properties"]["spec"]
+    priority = spec["properties"]["priority"]
+    assert (priority["type"], priority["default"], priority["minimum"], priority["maximum"]) == (
+        "integer",
+        0,
+        -1000,
+        1000,
+    )
+    assert "x-kubernetes-validations" not in priority
+    assert all("priority" not in rule["rule"] for rule in spec["x-kubernetes-validations"])
+    with pytest.raises(pydantic.ValidationError, match="priority"):
+        AgentRunSpec.model_validate({"task": "x", "priority": 1001})
 
 
 def test_spec_fields_except_cancel_and_approvals_are_immutable() -> None:

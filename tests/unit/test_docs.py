@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.api.crd import crd
+from agentrun.api.crd import crd, quota_crd
 from agentrun.api.reference import reference_markdown
 from agentrun.cli.main import main
 
@@ -127,9 +127,11 @@ def link_problems(root: Path, files: list[Path]) -> list[Problem]:
     return problems
 
 
-def _schema() -> dict[str, Any]:
-    root: dict[str, Any] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return root
+def _schemas() -> list[dict[str, Any]]:
+    """The kinds the docs write about (AgentRun, AgentRunQuota): a field path is real in either."""
+    return [
+        definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for definition in (crd(), quota_crd())
+    ]
 
 
 def field_exists(path: str, schema: dict[str, Any]) -> bool:
@@ -149,14 +151,14 @@ def field_exists(path: str, schema: dict[str, Any]) -> bool:
 
 
 def field_problems(root: Path, files: list[Path]) -> list[Problem]:
-    schema = _schema()
+    schemas = _schemas()
     return [
         Problem(str(file.relative_to(root)), f"`{m.group(0)}` is not a field")
         for file in files
         for line in prose_lines(file.read_text())
         for span in _CODE_SPAN.finditer(line)
         for m in _FIELD_PATH.finditer(span.group(2))
-        if not field_exists(m.group(0), schema)
+        if not any(field_exists(m.group(0), schema) for schema in schemas)
     ]
 
 
@@ -205,7 +207,10 @@ def test_agentrun_crd_reference_prints_the_page_make_docs_writes(capsys: pytest.
     assert capsys.readouterr().out == REFERENCE.read_text()
 
 
-def test_field_reference_has_a_row_for_every_field_of_the_crd() -> None:
+@pytest.mark.parametrize(("page", "definition"), [("agentrun.md", crd), ("agentrunquota.md", quota_crd)])
+def test_field_reference_has_a_row_for_every_field_of_the_crd(
+    page: str, definition: Callable[[], dict[str, Any]]
+) -> None:
     def objects(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
         yield path, node
         for name, prop in node.get("properties", {}).items():
@@ -214,10 +219,11 @@ def test_field_reference_has_a_row_for_every_field_of_the_crd() -> None:
             if "properties" in sub:
                 yield from objects(sub, child)
 
-    sections = re.split(r"^#+ ", REFERENCE.read_text(), flags=re.M)
+    sections = re.split(r"^#+ ", (DOCS / "reference" / page).read_text(), flags=re.M)
     bodies = {section.split("\n", 1)[0].strip("`"): section for section in sections}
+    schema = definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for top in ("spec", "status"):
-        for path, node in objects(_schema()["properties"][top], top):
+        for path, node in objects(schema["properties"][top], top):
             assert path in bodies, f"the reference has no section for {path}"
             for name in node["properties"]:
                 assert f"| `{name}` |" in bodies[path], f"the reference has no row for {path}.{name}"

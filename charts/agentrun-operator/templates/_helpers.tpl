@@ -101,6 +101,14 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 - apiGroups: ["agentrun.dev"]
   resources: ["agentruns/status"]
   verbs: ["patch"]
+# AgentRunQuotas are read and watched; only their status (the ledger of use) is written, each change
+# a read and a replace with the resourceVersion read, so concurrent writers never lose an update.
+- apiGroups: ["agentrun.dev"]
+  resources: ["agentrunquotas"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["agentrun.dev"]
+  resources: ["agentrunquotas/status"]
+  verbs: ["update"]
 # Transcripts and run keys are owned by their AgentRun with blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin allows only with update on finalizers.
 - apiGroups: ["agentrun.dev"]

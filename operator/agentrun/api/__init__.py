@@ -12,12 +12,21 @@ SHORT_NAMES = ("ar",)
 CATEGORIES = ("agents",)
 API_VERSION = f"{GROUP}/{VERSION}"
 
+QUOTA_KIND = "AgentRunQuota"
+QUOTA_PLURAL = "agentrunquotas"
+QUOTA_SINGULAR = "agentrunquota"
+QUOTA_SHORT_NAMES = ("arq",)
+
 __all__ = [
     "API_VERSION",
     "CATEGORIES",
     "GROUP",
     "KIND",
     "PLURAL",
+    "QUOTA_KIND",
+    "QUOTA_PLURAL",
+    "QUOTA_SHORT_NAMES",
+    "QUOTA_SINGULAR",
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",

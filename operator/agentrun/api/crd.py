@@ -11,8 +11,22 @@ import copy
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from agentrun.api import CATEGORIES, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from agentrun.api import (
+    CATEGORIES,
+    GROUP,
+    KIND,
+    PLURAL,
+    QUOTA_KIND,
+    QUOTA_PLURAL,
+    QUOTA_SHORT_NAMES,
+    QUOTA_SINGULAR,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
+from agentrun.api.quota import AgentRunQuotaSpec, AgentRunQuotaStatus
 from agentrun.api.spec import IMMUTABLE_SPEC_FIELDS, AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 
@@ -69,7 +83,7 @@ def _structural(node: Any) -> Any:
     return node
 
 
-def _schema_of(model: type[AgentRunSpec] | type[AgentRunStatus]) -> dict[str, Any]:
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})
     schema: dict[str, Any] = _structural(_resolve(raw, defs))
@@ -85,9 +99,26 @@ def _default_nested_objects(schema: dict[str, Any]) -> None:
             _default_nested_objects(prop)
 
 
+#: Limits an AgentRunQuota may default: the operator fills them in (the smallest perRun default of the
+#: namespace's quotas, else the built-in one), since a default stored by the API server would look
+#: declared, and a quota's smaller maximum would then refuse runs that declared nothing.
+OPERATOR_DEFAULTED_LIMITS = ("maxIterations", "timeoutSeconds")
+
+
+def _operator_defaults(limits: dict[str, Any]) -> None:
+    for name in OPERATOR_DEFAULTED_LIMITS:
+        prop = limits["properties"][name]
+        default = prop.pop("default")
+        prop["description"] += (
+            f" Default {default}, or the smallest perRun.{name}.default of the namespace's "
+            "AgentRunQuotas (filled in by the operator, not stored in the spec)."
+        )
+
+
 def spec_schema() -> dict[str, Any]:
     schema = _schema_of(AgentRunSpec)
     _default_nested_objects(schema)
+    _operator_defaults(schema["properties"]["limits"])
     for name in IMMUTABLE_SPEC_FIELDS:
         schema["properties"][name].setdefault("x-kubernetes-validations", []).append(
             {"rule": "self == oldSelf", "message": f"spec.{name} {IMMUTABLE_MESSAGE}"}
@@ -107,19 +138,47 @@ def status_schema() -> dict[str, Any]:
     return _schema_of(AgentRunStatus)
 
 
-def crd() -> dict[str, Any]:
+def _without_nullable(node: Any) -> Any:
+    """A quota leaves a limit out to not limit: null is refused instead of meaning the same thing."""
+    if isinstance(node, list):
+        return [_without_nullable(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: _without_nullable(v) for k, v in node.items() if k != "nullable"}
+
+
+def quota_spec_schema() -> dict[str, Any]:
+    schema = _schema_of(AgentRunQuotaSpec)
+    _default_nested_objects(schema)
+    result: dict[str, Any] = _without_nullable(schema)
+    return result
+
+
+def quota_status_schema() -> dict[str, Any]:
+    return _schema_of(AgentRunQuotaStatus)
+
+
+def _definition(
+    *,
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: tuple[str, ...],
+    columns: list[dict[str, str]],
+    root: dict[str, Any],
+) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
@@ -129,42 +188,88 @@ def crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Stop Reason", "type": "string", "jsonPath": ".status.stopReason"},
-                        {"name": "Iterations", "type": "integer", "jsonPath": ".status.iterations"},
-                        {"name": "Tokens", "type": "integer", "jsonPath": ".status.usage.totalTokens"},
-                        {"name": "Cost", "type": "string", "jsonPath": ".status.usage.costUSD"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": (
-                                "AgentRun runs one LLM agent loop (Anthropic tool use) to completion "
-                                "within declared limits and budgets."
-                            ),
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string", "description": "API version of the object."},
-                                "kind": {"type": "string", "description": "Kind of the object."},
-                                # A real API server refuses anything but `type` here ("metadata is
-                                # implicitly specified"), descriptions included.
-                                "metadata": {"type": "object"},
-                                "spec": {**spec_schema(), "description": "The desired run."},
-                                "status": {
-                                    **status_schema(),
-                                    "description": "What happened (operator-owned).",
-                                },
-                            },
-                        }
-                    },
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
     }
 
 
+def _root(description: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "API version of the object."},
+            "kind": {"type": "string", "description": "Kind of the object."},
+            # A real API server refuses anything but `type` here ("metadata is
+            # implicitly specified"), descriptions included.
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def crd() -> dict[str, Any]:
+    return _definition(
+        kind=KIND,
+        plural=PLURAL,
+        singular=SINGULAR,
+        short_names=SHORT_NAMES,
+        columns=[
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Stop Reason", "type": "string", "jsonPath": ".status.stopReason"},
+            {"name": "Iterations", "type": "integer", "jsonPath": ".status.iterations"},
+            {"name": "Tokens", "type": "integer", "jsonPath": ".status.usage.totalTokens"},
+            {"name": "Cost", "type": "string", "jsonPath": ".status.usage.costUSD"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        root=_root(
+            "AgentRun runs one LLM agent loop (Anthropic tool use) to completion within declared limits "
+            "and budgets.",
+            {**spec_schema(), "description": "The desired run."},
+            {**status_schema(), "description": "What happened (operator-owned)."},
+        ),
+    )
+
+
+def quota_crd() -> dict[str, Any]:
+    return _definition(
+        kind=QUOTA_KIND,
+        plural=QUOTA_PLURAL,
+        singular=QUOTA_SINGULAR,
+        short_names=QUOTA_SHORT_NAMES,
+        columns=[
+            {"name": "Window", "type": "string", "jsonPath": ".spec.window"},
+            {"name": "Concurrent", "type": "string", "jsonPath": ".status.summary.concurrentRuns"},
+            {"name": "Runs", "type": "string", "jsonPath": ".status.summary.runs"},
+            {"name": "Tokens", "type": "string", "jsonPath": ".status.summary.tokens"},
+            {"name": "Cost", "type": "string", "jsonPath": ".status.summary.costUSD"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        root=_root(
+            "AgentRunQuota limits the AgentRuns of its namespace: concurrent runs, and runs, tokens and "
+            "US dollars per window, checked before every model request; and the largest limits one run "
+            "may declare. Every quota of a namespace applies.",
+            {**quota_spec_schema(), "description": "The limits."},
+            {
+                **quota_status_schema(),
+                "description": "The ledger of use against the limits (operator-owned).",
+            },
+        ),
+    )
+
+
+HEADER = "# Generated by `agentrun crd` from operator/agentrun/api; do not edit by hand.\n"
+
+
 def crd_yaml() -> str:
-    header = "# Generated by `agentrun crd` from operator/agentrun/api; do not edit by hand.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=100, allow_unicode=True)
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def quota_crd_yaml() -> str:
+    header = HEADER.replace("`agentrun crd`", "`agentrun crd --kind AgentRunQuota`")
+    return header + yaml.safe_dump(quota_crd(), sort_keys=False, width=100, allow_unicode=True)

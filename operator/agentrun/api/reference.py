@@ -1,4 +1,4 @@
-"""The AgentRun field reference of the documentation, rendered from the generated CRD schema.
+"""The field references of the documentation (AgentRun, AgentRunQuota), rendered from the generated CRDs.
 
 It renders the schema `crd()` emits rather than the pydantic models, so field names, descriptions,
 defaults, bounds and validation messages are exactly what the API server enforces and what
@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from agentrun.api import API_VERSION, CATEGORIES, GROUP, KIND, PLURAL, SHORT_NAMES
 from agentrun.api.crd import crd
 
 HEADER = (
@@ -153,28 +152,36 @@ def _section(path: str, schema: dict[str, Any]) -> list[str]:
     return lines
 
 
-def reference_markdown() -> str:
-    version = crd()["spec"]["versions"][0]
+def reference_markdown(definition: dict[str, Any] | None = None) -> str:
+    """The reference of one generated CRD (the AgentRun's by default); names come from the CRD itself."""
+    definition = crd() if definition is None else definition
+    names = definition["spec"]["names"]
+    version = definition["spec"]["versions"][0]
     root = version["schema"]["openAPIV3Schema"]
+    api_version = f"{definition['spec']['group']}/{version['name']}"
     columns = "\n".join(
         f"| {c['name']} | `{c['jsonPath']}` | {c['type']} |" for c in version["additionalPrinterColumns"]
     )
+    kind = names["kind"]
+    header = HEADER if kind == "AgentRun" else HEADER.replace("crd", f"crd --kind {kind}", 1)
     lines = [
-        HEADER,
+        header,
         "",
-        "# AgentRun reference",
+        f"# {names['kind']} reference",
         "",
         _text(root["description"]),
         "",
-        f"- apiVersion: `{API_VERSION}`, kind: `{KIND}`, namespaced",
-        f"- resource: `{PLURAL}.{GROUP}`; short names: {', '.join(f'`{n}`' for n in SHORT_NAMES)}; "
-        f"categories: {', '.join(f'`{c}`' for c in CATEGORIES)}",
+        f"- apiVersion: `{api_version}`, kind: `{names['kind']}`, namespaced",
+        f"- resource: `{names['plural']}.{definition['spec']['group']}`; short names: "
+        f"{', '.join(f'`{n}`' for n in names['shortNames'])}; "
+        f"categories: {', '.join(f'`{c}`' for c in names['categories'])}",
         "- status is a subresource: only the operator writes it",
         "",
-        "Every field below is also described by `kubectl explain agentrun.spec` (and deeper paths).",
+        f"Every field below is also described by `kubectl explain {names['singular']}.spec` "
+        "(and deeper paths).",
         "A default is filled in by the API server when the field is omitted.",
         "",
-        "Columns of `kubectl get agentruns`:",
+        f"Columns of `kubectl get {names['plural']}`:",
         "",
         "| column | JSON path | type |",
         "| --- | --- | --- |",

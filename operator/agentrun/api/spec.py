@@ -187,6 +187,15 @@ class AgentRunSpec(SpecModel):
         description="ServiceAccount (in the run's namespace) that Kubernetes tools impersonate.",
     )
     cancel: bool = Field(default=False, description="Set to true to stop the run (phase Cancelled).")
+    priority: int = Field(
+        default=0,
+        ge=-1000,
+        le=1000,
+        description=(
+            "Order among the waiting runs of the namespace: higher goes first, for a quota's room and "
+            "for a slot of the operator. May be changed while the run waits."
+        ),
+    )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
         ge=0,

@@ -110,6 +110,17 @@ class ContextStatus(_Status):
     )
 
 
+class QuotaLimits(_Status):
+    """Limits an AgentRunQuota imposed on the run at admission, so a resumed run keeps them."""
+
+    token_budget: int | None = Field(default=None, description="The run's tokenBudget.")
+    cost_budget_usd: float | None = Field(
+        default=None, alias="costBudgetUSD", description="The run's costBudgetUSD (US dollars)."
+    )
+    max_iterations: int | None = Field(default=None, description="The run's maxIterations.")
+    timeout_seconds: int | None = Field(default=None, description="The run's timeoutSeconds.")
+
+
 class AgentRunStatus(_Status):
     """Observed state of the run."""
 
@@ -151,6 +162,21 @@ class AgentRunStatus(_Status):
     )
     pending_approvals: list[PendingApproval] = Field(
         default_factory=list, description="Tool calls awaiting a decision."
+    )
+    quota_limits: QuotaLimits | None = Field(
+        default=None,
+        description=(
+            "The limits of spec.limits as the namespace's AgentRunQuotas set them at admission "
+            "(a quota's perRun default for a limit the run left out); unset without quotas."
+        ),
+    )
+    queue_position: int | None = Field(
+        default=None,
+        description=(
+            "While Pending for a run slot (reason Queued): the run's place in the operator's queue, 1 = "
+            "next. Slots go to namespaces in turn, and within a namespace by spec.priority, then age. "
+            "Updated at most every AGENTRUN_STATUS_INTERVAL_SECONDS; cleared when the run starts."
+        ),
     )
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -26,6 +26,7 @@ from agentrun.api.status import (
     ContextStatus,
     PendingApproval,
     Phase,
+    QuotaLimits,
     TranscriptRef,
     Usage,
 )
@@ -114,6 +115,21 @@ def compacted(
 
 def pending() -> StatusPatch:
     return StatusPatch(AgentRunStatus(phase=Phase.PENDING))
+
+
+def queued(position: int) -> StatusPatch:
+    """Pending for a run slot, at ``position`` in the operator's queue (1 = next)."""
+    return StatusPatch(AgentRunStatus(phase=Phase.PENDING, queue_position=position))
+
+
+def left_queue() -> StatusPatch:
+    """status.queuePosition removed: the run got its slot, ended, or waits for something else."""
+    return StatusPatch(cleared=frozenset({"queue_position"}))
+
+
+def quota_limited(limits: QuotaLimits) -> StatusPatch:
+    """status.quotaLimits: what the namespace's quotas set at admission, kept by a resumed run."""
+    return StatusPatch(AgentRunStatus(phase=Phase.PENDING, quota_limits=limits))
 
 
 def running(start_time: str, *, clear_pending_approvals: bool = False) -> StatusPatch:

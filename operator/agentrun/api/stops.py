@@ -26,6 +26,7 @@ class StopReason(StrEnum):
     UNEXPECTED_STOP_REASON = "UnexpectedStopReason"
     CANCELLED = "Cancelled"
     MODEL_ERROR = "ModelError"
+    QUOTA_EXCEEDED = "QuotaExceeded"
     INVALID_SPEC = "InvalidSpec"
 
     @property

@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
 
     crd = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
     crd.add_argument(
+        "--kind",
+        choices=["AgentRun", "AgentRunQuota"],
+        default="AgentRun",
+        help="the kind whose CRD (or reference) to print (default: AgentRun)",
+    )
+    crd.add_argument(
         "--reference", action="store_true", help="print the field reference of the docs (Markdown) instead"
     )
 
@@ -60,10 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     if args.command == "crd":
-        from agentrun.api.crd import crd_yaml
+        from agentrun.api.crd import crd, crd_yaml, quota_crd, quota_crd_yaml
         from agentrun.api.reference import reference_markdown
 
-        sys.stdout.write(reference_markdown() if args.reference else crd_yaml())
+        quota = args.kind == "AgentRunQuota"
+        if args.reference:
+            sys.stdout.write(reference_markdown(quota_crd() if quota else crd()))
+        else:
+            sys.stdout.write(quota_crd_yaml() if quota else crd_yaml())
         return 0
     if args.command == "run":
         from agentrun.cli.local import main as run_main

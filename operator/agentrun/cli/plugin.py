@@ -1,9 +1,11 @@
-"""`kubectl agentrun`: read a run's transcript and trace, cancel it, approve or deny its tool calls.
+"""`kubectl agentrun`: read a run's transcript and trace, cancel it, approve or deny its tool calls;
+show a namespace's AgentRunQuotas.
 
 kubectl finds the `kubectl-agentrun` executable on PATH. It acts as the kubeconfig user, with that
 user's RBAC: reading transcripts needs `get`/`list` on the chunk Secrets (or ConfigMaps), deciding
-and cancelling need `patch` on agentruns. Nothing here talks to the operator directly; everything
-goes through the AgentRun object, so the plugin works whichever operator replica runs the loop.
+and cancelling need `patch` on agentruns, `quota` needs `list` on agentrunquotas. Nothing here talks
+to the operator directly; everything goes through the AgentRun (or AgentRunQuota) object, so the
+plugin works whichever operator replica runs the loop.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from agentrun.api.transcripts import (
     object_kind,
     storage_of,
 )
-from agentrun.cli.plugin_rendering import render_trace, render_transcript
+from agentrun.cli.plugin_rendering import quota_row, render_quotas, render_trace, render_transcript
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.calling import JSON_PATCH, KubeClient
 from agentrun.kube.errors import APIStatusError
@@ -34,6 +36,10 @@ from agentrun.kube.failures import KubeFailure, explain, explained
 from agentrun.kube.kubeconfig_loading import ClusterAccess
 
 CONFLICT_RETRIES = 5
+NO_QUOTA_CRD = (
+    "the AgentRunQuota CRD (agentrunquotas.agentrun.dev) is not installed; install or upgrade the chart, "
+    "or apply crds/agentrunquotas.agentrun.dev.yaml"
+)
 
 
 class PluginError(KubeFailure):
@@ -219,6 +225,25 @@ async def decide(session: Session, args: argparse.Namespace, decision: str) -> s
     raise PluginError(f"agentrun {args.name} kept changing; try again")
 
 
+def _quota_scope(session: Session, args: argparse.Namespace) -> str:
+    return "in all namespaces" if args.all_namespaces else f"in namespace {session.namespace}"
+
+
+async def cmd_quota(session: Session, args: argparse.Namespace) -> str:
+    """Reads the quotas' own status: the ledger the operator keeps, the same for every replica."""
+    where = _quota_scope(session, args)
+    try:
+        quotas = await session.kube.list_quotas(None if args.all_namespaces else session.namespace)
+    except APIStatusError as exc:
+        message = explain(exc, "list", f"agentrunquotas {where}", missing=NO_QUOTA_CRD)
+        raise PluginError(message or f"cannot list agentrunquotas {where}: {exc}") from exc
+    if args.output == "json":
+        return json.dumps([quota_row(quota) for quota in quotas], indent=2) + "\n"
+    if not quotas:
+        return f"No AgentRunQuotas found {where}.\n"
+    return render_quotas(quotas, namespaces=args.all_namespaces)
+
+
 async def cmd_approve(session: Session, args: argparse.Namespace) -> str:
     return await decide(session, args, "approve")
 
@@ -242,7 +267,7 @@ def parser() -> argparse.ArgumentParser:
     common = _connection_options(argparse.SUPPRESS)
     top = argparse.ArgumentParser(
         prog="kubectl agentrun",
-        description="Inspect and steer AgentRuns: transcript, trace, cancel, approve, deny.",
+        description="Inspect and steer AgentRuns: transcript, trace, cancel, approve, deny; quota usage.",
         parents=[_connection_options(None)],
     )
     sub = top.add_subparsers(dest="command", required=True)
@@ -268,6 +293,15 @@ def parser() -> argparse.ArgumentParser:
             help="record the decision under this name (default: your user name as the API server "
             "knows it, like `kubectl auth whoami`; with the approval policy only that name is accepted)",
         )
+    quota = sub.add_parser(
+        "quota",
+        help="per AgentRunQuota: window, used/hard of each limit, reservations in flight, lost, refused",
+        parents=[common],
+    )
+    quota.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="the quotas of every namespace (ignores -n)"
+    )
+    quota.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return top
 
 
@@ -277,6 +311,7 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "approve": cmd_approve,
     "deny": cmd_deny,
+    "quota": cmd_quota,
 }
 
 
@@ -287,7 +322,11 @@ async def run(args: argparse.Namespace) -> str:
         action = {"transcript": "read the transcript of", "trace": "read the trace of"}.get(
             args.command, args.command
         )
-        with explained(action, f"agentrun {session.namespace}/{args.name}", access=session.access):
+        if args.command == "quota":
+            action, subject = "list", f"agentrunquotas {_quota_scope(session, args)}"
+        else:
+            subject = f"agentrun {session.namespace}/{args.name}"
+        with explained(action, subject, access=session.access):
             return await COMMANDS[args.command](session, args)
     finally:
         await session.kube.close()

@@ -6,8 +6,9 @@ from typing import Any
 
 import kopf
 
-from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.api import GROUP, PLURAL, QUOTA_PLURAL, VERSION
 from agentrun.controller.agentruns.handling import AgentRunHandler
+from agentrun.controller.quotas.control import Quotas
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure
 from agentrun.kube.kubeconfig_loading import ClusterAccess
@@ -31,7 +32,7 @@ def connection_info(access: ClusterAccess, *, trust_env: bool = False) -> kopf.C
     )
 
 
-def build_registry(agentruns: AgentRunHandler) -> kopf.OperatorRegistry:
+def build_registry(agentruns: AgentRunHandler, quotas: Quotas | None = None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -47,6 +48,13 @@ def build_registry(agentruns: AgentRunHandler) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def agentrun_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         await agentruns.observe(event.get("type"), body)
+
+    if quotas is not None:
+        # Without the AgentRunQuota CRD, Kopf logs once that it cannot serve the resource and serves
+        # the rest; the quotas' own listing (controller/quotas/watching.py) finds none.
+        @kopf.on.event(GROUP, VERSION, QUOTA_PLURAL, registry=registry)
+        async def agentrunquota_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+            quotas.observe(event.get("type"), body)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_agentruns(**_: Any) -> None:

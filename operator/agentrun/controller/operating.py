@@ -13,9 +13,12 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from agentrun.controller.agentruns.handling import AgentRunHandler
+from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.handlers import build_registry
+from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
+from agentrun.kube.retrying import RetryPolicy
 from agentrun.metrics.observing import Metrics
 from agentrun.metrics.serving import keep_beating, start_health_server, start_metrics_server
 from agentrun.model.anthropic_calling import ClientPool
@@ -63,18 +66,22 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     kube, crd_served = await connect_checked(settings.namespaces)
     clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
     provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
+    quotas = Quotas(kube, metrics, retry=RetryPolicy.from_settings(settings))
     reconciler = AgentRunReconciler(
         settings=settings,
         kube=kube,
         metrics=metrics,
         clients=clients,
         prices=PriceTable.load(settings.price_file),
-        slots=asyncio.Semaphore(settings.max_concurrent_runs),
+        queue=FairQueue(settings.max_concurrent_runs),
         tracer=tracer_of(provider) if provider is not None else None,
+        quotas=quotas,
     )
     metrics_runner = await start_metrics_server(registry, settings.bind_address, settings.metrics_port)
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
     heartbeat = asyncio.create_task(keep_beating(metrics, settings.heartbeat_seconds))
+    # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).
+    collecting = asyncio.create_task(quotas.keep_collecting(lambda: set(reconciler.runs)))
     try:
         if not crd_served:
             stop = stop_flag or asyncio.Event()
@@ -86,7 +93,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             finally:
                 await waiting.cleanup()
         await kopf.operator(
-            registry=build_registry(AgentRunHandler(reconciler)),
+            registry=build_registry(AgentRunHandler(reconciler), quotas),
             settings=kopf_settings(),
             standalone=True,
             clusterwide=not settings.namespaces,
@@ -96,9 +103,10 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             **kopf_kwargs,
         )
     finally:
-        heartbeat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await heartbeat
+        for task in (heartbeat, collecting):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await metrics_runner.cleanup()
         if provider is not None:
             provider.shutdown()

@@ -22,11 +22,12 @@ from agentrun.kube import kubeconfig_loading
 from agentrun.kube.errors import APINotFoundError, refused, translated
 from agentrun.kube.kubeconfig_loading import ClusterAccess
 
-__all__ = ["JSON_PATCH", "MERGE_PATCH", "USER_AGENT", "KubeClient", "call", "connect"]
+__all__ = ["JSON_PATCH", "MERGE_PATCH", "QUOTA_PLURAL", "USER_AGENT", "KubeClient", "call", "connect"]
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 USER_AGENT = f"agentrun-operator/{__version__}"
+QUOTA_PLURAL = "agentrunquotas"
 
 
 async def connect(access: ClusterAccess | None = None) -> KubeClient:
@@ -138,6 +139,38 @@ class KubeClient:
         await call(
             self._custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, body=body, _preload_content=False
+            )
+        )
+
+    # AgentRunQuotas ------------------------------------------------------------------------------
+
+    async def get_quota(self, namespace: str, name: str) -> dict[str, Any]:
+        return await call_json(
+            self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, QUOTA_PLURAL, name, _preload_content=False
+            )
+        )
+
+    async def list_quotas(self, namespace: str | None) -> list[dict[str, Any]]:
+        """Every AgentRunQuota of ``namespace`` (None: of all namespaces; APINotFoundError when the CRD
+        is not installed)."""
+        if namespace is None:
+            request = self._custom.list_cluster_custom_object(
+                GROUP, VERSION, QUOTA_PLURAL, _preload_content=False
+            )
+        else:
+            request = self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, QUOTA_PLURAL, _preload_content=False
+            )
+        listing = await call_json(request)
+        return list(listing.get("items") or [])
+
+    async def replace_quota_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT of the status subresource: ``body`` is the whole object, its metadata.resourceVersion the
+        precondition (a quota changed meanwhile answers APIConflictError: re-read and re-apply)."""
+        return await call_json(
+            self._custom.replace_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, QUOTA_PLURAL, name, body, _preload_content=False
             )
         )
 

@@ -17,7 +17,7 @@ from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import COMPACTION, TraceRow
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context, Interrupted
-from agentrun.loop.errors import FatalModelError, RetryableModelError
+from agentrun.loop.errors import FatalModelError, QuotaRefused, RetryableModelError
 from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import ModelRequest, ModelResponse
 from agentrun.loop.state import Compaction, text_of
@@ -87,7 +87,14 @@ async def summarize(request: ModelRequest, ctx: Context) -> ModelResponse | Fini
     while True:
         started = ctx.clock.monotonic()
         try:
-            response = await ctx.guarded(ctx.model.complete(request))
+            # Reserved like every model request: a summary is billed like any answer.
+            async with ctx.reserved(request) as meter:
+                started = ctx.clock.monotonic()
+                response = meter.response = await ctx.guarded(ctx.model.complete(request))
+        except QuotaRefused as exc:
+            return Finish(
+                Outcome(StopReason.QUOTA_EXCEEDED, exc.message, condition_reason=exc.condition_reason)
+            )
         except RetryableModelError as exc:
             attempt += 1
             elapsed = ctx.clock.monotonic() - started

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 from agentrun.api.stops import StopReason
@@ -13,8 +15,22 @@ from agentrun.api.usage import TokenUsage
 from agentrun.loop.approving import ApprovalGate
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.dispatching import Dispatcher
+from agentrun.loop.errors import ModelCallError
 from agentrun.loop.events import Checkpoint, ContextCompacted
-from agentrun.loop.protocols import Block, Clock, Message, ModelClient, Observer, Pricer, Tool, ToolCall
+from agentrun.loop.protocols import (
+    Allowance,
+    Block,
+    Clock,
+    Message,
+    ModelClient,
+    ModelRequest,
+    ModelResponse,
+    Observer,
+    Pricer,
+    Tool,
+    ToolCall,
+)
+from agentrun.loop.reserving import RequestSizer
 from agentrun.loop.state import RunState
 
 T = TypeVar("T")
@@ -38,6 +54,13 @@ class Interrupted(Exception):
 
 
 @dataclass
+class Meter:
+    """One reserved attempt: the answer it got, if it got one (what the reservation settles to)."""
+
+    response: ModelResponse | None = None
+
+
+@dataclass
 class Context:
     config: LoopConfig
     model: ModelClient
@@ -50,6 +73,10 @@ class Context:
     dispatcher: Dispatcher
     deadline: float
     gate: ApprovalGate
+    allowance: Allowance | None = None
+    sizes: RequestSizer = field(default_factory=RequestSizer)
+    # Settlements under way: kept referenced so one shielded from a cancellation finishes.
+    settling: set[asyncio.Future[None]] = field(default_factory=set)
 
     def gated(self, calls: Sequence[ToolCall]) -> set[str]:
         """Ids of calls whose tool is declared with requiresApproval."""
@@ -92,6 +119,48 @@ class Context:
                 if not task.done():
                     task.cancel()
             await asyncio.gather(work, stop, return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def reserved(self, request: ModelRequest) -> AsyncIterator[Meter]:
+        """One attempt of `request`, reserved against the quotas before it is sent and settled when
+        its outcome is known (`Meter.response`: the answer, billed as reported). A request the API
+        refused with an HTTP error status billed nothing; one that timed out, lost its connection,
+        failed inside a 200 stream or was abandoned (cancel, deadline, shutdown) may have been
+        served, so it is charged in full. Raises QuotaRefused (nothing sent) or Interrupted while
+        waiting for room."""
+        meter = Meter()
+        allowance = self.allowance
+        if allowance is None:
+            yield meter
+            return
+        spend = self.sizes.bound(request, self.state.compaction).spend(request.model, self.pricer)
+        ticket = await self.guarded(allowance.reserve(spend))
+        try:
+            yield meter
+        except ModelCallError as exc:
+            refused = exc.status is not None and exc.status >= 400
+            usage = TokenUsage() if refused else None
+            cost = self.pricer.cost(request.model, usage) if usage is not None else None
+            await self._settle(allowance, ticket, usage, cost)
+            raise
+        except BaseException:
+            await self._settle(allowance, ticket, None, None)
+            raise
+        response = meter.response
+        if response is None:
+            await self._settle(allowance, ticket, None, None)
+            return
+        model = response.model or request.model
+        await self._settle(allowance, ticket, response.usage, self.pricer.cost(model, response.usage))
+
+    async def _settle(
+        self, allowance: Allowance, ticket: object, usage: TokenUsage | None, cost: Decimal | None
+    ) -> None:
+        """Shielded: a cancellation of the run (shutdown, deletion) must not leave it reserved."""
+        settling = asyncio.ensure_future(allowance.settle(ticket, usage, cost))
+        self.settling.add(settling)
+        settling.add_done_callback(self.settling.discard)
+        await asyncio.shield(settling)
 
     async def count_compaction(
         self, *, before: int, after: int, turns: int, usage: TokenUsage, refused: bool = False

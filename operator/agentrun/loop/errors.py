@@ -61,6 +61,16 @@ class FatalModelError(ModelCallError):
         self.context_window_exceeded = context_window_exceeded
 
 
+class QuotaRefused(Exception):
+    """A model request does not fit a quota even once every outstanding reservation settles: it
+    is not sent, and the run ends QuotaExceeded with `message` (naming the quota and the limit)."""
+
+    def __init__(self, message: str, *, condition_reason: str = "QuotaExceeded") -> None:
+        super().__init__(message)
+        self.message = message
+        self.condition_reason = condition_reason
+
+
 class ToolError(Exception):
     """A failure the model should see as a structured is_error tool result."""
 

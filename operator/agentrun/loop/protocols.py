@@ -134,3 +134,29 @@ class Clock(Protocol):
 
 class Observer(Protocol):
     async def notify(self, event: Event) -> None: ...
+
+
+@dataclass(frozen=True)
+class Spend:
+    """The most one model request may cost: what a quota reserves before the request is sent."""
+
+    tokens: int
+    cost_usd: Decimal | None  # None: the model has no price
+
+
+class Allowance(Protocol):
+    """The quotas a run's model requests are held to (None in the loop: no quotas apply).
+
+    Every attempt of every request is reserved before it is sent and settled once its outcome is
+    known, so the quotas never count a request the API may have served as free.
+    """
+
+    async def reserve(self, spend: Spend) -> object:
+        """A ticket for `spend`; waits while other runs' reservations may still free room, raises
+        QuotaRefused when the request cannot fit. Cancelled while it waits, it holds nothing."""
+        ...
+
+    async def settle(self, ticket: object, usage: TokenUsage | None, cost_usd: Decimal | None) -> None:
+        """The reservation becomes `usage` (priced `cost_usd`); None: the outcome is unknown (the
+        API may have served it), so the reservation is charged in full."""
+        ...

@@ -1,7 +1,9 @@
 """One model request, with the retries of transient errors that stay inside the run's deadline.
 
 This is the only retry layer for the model (the SDK's own is off), so every retry is visible as an
-event and bounded by the same clock, cancel signal and deadline as the rest of the run.
+event and bounded by the same clock, cancel signal and deadline as the rest of the run. Every
+attempt is reserved against the run's quotas before it is sent (`Context.reserved`); one that does
+not fit ends the run QuotaExceeded without reaching the API.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context, Interrupted
-from agentrun.loop.errors import FatalModelError, RetryableModelError
+from agentrun.loop.errors import FatalModelError, QuotaRefused, RetryableModelError
 from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import AppliedContextEdits, ModelRequest
 from agentrun.loop.steps import CallModel, Compact, Finish, Handle
@@ -47,7 +49,11 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
         started = ctx.clock.monotonic()
         iteration = ctx.state.iterations + 1
         try:
-            response = await ctx.guarded(ctx.model.complete(request))
+            async with ctx.reserved(request) as meter:
+                started = ctx.clock.monotonic()  # a wait for quota room is not the model's latency
+                response = meter.response = await ctx.guarded(ctx.model.complete(request))
+        except QuotaRefused as exc:
+            return quota_exceeded(exc)
         except RetryableModelError as exc:
             attempt += 1
             elapsed = ctx.clock.monotonic() - started
@@ -109,6 +115,11 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
             0,
         )
         ctx.state.last_sent_chars = view_chars(ctx.state, request.messages)
+        # What the next request is measured against; after a compaction on the server the API reads
+        # less than the request holds, so it is measured whole again.
+        ctx.sizes.learn(
+            request, ctx.state.compaction, ctx.state.last_input_tokens if compacted is None else None
+        )
         if step.final:
             ctx.state.final_turn = True
         await ctx.observer.notify(
@@ -119,6 +130,10 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
         if compacted is not None:
             await compacted_on_server(ctx, request, compacted, before)
         return Handle(response, final=step.final)
+
+
+def quota_exceeded(exc: QuotaRefused) -> Finish:
+    return Finish(Outcome(StopReason.QUOTA_EXCEEDED, exc.message, condition_reason=exc.condition_reason))
 
 
 async def compacted_on_server(

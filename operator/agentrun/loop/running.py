@@ -18,7 +18,7 @@ from agentrun.loop.context import CancelSignal, Context, Interrupted
 from agentrun.loop.dispatching import Dispatcher
 from agentrun.loop.events import RunFinished, RunStarted
 from agentrun.loop.limiting import prepare
-from agentrun.loop.protocols import Clock, ModelClient, Observer, Pricer, Tool
+from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
 from agentrun.loop.requesting import call_model
 from agentrun.loop.responding import handle
 from agentrun.loop.state import RunState
@@ -54,11 +54,13 @@ async def run_loop(
     state: RunState | None = None,
     elapsed_before: float = 0.0,
     approvals: Approvals | None = None,
+    allowance: Allowance | None = None,
 ) -> Outcome:
     """Run (or resume, given a restored state) one agent loop to a terminal Outcome.
 
     Never raises for anything the model or tools do; only cancellation of the calling task
     (operator shutdown, object deletion) propagates, leaving the last checkpoint to resume from.
+    `allowance` holds every model request to the namespace's quotas (None: no quotas).
     """
     resumed = state is not None
     state = state if state is not None else RunState.fresh(config.task)
@@ -86,6 +88,7 @@ async def run_loop(
             config.approval_timeout_seconds,
         ),
         deadline=clock.monotonic() + config.timeout_seconds - elapsed_before,
+        allowance=allowance,
     )
     await observer.notify(RunStarted(resumed=resumed, progress=state.progress(pricer)))
     if not resumed:

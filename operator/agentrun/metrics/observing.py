@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from importlib import metadata
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
@@ -37,6 +37,39 @@ ITERATION_BUCKETS = (1, 2, 3, 5, 8, 13, 20, 30, 50, 80, 130, 200)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 DECISIONS = ("approved", "denied", "timed_out")
 RUN_DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+
+QUOTA_RESOURCES = ("concurrentRuns", "runs", "tokens", "costUSD")
+RESERVED_RESOURCES = ("tokens", "costUSD")
+QUOTA_STAGES = ("admission", "request", "spec")
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _amount(value: object) -> float | None:
+    """A count or a decimal string ("0.123456", as the ledger writes dollars); None if it is neither."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float | Decimal):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            amount = Decimal(value.strip())
+        except ArithmeticError:
+            return None
+        return float(amount) if amount.is_finite() else None
+    return None
+
+
+def _limits_from_summary(summary: object) -> dict[str, str]:
+    """{"runs": "100"} from {"runs": "10/100"}; an entry without "/" has no limit."""
+    return {
+        resource: cell.partition("/")[2]
+        for resource, cell in _mapping(summary).items()
+        if isinstance(cell, str) and "/" in cell
+    }
 
 
 class Monotonic(Protocol):
@@ -86,6 +119,12 @@ class Metrics:
         self.runs_active = Gauge("agentrun_runs_active", "Runs executing now.", registry=registry)
         self.runs_queued = Gauge(
             "agentrun_runs_queued", "Runs waiting for a slot (maxConcurrentRuns).", registry=registry
+        )
+        self.runs_queued_by_namespace = Gauge(
+            "agentrun_runs_queued_by_namespace",
+            "Runs waiting for a slot (maxConcurrentRuns), per namespace: the fair queue serves them in turn.",
+            ["namespace"],
+            registry=registry,
         )
         self.oldest_run_age = Gauge(
             "agentrun_oldest_running_run_age_seconds",
@@ -197,6 +236,7 @@ class Metrics:
         )
         for decision in DECISIONS:
             self.approvals_decided.labels(decision)
+        self._init_quota_metrics(registry)
         self.heartbeat = Gauge(
             "agentrun_operator_heartbeat_timestamp_seconds",
             "Unix time of the operator's last heartbeat; stale when its event loop is stuck.",
@@ -222,10 +262,111 @@ class Metrics:
     def run_ended(self, uid: str) -> None:
         self._running_since.pop(uid, None)
 
+    def queue_entered(self, namespace: str) -> None:
+        self.runs_queued.inc()
+        self.runs_queued_by_namespace.labels(namespace).inc()
+
+    def queue_left(self, namespace: str) -> None:
+        self.runs_queued.dec()
+        self.runs_queued_by_namespace.labels(namespace).dec()
+
     def _oldest_run_age(self) -> float:
         if not self._running_since:
             return 0.0
         return max(0.0, self._wall_clock() - min(self._running_since.values()))
+
+    # Quotas ----------------------------------------------------------------------------------------
+
+    def _init_quota_metrics(self, registry: CollectorRegistry) -> None:
+        """Gauges mirror each AgentRunQuota's status, so any replica's scrape shows the shared ledger."""
+        labels = ["namespace", "quota", "resource"]
+        self.quota_hard = Gauge(
+            "agentrun_quota_hard",
+            "Hard limit of an AgentRunQuota (costUSD in US dollars); no series for an unlimited resource.",
+            labels,
+            registry=registry,
+        )
+        self.quota_used = Gauge(
+            "agentrun_quota_used",
+            "Usage an AgentRunQuota counts: concurrentRuns now, runs/tokens/costUSD in its window.",
+            labels,
+            registry=registry,
+        )
+        self.quota_reserved = Gauge(
+            "agentrun_quota_reserved",
+            "Tokens and US dollars reserved by model requests in flight, not settled yet.",
+            labels,
+            registry=registry,
+        )
+        self.quota_lost = Gauge(
+            "agentrun_quota_lost_reservations",
+            "Reservations charged in full because the operator holding them stopped before the answer "
+            "was recorded (status.lost.requests).",
+            ["namespace", "quota"],
+            registry=registry,
+        )
+        self.quota_refusals = Counter(
+            "agentrun_quota_refusals",
+            "Refusals by an AgentRunQuota: stage admission (a run held back), request (a model request "
+            "not sent) or spec (a run declaring more than a per-run maximum).",
+            ["namespace", "quota", "resource", "stage"],
+            registry=registry,
+        )
+        self._quota_refusal_labels: dict[tuple[str, str], set[tuple[str, str]]] = {}
+
+    def observe_quota(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any] | None,
+        *,
+        hard: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Sets the quota's gauges from its status; ``hard`` is its spec.hard.
+
+        Without ``hard`` the limits are read back from status.summary ("used/hard"), which the ledger
+        writes with every status. A limit removed from the spec loses its series, so a dashboard never
+        compares usage with a limit that no longer exists.
+        """
+        status = status or {}
+        limits = hard if hard is not None else _limits_from_summary(status.get("summary"))
+        used = _mapping(status.get("used"))
+        reserved = _mapping(status.get("reserved"))
+        for resource in QUOTA_RESOURCES:
+            limit = _amount(limits.get(resource))
+            if limit is None:
+                self.quota_hard.remove(namespace, name, resource)
+            else:
+                self.quota_hard.labels(namespace, name, resource).set(limit)
+                # Present from 0 on, so rate() and increase() count the first refusal too.
+                for stage in ("admission", "request") if resource in RESERVED_RESOURCES else ("admission",):
+                    self._refusals(namespace, name, resource, stage)
+            self.quota_used.labels(namespace, name, resource).set(_amount(used.get(resource)) or 0.0)
+        for resource in RESERVED_RESOURCES:
+            self.quota_reserved.labels(namespace, name, resource).set(_amount(reserved.get(resource)) or 0.0)
+        lost = _amount(_mapping(status.get("lost")).get("requests")) or 0.0
+        self.quota_lost.labels(namespace, name).set(lost)
+
+    def forget_quota(self, namespace: str, name: str) -> None:
+        """A deleted quota's series go with it (they would otherwise show its last usage forever)."""
+        for resource in QUOTA_RESOURCES:
+            self.quota_hard.remove(namespace, name, resource)
+            self.quota_used.remove(namespace, name, resource)
+        for resource in RESERVED_RESOURCES:
+            self.quota_reserved.remove(namespace, name, resource)
+        self.quota_lost.remove(namespace, name)
+        for resource, stage in self._quota_refusal_labels.pop((namespace, name), set()):
+            self.quota_refusals.remove(namespace, name, resource, stage)
+
+    def quota_refused(self, namespace: str, quota: str, resource: str, stage: str) -> None:
+        """``resource`` is the limit that refused (for stage spec, the per-run field, e.g. tokenBudget)."""
+        if stage not in QUOTA_STAGES:  # a typo would silently start a series no dashboard queries
+            raise ValueError(f"quota refusal stage must be one of {', '.join(QUOTA_STAGES)}, not {stage!r}")
+        self._refusals(namespace, quota, resource, stage).inc()
+
+    def _refusals(self, namespace: str, quota: str, resource: str, stage: str) -> Counter:
+        self._quota_refusal_labels.setdefault((namespace, quota), set()).add((resource, stage))
+        return self.quota_refusals.labels(namespace, quota, resource, stage)
 
 
 class MetricsObserver:

@@ -156,10 +156,18 @@ class EmulatorAdmission(EmulatorLifecycle):
             dry_run=dry_run(query),
         )
         bindings = self._live.get(admission_policies.BINDINGS, {}).values()
-        verdict = admission_policies.evaluate(policies, bindings, request)
+        verdict = admission_policies.evaluate(policies, bindings, request, self._policy_params)
         if verdict.denial is not None:
             raise verdict.denial
         return list(verdict.warnings)
+
+    def _policy_params(self, api_version: str, kind: str) -> admission_policies.ParamSource | None:
+        """The stored objects of a policy's paramKind, when that kind is served."""
+        for rtype in self._types.values():
+            if rtype.api_version == api_version and rtype.kind == kind and rtype.served:
+                objects = list(self._live.get(rtype.key, {}).values())
+                return admission_policies.ParamSource(rtype.namespaced, objects)
+        return None
 
     def _check_kind(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
         kind = obj.setdefault("kind", rtype.kind)

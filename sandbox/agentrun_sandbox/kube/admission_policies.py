@@ -12,7 +12,13 @@ the server's ``validating`` admission plugin:
   labels), then every ``matchConditions`` expression must be true;
 * ``variables`` are evaluated lazily, once, and ``validations`` see ``object``, ``oldObject`` (null on
   CREATE), ``request`` (``operation``, ``userInfo``, ``name``, ``namespace``, ``kind``, ``resource``,
-  ``subResource``, ``dryRun``), ``namespaceObject`` and ``variables``;
+  ``subResource``, ``dryRun``), ``namespaceObject``, ``params`` and ``variables``;
+* a policy with ``paramKind`` runs once per parameter its binding's ``paramRef`` finds (by ``name``
+  or by label ``selector``; a namespaced kind in ``paramRef.namespace``, else in the request's own
+  namespace), in name order, with ``params`` bound to it; none found skips the binding under
+  ``parameterNotFoundAction: Allow`` and is a configuration error under ``Deny``; a binding without
+  ``paramRef`` runs the policy once with ``params`` null; a ``paramKind`` the server does not serve is
+  a configuration error of the policy (once any binding names it);
 * a false validation denies with its ``messageExpression``, else its ``message``, else ``failed
   expression: ...``; an evaluation error denies under ``failurePolicy: Fail`` and is ignored under
   ``Ignore``; the binding's ``validationActions`` decide between denying (``Deny``), a ``Warning``
@@ -23,16 +29,16 @@ the server's ``validating`` admission plugin:
 
 Expressions run in the emulator's CEL subset (:mod:`agentrun_sandbox.kube.cel`); one outside it is
 treated like a policy that fails to compile: a configuration error, which denies under
-``failurePolicy: Fail``. Not emulated: ``paramKind``/``paramRef`` (also a configuration error),
-``auditAnnotations``, the ``authorizer`` variable, ``matchPolicy: Equivalent`` across versions (one
-version per resource is served here), the type checking reported in the policy's status, and the
-cost limits.
+``failurePolicy: Fail``; those of parameters read as the server's (``failed to configure binding:
+...``). Not emulated: ``auditAnnotations``, the ``authorizer`` variable, ``matchPolicy: Equivalent``
+across versions (one version per resource is served here), the type checking reported in the
+policy's status, and the cost limits.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +110,28 @@ class Verdict:
     warnings: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class ParamSource:
+    """The objects of a policy's ``paramKind``, as the server's informer for it holds them."""
+
+    namespaced: bool
+    objects: Sequence[Mapping[str, Any]]
+
+
+#: (apiVersion, kind) of a ``paramKind`` -> its objects, or None when the server does not serve it.
+ParamLookup = Callable[[str, str], ParamSource | None]
+
+
+def _no_params(api_version: str, kind: str) -> ParamSource | None:
+    return None
+
+
 class _ConfigurationError(Exception):
-    """A policy the emulator cannot apply (unsupported CEL, paramKind); denies under Fail."""
+    """A policy the emulator cannot apply (unsupported CEL, a bad selector); denies under Fail."""
+
+
+class _BindingError(Exception):
+    """The server's ``failed to configure binding``: its parameters cannot be collected."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -168,6 +194,29 @@ def binding_problems(obj: Mapping[str, Any]) -> list[FieldError]:
     if not spec.get("validationActions"):
         detail = "at least one validation action is required"
         errors.append(FieldError("FieldValueRequired", "spec.validationActions", detail=detail))
+    ref = spec.get("paramRef")
+    if isinstance(ref, Mapping):
+        errors += _param_ref_problems(ref)
+    return errors
+
+
+def _param_ref_problems(ref: Mapping[str, Any]) -> list[FieldError]:
+    errors: list[FieldError] = []
+    if ref.get("name") and ref.get("selector") is not None:
+        exclusive = "name and selector are mutually exclusive"
+        errors.append(FieldError("FieldValueForbidden", "spec.paramRef.name", detail=exclusive))
+        errors.append(FieldError("FieldValueForbidden", "spec.paramRef.selector", detail=exclusive))
+    elif not ref.get("name") and ref.get("selector") is None:
+        detail = "one of name or selector must be specified"
+        errors.append(FieldError("FieldValueRequired", "spec.paramRef", detail=detail))
+    action = ref.get("parameterNotFoundAction")
+    if action is None:
+        errors.append(FieldError("FieldValueRequired", "spec.paramRef.parameterNotFoundAction"))
+    elif action not in ("Deny", "Allow"):
+        detail = 'supported values: "Deny", "Allow"'
+        errors.append(
+            FieldError("FieldValueNotSupported", "spec.paramRef.parameterNotFoundAction", action, detail)
+        )
     return errors
 
 
@@ -245,6 +294,48 @@ def _resources_match(match: Mapping[str, Any], request: AdmissionRequest, *, rul
 
 
 # --------------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def _gvk(param_kind: Mapping[str, Any]) -> str:
+    """``schema.GroupVersionKind.String()``: ``group/version, Kind=kind`` (``/v1, ...`` for core)."""
+    api_version = str(param_kind.get("apiVersion", ""))
+    group, _, version = api_version.rpartition("/")
+    return f"{group}/{version}, Kind={param_kind.get('kind', '')}"
+
+
+def _meta(obj: Mapping[str, Any], key: str) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get(key) or "") if isinstance(meta, Mapping) else ""
+
+
+def _binding_params(
+    source: ParamSource | None, ref: Any, request: AdmissionRequest
+) -> list[Mapping[str, Any] | None]:
+    """What the policy runs with through one binding: ``[None]`` without parameters, else those found."""
+    if source is None or not isinstance(ref, Mapping):
+        return [None]
+    candidates = list(source.objects)
+    if source.namespaced:
+        # A Namespace's own admission attributes carry its name as their namespace.
+        own = request.name if (request.group, request.kind) == ("", "Namespace") else None
+        namespace = ref.get("namespace") or request.namespace or own
+        if not namespace:
+            raise _BindingError(
+                "cannot use namespaced paramRef in policy binding that matches cluster-scoped resources"
+            )
+        candidates = [o for o in candidates if _meta(o, "namespace") == namespace]
+    if ref.get("name"):
+        found = [o for o in candidates if _meta(o, "name") == ref["name"]]
+    else:
+        found = [o for o in candidates if _selector_matches(ref.get("selector") or {}, _labels(o))]
+    if not found and ref.get("parameterNotFoundAction") == "Deny":
+        raise _BindingError("no params found for policy binding with `Deny` parameterNotFoundAction")
+    found.sort(key=lambda o: (_meta(o, "namespace"), _meta(o, "name")))
+    return list(found)
+
+
+# --------------------------------------------------------------------------------------------------------
 # Evaluation
 
 
@@ -311,17 +402,17 @@ class _Decision:
     binding: str = ""
 
 
-def _policy_decisions(policy: Mapping[str, Any], request: AdmissionRequest) -> list[tuple[str, str]]:
+def _policy_decisions(
+    policy: Mapping[str, Any], request: AdmissionRequest, params: Mapping[str, Any] | None
+) -> list[tuple[str, str]]:
     """(message, reason) of every failed validation; raises _ConfigurationError or CelEvalError."""
     spec = policy.get("spec") or {}
-    if spec.get("paramKind"):
-        raise _ConfigurationError("the kube emulator does not support paramKind")
     activation: dict[str, Any] = {
         "object": request.obj,
         "oldObject": request.old,
         "request": request.cel_request(),
         "namespaceObject": request.namespace_object,
-        "params": None,
+        "params": params,
     }
     activation["variables"] = _Variables(spec.get("variables") or [], activation)
     for condition in spec.get("matchConditions") or []:
@@ -360,9 +451,13 @@ def _message(validation: Mapping[str, Any], activation: Mapping[str, Any]) -> st
 
 
 def evaluate(
-    policies: Iterable[Mapping[str, Any]], bindings: Iterable[Mapping[str, Any]], request: AdmissionRequest
+    policies: Iterable[Mapping[str, Any]],
+    bindings: Iterable[Mapping[str, Any]],
+    request: AdmissionRequest,
+    params: ParamLookup = _no_params,
 ) -> Verdict:
-    """Run every policy that matches ``request`` through each of its matching bindings."""
+    """Run every policy that matches ``request`` through each of its matching bindings (and, for a
+    policy with ``paramKind``, once per parameter the binding finds through ``params``)."""
     by_policy: dict[str, list[Mapping[str, Any]]] = {}
     for binding in bindings:
         name = str((binding.get("spec") or {}).get("policyName", ""))
@@ -380,18 +475,38 @@ def evaluate(
             if fail_closed:
                 denials.append(_Decision(str(exc), policy=policy_name))
             continue
-        for binding in sorted(by_policy.get(policy_name, []), key=lambda b: str(b["metadata"]["name"])):
+        bound = sorted(by_policy.get(policy_name, []), key=lambda b: str(b["metadata"]["name"]))
+        param_kind = spec.get("paramKind")
+        source = None
+        if bound and isinstance(param_kind, Mapping):
+            source = params(str(param_kind.get("apiVersion", "")), str(param_kind.get("kind", "")))
+            if source is None:
+                if fail_closed:
+                    problem = f"failed to find resource referenced by paramKind: '{_gvk(param_kind)}'"
+                    denials.append(_Decision(f"failed to configure policy: {problem}", policy=policy_name))
+                continue
+        for binding in bound:
             binding_spec = binding.get("spec") or {}
             binding_name = str(binding["metadata"]["name"])
             actions = tuple(str(a) for a in binding_spec.get("validationActions") or ())
+            failed: list[tuple[str, str]] = []
             try:
                 if not _resources_match(
                     binding_spec.get("matchResources") or {}, request, rules_required=False
                 ):
                     continue
-                failed = _policy_decisions(policy, request)
-            except (_ConfigurationError, kube_cel.CelEvalError) as exc:
+                found = _binding_params(source, binding_spec.get("paramRef"), request)
+            except _BindingError as exc:
+                found = []
+                failed = [(f"failed to configure binding: {exc}", "Invalid")] if fail_closed else []
+            except _ConfigurationError as exc:
+                found = []
                 failed = [(str(exc), "Invalid")] if fail_closed else []
+            for param in found:
+                try:
+                    failed += _policy_decisions(policy, request, param)
+                except (_ConfigurationError, kube_cel.CelEvalError) as exc:
+                    failed += [(str(exc), "Invalid")] if fail_closed else []
             for message, reason in failed:
                 if "Deny" in actions:
                     denials.append(_Decision(message, reason, policy_name, binding_name))

@@ -47,7 +47,7 @@ import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -56,12 +56,12 @@ from agentrun_sandbox.messages import context_editing
 from agentrun_sandbox.messages.caching import PromptCache
 from agentrun_sandbox.messages.planning import FaultCounts, plan
 from agentrun_sandbox.messages.protocol import ProtocolError, assistant_turns, validate_request
-from agentrun_sandbox.messages.recording import RecordedRequest, RequestLog
+from agentrun_sandbox.messages.recording import Bill, RecordedRequest, RequestLog
 from agentrun_sandbox.messages.script import Script
 from agentrun_sandbox.messages.serving import error_response, serve
 from agentrun_sandbox.messages.wire import estimate_input_tokens, new_request_id
 
-__all__ = ["FakeMessagesAPI", "RecordedRequest"]
+__all__ = ["Bill", "FakeMessagesAPI", "RecordedRequest"]
 
 
 class FakeMessagesAPI:
@@ -89,6 +89,8 @@ class FakeMessagesAPI:
         self._compactions = context_editing.ServedCompactions()
         self.protocol_errors: list[str] = []
         """Every 400 this server answered with, so a test can assert the client kept to the protocol."""
+        self.bills: list[Bill] = []
+        """Every answer generated, with its usage: what the API would bill (kept until clear())."""
         self.context_edits: list[tuple[str | None, list[dict[str, Any]], bool]] = []
         """Per answer with server-side context management at work: (script, applied clear edits,
         whether it compacted)."""
@@ -125,6 +127,7 @@ class FakeMessagesAPI:
         self._log.clear()
         self.protocol_errors.clear()
         self.context_edits.clear()
+        self.bills.clear()
         if faults:
             self._fault_counts.clear()
         self._compactions.clear()
@@ -229,7 +232,15 @@ class FakeMessagesAPI:
                 self._compactions.add(chosen.conversation, chosen.step)
             self.context_edits.append((chosen.script, list(edited.applied_edits), compaction is not None))
         self._log.record(request, request_id, body, chosen.outcome, script=chosen.script, step=chosen.step)
-        return await serve(request, request_id, edited.body, chosen, latency_seconds=self.latency_seconds)
+        metadata = body.get("metadata") if isinstance(body, dict) else None
+        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+
+        def bill(usage: Mapping[str, Any]) -> None:
+            self.bills.append(Bill(request_id, user_id, str(body.get("model")), dict(usage)))
+
+        return await serve(
+            request, request_id, edited.body, chosen, latency_seconds=self.latency_seconds, bill=bill
+        )
 
     async def _read_json(self, request: web.Request) -> Any:
         raw = await request.read()

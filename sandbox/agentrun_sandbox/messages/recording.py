@@ -63,6 +63,33 @@ class RecordedRequest:
         return replace(self, headers=headers)
 
 
+_COUNTED = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+@dataclass(frozen=True)
+class Bill:
+    """One answer the server generated, with the tokens it would be billed for.
+
+    Billed when the answer is generated, whether or not the client is still there to read it: the API
+    does the work either way. A quota check compares what the operator counted with these.
+    """
+
+    request_id: str
+    user_id: str | None
+    """``metadata.user_id`` of the request (the operator sends the run's uid)."""
+    model: str
+    usage: Mapping[str, Any]
+
+    @property
+    def total(self) -> int:
+        """Input, output and cache tokens, plus a server-side compaction's (reported in ``iterations``)."""
+        counted = sum(int(self.usage.get(key) or 0) for key in _COUNTED)
+        for entry in self.usage.get("iterations") or ():
+            if isinstance(entry, Mapping) and entry.get("type") == "compaction":
+                counted += sum(int(entry.get(key) or 0) for key in _COUNTED)
+        return counted
+
+
 class RequestLog:
     """The most recent requests (all of them unless bounded, so a long benchmark does not grow forever)."""
 

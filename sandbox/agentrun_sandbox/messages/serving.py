@@ -12,7 +12,7 @@ import contextlib
 import json
 import socket
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -52,9 +52,19 @@ def error_response(
 
 
 async def serve(
-    request: web.Request, request_id: str, body: dict[str, Any], plan: Plan, *, latency_seconds: float
+    request: web.Request,
+    request_id: str,
+    body: dict[str, Any],
+    plan: Plan,
+    *,
+    latency_seconds: float,
+    bill: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> web.StreamResponse:
-    """Answers ``request`` as planned, after the latency a model response costs (errors come at once)."""
+    """Answers ``request`` as planned, after the latency a model response costs (errors come at once).
+
+    ``bill`` gets the usage of every answer generated (also one cut short or sent to a client that is
+    gone): an HTTP error costs nothing, a generated answer is billed whether it arrives or not.
+    """
     fault = plan.fault
     if isinstance(fault, HttpError):
         return error_response(
@@ -71,6 +81,8 @@ async def serve(
     headers = {"request-id": request_id, **plan.reply.headers}
     truncation = fault if isinstance(fault, TruncatedStream) else None
     wire = wire_reply(body, plan, max_tokens_cut=truncation is not None and truncation.mode == "max_tokens")
+    if bill is not None:
+        bill(wire.usage())
     if body.get("stream") is True:
         return await _serve_stream(request, headers, wire, plan, request_id)
     if isinstance(fault, StreamError):

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 import yaml
 
-from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.api import Bill, FakeMessagesAPI
 from agentrun_sandbox.messages.script import (
     ConnectionReset,
     HttpError,
@@ -315,6 +315,23 @@ async def test_fault_is_served_twice_then_the_reply_for_the_same_conversation(
     assert message.content[0].type == "text"
     assert message.content[0].text == "finally fine"
     assert [r.outcome for r in faulty_api.requests] == ["http_error", "http_error", "reply", "http_error"]
+
+
+@pytest.mark.parametrize("faulty_api", [(HttpError.rate_limit(retry_after=3, times=1),)], indirect=True)
+async def test_only_generated_answers_are_billed_with_the_usage_they_report_and_the_callers_user_id(
+    faulty_api: FakeMessagesAPI,
+) -> None:
+    async with anthropic.AsyncAnthropic(api_key=KEY, base_url=faulty_api.url, max_retries=0) as client:
+        with pytest.raises(anthropic.RateLimitError):
+            await created(client, [user("[scenario:faulty] run 1")], metadata={"user_id": "run-a"})
+        message = await created(client, [user("[scenario:faulty] run 1")], metadata={"user_id": "run-a"})
+
+    [bill] = faulty_api.bills
+    usage = message.usage
+    assert (bill.user_id, bill.model, bill.request_id) == ("run-a", MODEL, faulty_api.requests[1].request_id)
+    assert bill.total == usage.input_tokens + usage.output_tokens > 0
+    faulty_api.clear()
+    assert faulty_api.bills == []
 
 
 @pytest.mark.parametrize(
@@ -840,3 +857,17 @@ async def test_child_process_prints_ready_then_serves_scripts_until_sigterm(tmp_
         returncode = await asyncio.wait_for(process.wait(), timeout=30)
 
     assert returncode == 0
+
+
+def test_a_bill_counts_a_server_side_compaction_reported_only_in_usage_iterations() -> None:
+    usage = {
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "cache_creation_input_tokens": 2,
+        "cache_read_input_tokens": 3,
+        "iterations": [
+            {"type": "compaction", "input_tokens": 100, "output_tokens": 20},
+            {"type": "message", "input_tokens": 10, "output_tokens": 5},
+        ],
+    }
+    assert Bill("req", "run", MODEL, usage).total == 20 + 120

@@ -29,6 +29,12 @@ def plain(value: Any) -> Any:
     return value
 
 
+def priority_of(spec: Mapping[str, Any]) -> int:
+    """spec.priority (default 0); the CRD bounds it, so anything else is read as the default."""
+    value = spec.get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 class AgentRunHandler:
     def __init__(self, reconciler: AgentRunReconciler) -> None:
         self.reconciler = reconciler
@@ -44,6 +50,8 @@ class AgentRunHandler:
             generation=metadata.get("generation"),
             spec=plain(body.get("spec") or {}),
             status=plain(body.get("status") or {}),
+            created=str(metadata.get("creationTimestamp") or ""),
+            priority=priority_of(body.get("spec") or {}),
         )
         await self.reconciler.reconcile(ref, stopping=stopping, log=run_logger)
 
@@ -68,6 +76,8 @@ class AgentRunHandler:
         if spec.get("cancel"):
             # Also before the run task registered the run: it finds the request when it starts.
             self.reconciler.request_cancel(uid)
+        # spec.priority is mutable: a run waiting for a slot takes its new place in the queue.
+        self.reconciler.update_priority(uid, priority_of(spec))
         approvals = spec.get("approvals")
         if approvals:
             self.reconciler.update_approvals(uid, plain(approvals))

@@ -1,4 +1,5 @@
-"""The life of one AgentRun as named phases: admit, resume, wait for Secrets, queue, open tools, loop, finish.
+"""The life of one AgentRun as named phases: admit, resume, wait for Secrets, quota, queue, open
+tools, loop, finish.
 
 Each phase returns what the next one needs, or an :class:`Ending`: the run ends there, and the
 finish phase writes why. The reconciler (reconciler.py) runs them in that order for the operator;
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +21,15 @@ import pydantic
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
+from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import NO_PROGRESS, ResumePoint, find_resume_point
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.controller.agentruns.transcript_storing import TranscriptStore
+from agentrun.controller.quotas.admission import AdmissionGate, Candidate, QuotaAdmission
+from agentrun.controller.quotas.limits import Violation
 from agentrun.loop.approving import Approvals
 from agentrun.loop.config import LoopConfig
-from agentrun.loop.protocols import Clock, ModelClient, Observer, Pricer, Tool
+from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
 from agentrun.loop.running import run_loop
 from agentrun.tools.registry import (
     InvalidToolSpec,
@@ -38,9 +43,11 @@ from agentrun.tools.registry import (
 __all__ = [
     "Ending",
     "admit",
+    "admit_to_quotas",
     "describe_validation_error",
     "open_run_tools",
     "queue",
+    "queued_message",
     "resume",
     "run_agent_loop",
     "wait_for_secrets",
@@ -177,33 +184,85 @@ async def secrets_ready(
     return key
 
 
+async def admit_to_quotas(
+    gate: AdmissionGate,
+    run: Candidate,
+    spec: AgentRunSpec,
+    *,
+    raw_spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    started: bool,
+    cancel: asyncio.Event,
+    announce: Callable[[str, str], Awaitable[None]],
+    progress: Progress = NO_PROGRESS,
+) -> QuotaAdmission | Ending:
+    """Room in every AgentRunQuota of the namespace (controller/quotas/admission.py); Pending
+    (reason QuotaExceeded) until there is. A run above a quota's per-run maximum ends InvalidSpec
+    naming the quota and the field; a cancel while waiting ends it Cancelled."""
+    admitted = await gate.admit_run(
+        run, spec, raw_spec, status, started=started, cancel=cancel, announce=announce
+    )
+    if admitted is None:
+        return Ending.of(
+            StopReason.CANCELLED, "spec.cancel was set while waiting for quota", progress=progress
+        )
+    if isinstance(admitted, Violation):
+        return Ending.of(StopReason.INVALID_SPEC, admitted.message, progress=progress)
+    return admitted
+
+
 async def queue(
-    slots: asyncio.Semaphore,
+    slots: FairQueue,
+    run: QueuedRun,
     cancel: asyncio.Event,
     *,
-    announce: Callable[[str, str], Awaitable[None]],
-    capacity: int,
+    announce: Callable[[int], Awaitable[None]],
+    interval: float,
     progress: Progress = NO_PROGRESS,
-) -> Ending | None:
-    """A run slot (the caller releases it), or Cancelled when the run is cancelled while it waits."""
-    if slots.locked():
-        await announce("Queued", f"waiting for one of {capacity} run slots")
-    acquire = asyncio.ensure_future(slots.acquire())
+    clock: Callable[[], float] = time.monotonic,
+) -> Ticket | Ending:
+    """A ticket holding a run slot (the caller leaves it), or Cancelled when cancelled while waiting.
+
+    A run that waits announces its position (1 = next) at once, then again whenever it changed,
+    but at most once every ``interval`` seconds: with hundreds waiting, every released slot moves
+    every position, and a status write per run per release would be the operator's busiest work.
+    """
+    ticket = slots.enter(run)
+    if ticket.holding:
+        return ticket
+    # No awaits between deciding and leaving: a slot granted must be kept or left, never lost.
     stop = asyncio.ensure_future(cancel.wait())
+    stop.add_done_callback(lambda _: ticket.changed.set())
+    written: int | None = None
+    last = 0.0
     try:
-        await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        while not ticket.holding and not cancel.is_set():
+            ticket.changed.clear()
+            position = ticket.position
+            due: float | None = None
+            if position is not None and position != written:
+                due = 0.0 if written is None else last + interval - clock()
+                if due <= 0:
+                    await announce(position)
+                    written, last = position, clock()
+                    continue
+            ticket.listening = due is None  # until then, the position is read when due
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(due):
+                    await ticket.changed.wait()
     finally:
-        for task in (acquire, stop):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(acquire, stop, return_exceptions=True)
-    got = acquire.done() and not acquire.cancelled() and acquire.exception() is None
-    if got and cancel.is_set():
-        slots.release()
-        got = False
-    if not got:
-        return Ending.of(StopReason.CANCELLED, "spec.cancel was set while queued", progress=progress)
-    return None
+        stop.cancel()
+        if not ticket.holding or cancel.is_set():
+            slots.leave(ticket)
+    if ticket.holding:
+        return ticket
+    return Ending.of(StopReason.CANCELLED, "spec.cancel was set while queued", progress=progress)
+
+
+def queued_message(position: int, slots: FairQueue) -> str:
+    """The Pending condition's message while a run waits for a slot."""
+    busy = slots.busy
+    return f"position {position} in the operator's queue ({busy} run slot{'s' if busy != 1 else ''} busy)"
 
 
 async def open_run_tools(
@@ -232,6 +291,7 @@ async def run_agent_loop(
     resume_from: ResumePoint | None = None,
     approval_timeout_seconds: float | None = None,
     context_windows: Sequence[tuple[str, int]] = (),
+    allowance: Allowance | None = None,
 ) -> Outcome:
     """The loop itself (agentrun.loop): it ends with RunFinished, which the observers write."""
     config = (
@@ -255,4 +315,5 @@ async def run_agent_loop(
         approvals=approvals,
         state=resume_from.state if resume_from is not None else None,
         elapsed_before=resume_from.elapsed_before if resume_from is not None else 0.0,
+        allowance=allowance,
     )

@@ -1,6 +1,6 @@
 """The AgentRun reconciler: one run from its watch event to its terminal status.
 
-    admit → resume → wait for Secrets → queue → open tools → loop → finish
+    admit → resume → wait for Secrets → quota → queue → open tools → loop → finish
 
 The phases are in phases.py; this module gives each run what its phases share (its transcript
 store, its status writer, its cancel signal, its approvals, its Events) and runs them in order.
@@ -21,16 +21,22 @@ from datetime import datetime
 from typing import Any
 
 from agentrun import logs
+from agentrun.api import status_patches
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import Phase
 from agentrun.controller.agentruns import phases
 from agentrun.controller.agentruns.observers import Fanout, LogObserver
 from agentrun.controller.agentruns.phases import Ending
+from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import ResumePoint
 from agentrun.controller.agentruns.spec_approvals import SpecApprovals
 from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.controller.agentruns.transcript_storing import RunIdentity, TranscriptStore
 from agentrun.controller.kube_eventing import InvolvedRun, KubeEventSink, RunEvents
+from agentrun.controller.quotas.admission import Candidate, QuotaAdmission
+from agentrun.controller.quotas.allowance import RunAllowance
+from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import RetryPolicy
 from agentrun.loop.clocks import SystemClock
@@ -41,6 +47,8 @@ from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
 from agentrun.tracing.observing import TracingObserver
+
+run_quota_logger = logging.getLogger("agentrun.quotas")
 
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
@@ -55,6 +63,8 @@ class RunRef:
     generation: int | None
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
+    created: str = ""  # metadata.creationTimestamp: the queue's order within a namespace
+    priority: int = 0  # spec.priority as this event showed it; later changes reach the queue
 
 
 @dataclass
@@ -68,6 +78,11 @@ class _Run:
     approvals: SpecApprovals
     events: RunEvents
     log: Log
+    # spec.priority as the newest watch event shows it: it may change while the run waits for quota.
+    priority: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.priority = self.ref.priority
 
 
 @dataclass
@@ -77,13 +92,15 @@ class AgentRunReconciler:
     metrics: Metrics
     clients: ClientPool
     prices: PriceTable
-    slots: asyncio.Semaphore
+    queue: FairQueue
     # A cancel request per run (by uid), also for runs not started yet: they find it when they do.
     cancels: dict[str, asyncio.Event] = field(default_factory=dict)
     # The runs executing here (by uid): the watch handler feeds their spec.approvals.
     runs: dict[str, _Run] = field(default_factory=dict)
     # An OpenTelemetry Tracer when AGENTRUN_OTEL_ENABLED is set (tracing/observing.py).
     tracer: Any = None
+    # The namespaces' AgentRunQuotas (controller/quotas/); None: runs are not limited by quotas.
+    quotas: Quotas | None = None
 
     def request_cancel(self, uid: str) -> None:
         self.cancels.setdefault(uid, asyncio.Event()).set()
@@ -91,6 +108,15 @@ class AgentRunReconciler:
     def forget(self, uid: str) -> None:
         """The run is deleted: a cancel request for it has nobody left to reach."""
         self.cancels.pop(uid, None)
+
+    def update_priority(self, uid: str, priority: int) -> None:
+        """A new spec.priority: a run waiting for a slot moves within its namespace's line."""
+        run = self.runs.get(uid)
+        if run is not None:
+            run.priority = priority
+            if self.quotas is not None:  # or for quota room, in the same order
+                self.quotas.gate.reprioritise(run.ref.namespace, uid, priority)
+        self.queue.reprioritise(uid, priority)
 
     def update_approvals(self, uid: str, entries: list[Any]) -> None:
         """A new version of spec.approvals; only runs executing here care."""
@@ -135,6 +161,7 @@ class AgentRunReconciler:
         try:
             with logs.bound_run(logs.RunLogContext(ref.namespace, ref.name, ref.uid)):
                 await self._run_phases(run)
+                await self._release_quotas(ref)
         finally:
             await writer.close()
             self.cancels.pop(ref.uid, None)
@@ -160,23 +187,79 @@ class AgentRunReconciler:
         )
         if isinstance(api_key, Ending):
             return await self._finish(run, api_key)
-        self.metrics.runs_queued.inc()
-        try:
-            queued = await phases.queue(
-                self.slots,
-                run.cancel,
-                announce=run.writer.pending,
-                capacity=self.settings.max_concurrent_runs,
-                progress=point.progress,
-            )
-        finally:
-            self.metrics.runs_queued.dec()
-        if isinstance(queued, Ending):
-            return await self._finish(run, queued)
+        admission = await self._admit_to_quotas(run, spec, point)
+        if isinstance(admission, Ending):
+            return await self._finish(run, admission)
+        spec = admission.spec
+        ticket = await self._queue(run, point)
+        if isinstance(ticket, Ending):
+            return await self._finish(run, ticket)
         try:
             await self._open_tools_and_loop(run, spec, point, tool_env, api_key)
         finally:
-            self.slots.release()
+            self.queue.leave(ticket)
+
+    async def _admit_to_quotas(
+        self, run: _Run, spec: AgentRunSpec, point: ResumePoint
+    ) -> QuotaAdmission | Ending:
+        if self.quotas is None:
+            return QuotaAdmission(spec)
+        ref = run.ref
+        admission = await phases.admit_to_quotas(
+            self.quotas.gate,
+            Candidate(ref.namespace, ref.name, ref.uid, ref.created, ref.priority),
+            spec,
+            raw_spec=ref.spec,
+            status=ref.status,
+            started=point.state is not None,
+            cancel=run.cancel,
+            announce=run.writer.pending,
+            progress=point.progress,
+        )
+        if isinstance(admission, QuotaAdmission) and admission.record and admission.limits is not None:
+            set_by_quotas = ", ".join(
+                f"{k} {v}" for k, v in admission.limits.model_dump(by_alias=True, exclude_none=True).items()
+            )
+            await run.writer.write(
+                status_patches.quota_limited(admission.limits),
+                Phase.PENDING,
+                "QuotaAdmitted",
+                f"admitted by the namespace's AgentRunQuotas, which set {set_by_quotas}",
+            )
+        return admission
+
+    async def _release_quotas(self, ref: RunRef) -> None:
+        """The run finished: its place in concurrentRuns is free (GC does it if this fails)."""
+        if self.quotas is None:
+            return
+        try:
+            await self.quotas.gate.release(ref.namespace, ref.uid)
+        except Exception as exc:  # the run is over either way; the quota reconciler retries
+            run_quota_logger.warning(
+                "could not release the quota admission of %s/%s (cleaned up later): %s",
+                ref.namespace,
+                ref.name,
+                exc,
+            )
+
+    async def _queue(self, run: _Run, point: ResumePoint) -> Ticket | Ending:
+        ref = run.ref
+
+        async def announce(position: int) -> None:
+            await run.writer.queued(position, phases.queued_message(position, self.queue))
+
+        self.metrics.queue_entered(ref.namespace)
+        try:
+            return await phases.queue(
+                self.queue,
+                QueuedRun(ref.namespace, ref.name, ref.uid, ref.created, run.priority),
+                run.cancel,
+                announce=announce,
+                interval=self.settings.status_interval_seconds,
+                progress=point.progress,
+            )
+        finally:
+            self.metrics.queue_left(ref.namespace)
 
     async def _open_tools_and_loop(
         self, run: _Run, spec: AgentRunSpec, point: ResumePoint, tool_env: RunToolEnvironment, api_key: str
@@ -212,6 +295,10 @@ class AgentRunReconciler:
                 base_url=spec.model.base_url or self.settings.anthropic_base_url,
                 shard_key=ref.uid,
             )
+            allowance: RunAllowance | None = None
+            if self.quotas is not None:
+                allowance = self.quotas.allowance(ref.namespace, ref.name, ref.uid)
+                await allowance.start()
             await phases.run_agent_loop(
                 spec,
                 run_id=ref.uid,
@@ -225,6 +312,7 @@ class AgentRunReconciler:
                 resume_from=point,
                 approval_timeout_seconds=self.settings.approval_timeout_seconds,
                 context_windows=self.settings.context_windows,
+                allowance=allowance,
             )
         finally:
             await tools_open.aclose()

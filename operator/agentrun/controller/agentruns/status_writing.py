@@ -87,6 +87,8 @@ class StatusWriter:
         previous = status.get("pendingApprovals") or []
         self._since = {p.get("toolUseId"): p.get("since") for p in previous if isinstance(p, Mapping)}
         self._clear_pending = bool(previous)
+        # status.queuePosition is removed by the next write that is not a queue position.
+        self._clear_queue_position = status.get("queuePosition") is not None
         self._progress: Progress | None = None  # latest, so a wait for approval shows what was spent
         self._retry = retry
         self._sleep = sleep
@@ -108,8 +110,8 @@ class StatusWriter:
             case RunStarted(progress=progress):
                 self._start_time = self._start_time or now_rfc3339()
                 # Calls still undecided after a restart ask again (ApprovalRequested) right away.
-                started = status_patches.running(
-                    self._start_time, clear_pending_approvals=self._clear_pending
+                started = self._left_queue(
+                    status_patches.running(self._start_time, clear_pending_approvals=self._clear_pending)
                 )
                 await self.write(
                     started.merged(status_patches.progressed(progress)),
@@ -141,6 +143,7 @@ class StatusWriter:
                     )
                     if self._pending or self._clear_pending:
                         patch = patch.merged(StatusPatch(cleared=frozenset({"pending_approvals"})))
+                    patch = self._left_queue(patch)
                     await self._patch(patch)
             case ContextCompacted() as done:
                 # Rare and worth seeing at once: written now, with the latest progress.
@@ -231,7 +234,15 @@ class StatusWriter:
         )
 
     async def pending(self, reason: str, message: str) -> None:
-        await self.write(status_patches.pending(), Phase.PENDING, reason, message)
+        await self.write(self._left_queue(status_patches.pending()), Phase.PENDING, reason, message)
+
+    async def queued(self, position: int, message: str) -> None:
+        """Pending for a run slot at ``position``; the queue phase decides how often (phases.queue)."""
+        self._clear_queue_position = True
+        await self.write(status_patches.queued(position), Phase.PENDING, "Queued", message)
+
+    def _left_queue(self, patch: StatusPatch) -> StatusPatch:
+        return patch.merged(status_patches.left_queue()) if self._clear_queue_position else patch
 
     async def write(self, patch: StatusPatch, phase: Phase, reason: str, message: str) -> None:
         async with self._lock:

@@ -7,6 +7,7 @@ messages a rule failure shows.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -50,8 +51,34 @@ def to_string(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if is_number(value):
-        return repr(value) if isinstance(value, float) else str(value)
+        return _go_float(value) if isinstance(value, float) else str(value)
     raise CelEvalError("no such overload: string")
+
+
+def _go_float(value: float) -> str:
+    """A double as cel-go converts it: Go's ``strconv.FormatFloat(d, 'g', -1, 64)`` (2.0 is "2",
+    1e21 is "1e+21", 1e-5 is "1e-05"): the shortest digits that read back, exponent form from 1e+06."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return sign + "0"
+    mantissa, _, exponent = f"{abs(value)!r}".lower().partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = (whole + fraction).lstrip("0")
+    point = len(whole) + int(exponent or 0) - (len(whole + fraction) - len((whole + fraction).lstrip("0")))
+    digits = digits.rstrip("0") or "0"
+    exp = point - 1
+    if exp < -4 or exp >= 6:
+        tail = f".{digits[1:]}" if len(digits) > 1 else ""
+        return f"{sign}{digits[0]}{tail}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
 def index(target: Any, key: Any) -> Any:

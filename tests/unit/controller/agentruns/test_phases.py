@@ -101,25 +101,3 @@ async def test_the_operators_key_is_used_when_the_spec_names_none() -> None:
     env = RunToolEnvironment(None, "default", "uid-1", None)
     found = await phases.secrets_ready(spec, env, operator_key="sk-operator")
     assert found == "sk-operator"
-
-
-async def test_a_queued_run_says_it_is_queued_and_a_cancel_ends_it_without_taking_a_slot() -> None:
-    slots, cancel, announce = asyncio.Semaphore(1), asyncio.Event(), Announcements()
-    await slots.acquire()  # every slot taken
-    queued = asyncio.create_task(phases.queue(slots, cancel, announce=announce, capacity=1))
-    await asyncio.wait_for(announce.changed.wait(), 5)
-    assert announce.said == [("Queued", "waiting for one of 1 run slots")]
-    cancel.set()
-    ending = await asyncio.wait_for(queued, 5)
-    assert isinstance(ending, Ending) and ending.outcome.message == "spec.cancel was set while queued"
-    slots.release()
-    assert not slots.locked(), "the cancelled run must not keep the slot it was waiting for"
-
-
-async def test_a_free_slot_is_taken_at_once_without_an_announcement() -> None:
-    slots, announce = asyncio.Semaphore(2), Announcements()
-    assert await phases.queue(slots, asyncio.Event(), announce=announce, capacity=2) is None
-    assert announce.said == []
-    assert not slots.locked()
-    await slots.acquire()
-    assert slots.locked(), "the first slot is the caller's now"

@@ -1,0 +1,307 @@
+"""Admission of runs by the quotas of their namespace, before the operator's run queue.
+
+A run is admitted when every quota of its namespace has room (the ledger says, quotas/ledger.py);
+until then it stays Pending with reason QuotaExceeded and a message naming the quota, the limit, when
+room is expected, and how many runs of the namespace wait ahead of it. The waiting runs of a
+namespace go in order (spec.priority, highest first, then creationTimestamp, then name): only the
+first asks the ledgers, so a small run cannot overtake a big one forever. They look again on every
+change of a quota (watch events, our own writes), when the ledger said room comes, and when the
+run ahead of them leaves.
+
+Why a look at the cached ledger before writing: a blocked run changes nothing, and most waits are
+blocked, so only a run that seems to fit writes. Admission writes each quota in name order; when a
+later quota turns out full (another process won the race), the earlier admissions are released,
+which leaves their window's run count one too high: usage is counted early, never late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import QuotaLimits
+from agentrun.controller.quotas import limits
+from agentrun.controller.quotas.limits import Violation
+from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView
+from agentrun.controller.quotas.writing import QuotaGone, utc_now
+from agentrun.metrics.observing import Metrics
+from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition
+
+logger = logging.getLogger(__name__)
+
+REASON = "QuotaExceeded"
+#: The longest a waiting run goes without looking again (a missed change still gets noticed).
+RECHECK_SECONDS = 30.0
+LISTING_RETRY_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A run asking for admission, as the namespace's queue orders it."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: str = ""
+    priority: int = 0
+
+    def order(self) -> tuple[int, str, str, str]:
+        return (-self.priority, self.created, self.name, self.uid)
+
+
+@dataclass(frozen=True)
+class QuotaAdmission:
+    """The run may go on: ``spec`` is what the loop uses, with the limits the quotas set in it."""
+
+    spec: AgentRunSpec
+    limits: QuotaLimits | None = None  # what the quotas set (status.quotaLimits)
+    record: bool = False  # ``limits`` are new: status.quotaLimits is to be written
+
+
+@dataclass
+class _Queue:
+    waiting: list[Candidate] = field(default_factory=list)
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def enter(self, run: Candidate) -> None:
+        self.waiting.append(run)
+        self.waiting.sort(key=Candidate.order)
+
+    def leave(self, run: Candidate) -> None:
+        self.waiting = [r for r in self.waiting if r.uid != run.uid]
+        self._moved()
+
+    def reprioritise(self, uid: str, priority: int) -> Candidate | None:
+        """The run's new place after a change of spec.priority (the new Candidate), if it waits here."""
+        for index, run in enumerate(self.waiting):
+            if run.uid == uid:
+                self.waiting[index] = moved = dataclasses.replace(run, priority=priority)
+                self.waiting.sort(key=Candidate.order)
+                self._moved()
+                return moved
+        return None
+
+    def _moved(self) -> None:
+        moved, self.moved = self.moved, asyncio.Event()
+        moved.set()
+
+
+Write = Callable[[str, str, Callable[[Ledger, dt.datetime], Any]], Awaitable[Any]]
+
+
+class AdmissionGate:
+    def __init__(
+        self,
+        view: QuotaView,
+        write: Write,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], dt.datetime] = utc_now,
+    ) -> None:
+        self._view = view
+        self._write = write
+        self._metrics = metrics
+        self._clock = clock
+        self._queues: dict[str, _Queue] = {}
+        self._verdicts: dict[str, tuple[Any, tuple[str, Blocked] | None]] = {}
+
+    async def definitions(self, namespace: str) -> list[QuotaDefinition]:
+        """The quotas of ``namespace`` (listed on first use; a failed listing is tried again)."""
+        while True:
+            try:
+                return [QuotaDefinition.from_object(obj) for obj in await self._view.quotas(namespace)]
+            except QuotaListingFailed as exc:
+                logger.warning("%s; trying again in %.0fs", exc, LISTING_RETRY_SECONDS)
+                await asyncio.sleep(LISTING_RETRY_SECONDS)
+
+    async def admit_run(
+        self,
+        run: Candidate,
+        spec: AgentRunSpec,
+        raw_spec: Mapping[str, Any],
+        status: Mapping[str, Any],
+        *,
+        started: bool,
+        cancel: asyncio.Event,
+        announce: Callable[[str, str], Awaitable[None]],
+    ) -> QuotaAdmission | Violation | None:
+        """The admission phase: per-run maxima, then room in every quota; None when cancelled.
+
+        A run that started before (``started``) or has its limits recorded passed the maxima then,
+        and keeps the limits it got (status.quotaLimits) whatever the quotas say now.
+        """
+        kept = limits.recorded(status)
+        definitions = await self.definitions(run.namespace)
+        if not definitions and kept is None:
+            return QuotaAdmission(spec)
+        if not started and kept is None:
+            refused = limits.violation(definitions, raw_spec)
+            if refused is not None:
+                self._metrics.quota_refused(run.namespace, refused.quota, refused.field, "spec")
+                return refused
+        if not await self.admit(run, cancel, announce):
+            return None
+        if kept is not None or started:  # a run that started without quota limits keeps none
+            imposed = kept
+        else:
+            imposed = limits.imposed(await self.definitions(run.namespace), raw_spec)
+        return QuotaAdmission(
+            limits.applied(spec, imposed), imposed, record=kept is None and imposed is not None
+        )
+
+    async def admit(
+        self,
+        run: Candidate,
+        cancel: asyncio.Event,
+        announce: Callable[[str, str], Awaitable[None]],
+    ) -> bool:
+        """True once every quota of the namespace admitted the run; False when cancelled while waiting."""
+        queue = self._queues.setdefault(run.namespace, _Queue())
+        queue.enter(run)
+        announced: str | None = None
+        refused: set[str] = set()
+        try:
+            while not cancel.is_set():
+                changed, moved = self._view.changed(), queue.moved
+                try:
+                    objects = await self._view.quotas(run.namespace)
+                except QuotaListingFailed:  # a listing looked for a CRD installed since: as known
+                    objects = self._view.cached(run.namespace)
+                if not objects or all(_admitted_in(obj, run.uid) for obj in objects):
+                    return True  # no quota, or a resumed run admitted before: not counted again
+                run = next((r for r in queue.waiting if r.uid == run.uid), run)  # priority changes
+                ahead = queue.waiting.index(run)
+                # Admitted somewhere already (a resumed run, a quota added since): it holds a place
+                # that runs ahead of it may be waiting for, so it must not wait behind them.
+                first = ahead == 0 or any(_admitted_in(obj, run.uid) for obj in objects)
+                blocked = self._first_blocked(run, objects)
+                if blocked is None and first:
+                    blocked = await self._admit_everywhere(run, objects)
+                    if blocked is None:
+                        return True
+                if blocked is None:
+                    message = (
+                        f"waiting for {_runs(ahead)} of namespace {run.namespace} ahead of it in quota order"
+                    )
+                    room_at = None
+                else:
+                    quota, verdict = blocked
+                    if quota not in refused:  # counted once per run and quota, not per look
+                        refused.add(quota)
+                        self._metrics.quota_refused(run.namespace, quota, verdict.limit, "admission")
+                        with contextlib.suppress(QuotaGone):
+                            await self._write(run.namespace, quota, _count_refused)
+                    message = verdict.message + (
+                        f"; {_runs(ahead)} of the namespace ahead of it" if ahead else ""
+                    )
+                    room_at = verdict.room_at
+                if message != announced:
+                    await announce(REASON, message)
+                    announced = message
+                await self._wait(changed, moved, cancel, room_at)
+            return False
+        finally:
+            queue.leave(run)
+
+    def _first_blocked(self, run: Candidate, objects: list[dict[str, Any]]) -> tuple[str, Blocked] | None:
+        """What the cached ledgers say, without writing: the first quota (by name) that is full.
+
+        The answer for a run not admitted anywhere is the same for every such run, so it is worked
+        out once per version of the quotas (and second): a change wakes every waiting run.
+        """
+        now = self._clock()
+        fresh = not any(_admitted_in(obj, run.uid) for obj in objects)
+        key = (
+            tuple((obj["metadata"]["name"], obj["metadata"].get("resourceVersion")) for obj in objects),
+            int(now.timestamp()),
+        )
+        if fresh:
+            known = self._verdicts.get(run.namespace)
+            if known is not None and known[0] == key:
+                return known[1]
+        found: tuple[str, Blocked] | None = None
+        for obj in objects:
+            ledger = Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now)
+            verdict = ledger.admit(run.uid, run.name, now)
+            if isinstance(verdict, Blocked):
+                found = obj["metadata"]["name"], verdict
+                break
+        if fresh:
+            self._verdicts[run.namespace] = (key, found)
+        return found
+
+    async def _admit_everywhere(
+        self, run: Candidate, objects: list[dict[str, Any]]
+    ) -> tuple[str, Blocked] | None:
+        done: list[str] = []
+        for obj in objects:
+            name = obj["metadata"]["name"]
+            try:
+                verdict = await self._write(
+                    run.namespace, name, lambda ledger, now: ledger.admit(run.uid, run.name, now)
+                )
+            except QuotaGone:
+                continue
+            if isinstance(verdict, Blocked):
+                for earlier in done:
+                    await self.release_in(run.namespace, earlier, run.uid)
+                return name, verdict
+            assert isinstance(verdict, Admitted)
+            done.append(name)
+        return None
+
+    def reprioritise(self, namespace: str, uid: str, priority: int) -> None:
+        """spec.priority changed: a run waiting for quota moves within its namespace's line."""
+        queue = self._queues.get(namespace)
+        if queue is not None:
+            queue.reprioritise(uid, priority)
+
+    async def release(self, namespace: str, uid: str) -> None:
+        """The run finished: it no longer counts against concurrentRuns anywhere."""
+        now = self._clock()
+        for obj in self._view.cached(namespace):
+            ledger = Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now)
+            if uid in ledger.uids():
+                await self.release_in(namespace, obj["metadata"]["name"], uid)
+
+    async def release_in(self, namespace: str, quota: str, uid: str) -> None:
+        with contextlib.suppress(QuotaGone):
+            await self._write(namespace, quota, lambda ledger, now: ledger.release(uid))
+
+    async def _wait(
+        self,
+        changed: asyncio.Event,
+        moved: asyncio.Event,
+        cancel: asyncio.Event,
+        room_at: dt.datetime | None,
+    ) -> None:
+        timeout = RECHECK_SECONDS
+        if room_at is not None:
+            timeout = min(timeout, max((room_at - self._clock()).total_seconds(), 0.0) + 0.5)
+        waits = [asyncio.ensure_future(e.wait()) for e in (changed, moved, cancel)]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+
+def _count_refused(ledger: Ledger, now: dt.datetime) -> None:
+    ledger.count_refused_run()
+
+
+def _runs(count: int) -> str:
+    return f"{count} run" + ("" if count == 1 else "s")
+
+
+def _admitted_in(obj: Mapping[str, Any], uid: str) -> bool:
+    admitted = (obj.get("status") or {}).get("admitted") or []
+    return any(isinstance(entry, Mapping) and entry.get("uid") == uid for entry in admitted)

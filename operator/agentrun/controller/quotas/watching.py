@@ -1,0 +1,155 @@
+"""The quotas of each namespace as this process knows them, and a signal when any of them changes.
+
+Kopf's event handler for AgentRunQuotas (controller/handlers.py) feeds :meth:`QuotaView.observe`;
+the ledger writers feed it what they stored. Why a listing of its own on a namespace's first use:
+Kopf's initial listing of quotas may come after the first runs want admission, and a run admitted
+against an empty view would pass a quota it never saw.
+
+Without the AgentRunQuota CRD the operator keeps working: Kopf warns once that it cannot serve the
+resource, the listing here answers 404, and every namespace has no quotas (one warning, looked for
+again now and then in case the CRD is installed later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agentrun.controller.quotas.writing import newer
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIError, APIForbiddenError, APINotFoundError
+from agentrun.quotas.definitions import QuotaSpecError
+from agentrun.quotas.ledger import QuotaDefinition
+
+logger = logging.getLogger(__name__)
+
+CRD_MISSING = (
+    "the AgentRunQuota CRD is not installed (or not readable here): runs are not limited by quotas; "
+    "install it with `agentrun crd | kubectl apply -f -`"
+)
+#: How long a namespace's listing that found no CRD holds before it is listed again.
+RELIST_SECONDS = 60.0
+
+Listener = Callable[[str, str, Mapping[str, Any] | None], None]
+
+
+class QuotaView:
+    def __init__(self, kube: KubeClient, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._kube = kube
+        self._clock = clock
+        self._objects: dict[str, dict[str, dict[str, Any]]] = {}  # namespace -> name -> object
+        self._listed: dict[str, float | None] = {}  # namespace -> when a listing found no CRD, else None
+        self._listing: dict[str, asyncio.Future[None]] = {}
+        self._changed = asyncio.Event()
+        self._warned = False
+        #: Told (namespace, name, object or None when deleted) of every change.
+        self.listeners: list[Listener] = []
+
+    # What runs ask ------------------------------------------------------------------------------
+
+    def changed(self) -> asyncio.Event:
+        """Set at the next change of any quota: take it before looking, then wait on it."""
+        return self._changed
+
+    async def quotas(self, namespace: str) -> list[dict[str, Any]]:
+        """The quotas of ``namespace`` by name, listed from the API server on first use."""
+        await self._ensure_listed(namespace)
+        return self.cached(namespace)
+
+    def cached(self, namespace: str) -> list[dict[str, Any]]:
+        objects = self._objects.get(namespace) or {}
+        return [objects[name] for name in sorted(objects)]
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return (self._objects.get(namespace) or {}).get(name)
+
+    def namespaces(self) -> list[str]:
+        return sorted(ns for ns, objects in self._objects.items() if objects)
+
+    # What feeds it ------------------------------------------------------------------------------
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """One watch event of an AgentRunQuota (None: from the initial listing)."""
+        metadata = body.get("metadata") or {}
+        namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
+        if not namespace or not name:
+            return
+        if event_type == "DELETED":
+            if (self._objects.get(namespace) or {}).pop(name, None) is not None:
+                self._notify(namespace, name, None)
+            return
+        self.update(_plain(body))
+
+    def update(self, obj: Mapping[str, Any]) -> None:
+        """A copy of a quota (watched, read or written); older ones than what is known are ignored."""
+        metadata = obj.get("metadata") or {}
+        namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
+        objects = self._objects.setdefault(namespace, {})
+        if not newer(obj, objects.get(name)):
+            return
+        try:
+            QuotaDefinition.from_object(obj)
+        except QuotaSpecError as exc:  # the CRD's schema keeps these out; one that got in limits nothing
+            logger.warning("ignoring AgentRunQuota %s/%s: %s", namespace, name, exc)
+            if objects.pop(name, None) is not None:
+                self._notify(namespace, name, None)
+            return
+        objects[name] = dict(obj)
+        self._notify(namespace, name, obj)
+
+    def _notify(self, namespace: str, name: str, obj: Mapping[str, Any] | None) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        for listener in self.listeners:
+            try:
+                listener(namespace, name, obj)
+            except Exception:
+                logger.exception("a listener of AgentRunQuota %s/%s failed", namespace, name)
+
+    async def _ensure_listed(self, namespace: str) -> None:
+        missing_since = self._listed.get(namespace, -1.0)
+        if namespace in self._listed and (
+            missing_since is None or self._clock() - missing_since < RELIST_SECONDS
+        ):
+            return
+        listing = self._listing.get(namespace)
+        if listing is None:
+            listing = asyncio.ensure_future(self._list(namespace))
+            self._listing[namespace] = listing
+            listing.add_done_callback(lambda _: self._listing.pop(namespace, None))
+        await asyncio.shield(listing)
+
+    async def _list(self, namespace: str) -> None:
+        try:
+            items = await self._kube.list_quotas(namespace)
+        except (APINotFoundError, APIForbiddenError) as exc:
+            if not self._warned:
+                logger.warning("%s (listing agentrunquotas in %s: %s)", CRD_MISSING, namespace, exc)
+                self._warned = True
+            self._listed[namespace] = self._clock()
+            return
+        except APIError as exc:
+            # Not known: the run waits and asks again rather than pass a quota unseen.
+            raise QuotaListingFailed(f"cannot list the AgentRunQuotas of {namespace}: {exc}") from exc
+        self._listed[namespace] = None
+        for item in items:
+            item.setdefault("apiVersion", "agentrun.dev/v1alpha1")
+            item.setdefault("kind", "AgentRunQuota")
+            item.setdefault("metadata", {}).setdefault("namespace", namespace)
+            self.update(item)
+
+
+class QuotaListingFailed(Exception):
+    """The API server did not answer a listing of quotas (a transient failure: try again)."""
+
+
+def _plain(value: Any) -> Any:
+    """Kopf's live views → plain data."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,199 @@
+"""AgentRunQuotas with the real operator: admission, per-run maxima and defaults, reservations, crashes.
+
+Each scenario installs the AgentRunQuota CRD before the operator starts and creates its quotas in the
+test namespace. Moments are chosen from what the servers show (a run's phase, the quota's ledger, the
+fake Messages API's request log), never from sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import (
+    Reply,
+    Script,
+    ScriptUsage,
+    SlowResponse,
+    text_block,
+    tool_use_block,
+)
+from tests.support.builders import agentrun
+from tests.support.clusters import TestCluster
+from tests.support.kube_requests import request, until, wait_finished
+from tests.support.operator_process import OperatorProcess
+from tests.support.quotas import create_quota, install_quota_crd, quota_status
+
+API_KEY = "sk-ant-quotas-test-0123456789"
+MODEL = {"name": "claude-haiku-4-5", "maxTokens": 256}
+HOLD = 120.0  # a model answer that comes only after the test moved on (cancel, kill)
+WAIT = 60.0  # a loaded machine and a real server are slow
+ANSWER_USAGE = ScriptUsage(100, 10, 0, 0)
+ANSWER_TOKENS = 110
+
+SCRIPTS = [
+    Script("[quota:held]", [Reply([text_block("late")], faults=(SlowResponse(seconds=HOLD),))]),
+    Script("[quota:answer]", [Reply([text_block("done")], usage=ANSWER_USAGE)]),
+    Script(
+        "[quota:tools]",
+        [
+            Reply([tool_use_block("calculator", {"expression": "1+1"})], usage=ANSWER_USAGE),
+            Reply([tool_use_block("calculator", {"expression": "2+2"})], usage=ANSWER_USAGE),
+            Reply([tool_use_block("calculator", {"expression": "3+3"})], usage=ANSWER_USAGE),
+            Reply([text_block("six")], usage=ANSWER_USAGE),
+        ],
+    ),
+    Script(
+        "[quota:killed]",
+        [Reply([text_block("survived")], usage=ANSWER_USAGE, faults=(SlowResponse(seconds=HOLD),))],
+    ),
+]
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI(scripts=SCRIPTS, require_api_key=API_KEY)
+    async with api.running() as server:
+        yield server
+
+
+@pytest.fixture
+async def operator(
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    await install_quota_crd(cluster)
+    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
+    async with cluster.operator(tmp_path / "operator.log", env) as process:
+        yield process
+
+
+def run(cluster: TestCluster, name: str, tag: str, **spec: Any) -> dict[str, Any]:
+    return agentrun(name, f"{tag} go", namespace=cluster.namespace, model=MODEL, **spec)
+
+
+async def phase_of(cluster: TestCluster, name: str) -> tuple[str | None, str | None, str]:
+    """(phase, Succeeded condition reason, message)."""
+    status = ((await cluster.get_run(name)) or {}).get("status") or {}
+    reasons = {c["type"]: c["reason"] for c in status.get("conditions") or []}
+    return status.get("phase"), reasons.get("Succeeded"), status.get("message") or ""
+
+
+async def test_a_run_held_back_by_concurrent_runs_starts_by_itself_when_the_other_finishes(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await create_quota(cluster, "team", hard={"concurrentRuns": 1})
+    await request(cluster, "POST", cluster.runs_path, json=run(cluster, "first", "[quota:held]"))
+    await until(lambda: len(model.requests_for("[quota:held]")) == 1, "the first run's request", WAIT)
+    await request(cluster, "POST", cluster.runs_path, json=run(cluster, "second", "[quota:answer]"))
+
+    async def second_held_back() -> bool:
+        return (await phase_of(cluster, "second"))[:2] == ("Pending", "QuotaExceeded")
+
+    await until(second_held_back, "the second run to wait for the quota", WAIT)
+    message = (await phase_of(cluster, "second"))[2]
+    assert f"{cluster.namespace}/team" in message and "concurrentRuns" in message, message
+    assert (await quota_status(cluster, "team"))["used"]["concurrentRuns"] == 1
+    assert model.requests_for("[quota:answer]") == []
+
+    # The first run ends (cancelled): its place is free, and the second starts without a nudge.
+    await request(
+        cluster,
+        "PATCH",
+        f"{cluster.runs_path}/first",
+        json={"spec": {"cancel": True}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert (await wait_finished(cluster, "first", timeout=WAIT))["status"]["phase"] == "Cancelled"
+    second = (await wait_finished(cluster, "second", timeout=WAIT))["status"]
+    assert (second["phase"], second["result"]) == ("Succeeded", "done")
+
+    async def both_released() -> bool:
+        status = await quota_status(cluster, "team")
+        return status.get("used", {}).get("concurrentRuns") == 0 and not status.get("admitted")
+
+    await until(both_released, "both runs to leave concurrentRuns", WAIT)
+    status = await quota_status(cluster, "team")
+    assert status["used"]["runs"] == 2
+    assert status["refused"]["runs"] == 1
+
+
+async def test_a_request_that_cannot_be_reserved_is_not_sent_and_the_run_ends_quota_exceeded(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    # maxTokens alone (256) is more than the whole window allows.
+    await create_quota(cluster, "tight", window="Hour", hard={"tokens": 200})
+    await request(cluster, "POST", cluster.runs_path, json=run(cluster, "greedy", "[quota:answer]"))
+    status = (await wait_finished(cluster, "greedy", timeout=WAIT))["status"]
+    assert (status["phase"], status["stopReason"]) == ("Failed", "QuotaExceeded")
+    assert f"{cluster.namespace}/tight" in status["message"] and "tokens" in status["message"]
+    assert model.requests_for("[quota:answer]") == []
+    ledger = await quota_status(cluster, "tight")
+    assert ledger["used"]["tokens"] == 0 and not ledger.get("reservations")
+    assert ledger["refused"]["requests"] == 1
+
+
+async def test_a_run_above_a_per_run_maximum_ends_invalid_spec_naming_the_quota_and_the_field(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await create_quota(cluster, "caps", perRun={"tokenBudget": {"max": 1000}})
+    manifest = run(cluster, "too-big", "[quota:answer]", limits={"tokenBudget": 5000})
+    await request(cluster, "POST", cluster.runs_path, json=manifest)
+    status = (await wait_finished(cluster, "too-big", timeout=WAIT))["status"]
+    assert (status["phase"], status["stopReason"]) == ("Failed", "InvalidSpec")
+    message = status["message"]
+    assert f"{cluster.namespace}/caps" in message and "tokenBudget" in message and "1000" in message, message
+    assert model.requests_for("[quota:answer]") == []
+
+
+async def test_a_run_that_declares_no_limits_gets_the_quota_defaults_recorded_and_enforced(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await create_quota(
+        cluster,
+        "defaults",
+        perRun={"tokenBudget": {"max": 100000, "default": 250}, "maxIterations": {"max": 10}},
+    )
+    await request(cluster, "POST", cluster.runs_path, json=run(cluster, "plain", "[quota:tools]"))
+    status = (await wait_finished(cluster, "plain", timeout=WAIT))["status"]
+    # The smallest default; maxIterations has none: the built-in 20, capped at the max of 10.
+    assert status["quotaLimits"] == {"tokenBudget": 250, "maxIterations": 10}
+    # 110 tokens an answer: the budget of 250 is spent by the third of the script's four answers.
+    assert (status["phase"], status["stopReason"]) == ("Failed", "TokenBudgetExceeded")
+    assert len(model.requests_for("[quota:tools]")) == 3
+
+
+async def test_an_operator_killed_mid_request_has_its_reservation_charged_once_after_the_restart(
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
+) -> None:
+    await install_quota_crd(cluster)
+    await create_quota(cluster, "ledger", hard={"tokens": 1_000_000})
+    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
+    first = cluster.operator_process(tmp_path / "operator-1.log", env)
+    await first.start()
+    second: OperatorProcess | None = None
+    try:
+        await request(cluster, "POST", cluster.runs_path, json=run(cluster, "crash", "[quota:killed]"))
+        await until(lambda: len(model.requests_for("[quota:killed]")) == 1, "the held request", WAIT)
+        held = (await quota_status(cluster, "ledger"))["reservations"]
+        assert len(held) == 1, held
+        await first.stop(kill=True)
+        second = cluster.operator_process(tmp_path / "operator-2.log", env)
+        await second.start()
+        status = (await wait_finished(cluster, "crash", timeout=WAIT))["status"]
+        assert (status["phase"], status["result"]) == ("Succeeded", "survived")
+        ledger = await quota_status(cluster, "ledger")
+        reserved_tokens = held[0]["tokens"]
+        assert ledger["lost"]["requests"] == 1
+        assert ledger["lost"]["tokens"] == reserved_tokens
+        # The lost reservation in full, plus the answer the second operator got, exactly.
+        assert ledger["used"]["tokens"] == reserved_tokens + ANSWER_TOKENS
+        assert not ledger.get("reservations")
+        assert len(model.requests_for("[quota:killed]")) == 2
+    finally:
+        if second is not None:
+            await second.stop()
+        await first.stop()
