@@ -121,18 +121,39 @@ async def test_a_run_held_back_by_concurrent_runs_starts_by_itself_when_the_othe
     assert status["refused"]["runs"] == 1
 
 
-async def test_a_request_that_cannot_be_reserved_is_not_sent_and_the_run_ends_quota_exceeded(
+async def test_a_run_whose_first_request_alone_passes_a_limit_ends_quota_exceeded_instead_of_waiting(
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
-    # maxTokens alone (256) is more than the whole window allows.
+    # maxTokens alone (256) is more than the whole window allows: no window will ever have room.
     await create_quota(cluster, "tight", window="Hour", hard={"tokens": 200})
     await request(cluster, "POST", cluster.runs_path, json=run(cluster, "greedy", "[quota:answer]"))
     status = (await wait_finished(cluster, "greedy", timeout=WAIT))["status"]
     assert (status["phase"], status["stopReason"]) == ("Failed", "QuotaExceeded")
-    assert f"{cluster.namespace}/tight" in status["message"] and "tokens" in status["message"]
+    message = status["message"]
+    assert f"{cluster.namespace}/tight" in message and "more than the whole limit" in message, message
     assert model.requests_for("[quota:answer]") == []
     ledger = await quota_status(cluster, "tight")
-    assert ledger["used"]["tokens"] == 0 and not ledger.get("reservations")
+    assert ledger["used"]["tokens"] == 0 and ledger["used"]["runs"] == 0 and not ledger.get("reservations")
+    assert ledger["refused"]["runs"] == 1
+
+
+async def test_a_request_that_cannot_be_reserved_mid_run_is_not_sent_and_the_run_ends_quota_exceeded(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    # Room for a reservation (the request's bytes + a margin + maxTokens: about 1,650 tokens) and for
+    # two answers' usage (110 each), not for a third reservation on top of them.
+    await create_quota(cluster, "window", window="Hour", hard={"tokens": 1800})
+    await request(cluster, "POST", cluster.runs_path, json=run(cluster, "busy", "[quota:tools]"))
+    status = (await wait_finished(cluster, "busy", timeout=WAIT))["status"]
+    assert (status["phase"], status["stopReason"]) == ("Failed", "QuotaExceeded"), status
+    assert "this model request may use up to" in status["message"], status["message"]
+    sent = model.requests_for("[quota:tools]")
+    assert 1 <= len(sent) < 4, "the run stopped mid-way, at the request that did not fit"
+    assert status["iterations"] == len(sent)
+    ledger = await quota_status(cluster, "window")
+    # What was sent is counted at its real usage; what was refused is not, and nothing stays held.
+    assert ledger["used"]["tokens"] == ANSWER_TOKENS * len(sent) <= 1800
+    assert not ledger.get("reservations") and ledger["reserved"]["tokens"] == 0
     assert ledger["refused"]["requests"] == 1
 
 

@@ -66,7 +66,12 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     kube, crd_served = await connect_checked(settings.namespaces)
     clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
     provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
-    quotas = Quotas(kube, metrics, retry=RetryPolicy.from_settings(settings))
+    quotas = Quotas(
+        kube,
+        metrics,
+        retry=RetryPolicy.from_settings(settings),
+        announce_interval=settings.status_interval_seconds,
+    )
     reconciler = AgentRunReconciler(
         settings=settings,
         kube=kube,

@@ -150,3 +150,15 @@ class RequestSizer:
         self.basis = Basis(
             list(request.messages), request.system, tuple(request.tools), compaction, input_tokens
         )
+
+
+def first_request_floor(model: str, system: str | None, task: str, max_tokens: int, pricer: Pricer) -> Spend:
+    """The least a run's first request will reserve: its system prompt and task, the margin and
+    max_tokens, without the tool definitions (MCP tools are only known once their servers start).
+
+    Admission asks the quotas for this much room, so a run is not started only to be refused at its
+    first request; the reservation of that request is still checked in full.
+    """
+    return Bound(utf8_bytes(system or "") + utf8_bytes(task) + API_PROMPT_MARGIN, max_tokens).spend(
+        model, pricer
+    )

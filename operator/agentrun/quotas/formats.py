@@ -22,9 +22,11 @@ def decimal_text(value: Decimal) -> str:
     return "0" if text in ("", "-0") else text
 
 
-def cents_text(value: Decimal) -> str:
-    """Dollars to the cent, for printer columns only (the ledger keeps the exact value)."""
-    return format(value.quantize(CENT, rounding=ROUND_HALF_UP), "f")
+def cents_text(value: Decimal, *, below: Decimal | None = None) -> str:
+    """Dollars to the cent, for printer columns only (the ledger keeps the exact value). Against a
+    limit ``below`` a dollar, to a hundredth of a cent, so the use of a small limit does not read 0.00."""
+    step = Decimal("0.0001") if below is not None and below < 1 else CENT
+    return format(value.quantize(step, rounding=ROUND_HALF_UP), "f")
 
 
 def parse_decimal(raw: object) -> Decimal | None:

@@ -105,7 +105,7 @@ class Ledger:
             "concurrentRuns": _summary(str(len(state.admitted)), hard.concurrent_runs),
             "runs": _summary(str(used.runs), hard.runs),
             "tokens": _summary(str(used.tokens), hard.tokens),
-            "costUSD": _summary(cents_text(used.cost_usd), hard.cost_usd),
+            "costUSD": _summary(cents_text(used.cost_usd, below=hard.cost_usd), hard.cost_usd),
         }
         status["admitted"] = [
             {"uid": a.uid, "name": a.name, "at": rfc3339(a.at)} for a in state.admitted.values()
@@ -136,15 +136,25 @@ class Ledger:
 
     # Runs ---------------------------------------------------------------------------------------
 
-    def admit(self, uid: str, name: str, now: dt.datetime) -> Admitted | Blocked:
+    def admit(
+        self,
+        uid: str,
+        name: str,
+        now: dt.datetime,
+        *,
+        need_tokens: int = 0,
+        need_cost_usd: Decimal = ZERO,
+    ) -> Admitted | Blocked:
         """Count the run in concurrentRuns and the window's runs, if every limit has room.
 
-        A run already admitted (a resumed one, or a change applied again after a conflict) is
-        admitted again without counting twice. Blocked changes nothing.
+        ``need_*``: the least the run's first request can reserve. A run admitted without room for
+        it would only end QuotaExceeded at once; it waits for the window instead. A run already
+        admitted (a resumed one, or a change applied again after a conflict) is admitted again
+        without counting twice. Blocked changes nothing.
         """
         if uid in self._state.admitted:
             return Admitted()
-        blocked = self._admission_blocked(now)
+        blocked = self._admission_blocked(now, Usage(tokens=need_tokens, cost_usd=need_cost_usd))
         if blocked is not None:
             return blocked
         self._state.admitted[uid] = AdmittedRun(uid=uid, name=name, at=to_second(now))
@@ -259,7 +269,7 @@ class Ledger:
 
     # Inside -------------------------------------------------------------------------------------
 
-    def _admission_blocked(self, now: dt.datetime) -> Blocked | None:
+    def _admission_blocked(self, now: dt.datetime, need: Usage) -> Blocked | None:
         label, window, hard = self.definition.label, self.definition.window, self.definition.hard
         running = len(self._state.admitted)
         if hard.concurrent_runs is not None and running >= hard.concurrent_runs:
@@ -272,11 +282,19 @@ class Ledger:
             return Blocked("runs", messages.runs_full(label, window, used.runs, runs_hard, room_at), room_at)
         for limit, read in _SPENDS:
             limit_hard = _hard_of(hard, limit)
-            if limit_hard is None or read(used) + read(reserved) < limit_hard:
+            held, needed = read(reserved), read(need)
+            if limit_hard is not None and needed > limit_hard:
+                # Its first request alone passes the limit: no window will ever have room.
+                message = messages.request_too_big(label, limit, window, needed, read(used), limit_hard, None)
+                return Blocked(limit, message, None, final=True)
+            if limit_hard is None or (
+                read(used) + held < limit_hard and read(used) + held + needed <= limit_hard
+            ):
                 continue
-            room_at = self._room_at(now, _within(read, read(reserved), limit_hard, strictly=True))
+            strictly = not needed  # nothing named: some room left is enough
+            room_at = self._room_at(now, _within(read, held + needed, limit_hard, strictly=strictly))
             message = messages.spend_full(
-                label, limit, window, read(used), read(reserved), limit_hard, room_at
+                label, limit, window, read(used), held, limit_hard, room_at, need=needed
             )
             return Blocked(limit, message, room_at)
         return None

@@ -51,12 +51,21 @@ def spend_full(
     reserved: int | Decimal,
     hard: int | Decimal,
     room_at: dt.datetime | None,
+    *,
+    need: int | Decimal = 0,
 ) -> str:
-    """tokens or costUSD, at admission: used and reserved leave nothing for another run."""
+    """tokens or costUSD, at admission: used and reserved leave nothing (or less than the run's
+    first request needs) for another run."""
     usage = f"{amount_text(used)} used"
     if reserved:
         usage += f" + {amount_text(reserved)} reserved by requests in flight"
     otherwise = "when requests in flight settle" if reserved else NEVER
+    if need and used + reserved < hard:
+        return (
+            f"quota {label}: {limit} limit {amount_text(hard)} has {amount_text(hard - used - reserved)} "
+            f"left ({usage} in {describe(window)}), less than the run's first request needs "
+            f"({amount_text(need)}); room expected {_when(room_at, otherwise)}"
+        )
     return (
         f"quota {label}: {limit} limit {amount_text(hard)} reached ({usage} in {describe(window)}); "
         f"room expected {_when(room_at, otherwise)}"

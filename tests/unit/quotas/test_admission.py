@@ -127,6 +127,31 @@ def test_tokens_reserved_by_requests_in_flight_count_at_admission_and_room_comes
     assert ledger.admit("u2", "b", NOW) == Admitted()
 
 
+def test_a_run_waits_while_the_room_left_is_less_than_its_first_request_needs() -> None:
+    ledger = Ledger(definition(hard={"tokens": 1000}))
+    ledger.reserve("u1", "a", "r1", "op/1", 700, None, at("2026-11-24T09:20:00Z"))
+    ledger.settle("u1", "r1", 700, None, at("2026-11-24T09:20:00Z"))
+    blocked = ledger.admit("u2", "b", NOW, need_tokens=400)
+    assert isinstance(blocked, Blocked)
+    assert blocked.limit == "tokens"
+    assert blocked.room_at == at("2026-11-25T09:30:00Z")
+    assert blocked.message == (
+        "quota research/team: tokens limit 1000 has 300 left (700 used in the rolling day), less than the "
+        "run's first request needs (400); room expected at 2026-11-25T09:30:00Z"
+    )
+    assert ledger.used(NOW).runs == 0, "a run held back is not counted"
+    assert ledger.admit("u2", "b", NOW, need_tokens=300) == Admitted()
+
+
+def test_a_run_whose_first_request_alone_passes_the_limit_is_refused_for_good() -> None:
+    ledger = Ledger(definition(hard={"tokens": 200}))
+    blocked = ledger.admit("u1", "a", NOW, need_tokens=300)
+    assert isinstance(blocked, Blocked)
+    assert (blocked.limit, blocked.final, blocked.room_at) == ("tokens", True, None)
+    assert "more than the whole limit" in blocked.message
+    assert ledger.used(NOW).runs == 0
+
+
 def test_dollars_used_hold_a_run_back_until_they_leave_the_rolling_day() -> None:
     ledger = Ledger(definition(hard={"costUSD": "0.30"}))
     ledger.reserve("u1", "a", "r1", "op/1", 0, Decimal("0.1"), at("2026-11-24T09:20:00Z"))

@@ -83,6 +83,13 @@ def test_the_summary_shows_only_the_usage_of_limits_the_quota_does_not_set() -> 
     }
 
 
+def test_the_summary_shows_dollars_to_a_hundredth_of_a_cent_against_a_limit_below_a_dollar() -> None:
+    ledger = Ledger(definition(hard={"costUSD": "0.05"}))
+    ledger.reserve("u1", "a", "r1", "op/1", 0, Decimal("0.00439"), NOW)
+    ledger.settle("u1", "r1", 0, Decimal("0.00439"), NOW)
+    assert ledger.status(NOW, None)["summary"]["costUSD"] == "0.0044/0.05"
+
+
 def test_a_month_status_starts_its_window_at_the_first_instant_of_the_month() -> None:
     assert _busy_ledger("Month").status(NOW, None)["windowStart"] == "2026-11-01T00:00:00Z"
 

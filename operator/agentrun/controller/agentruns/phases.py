@@ -25,7 +25,7 @@ from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import NO_PROGRESS, ResumePoint, find_resume_point
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.controller.agentruns.transcript_storing import TranscriptStore
-from agentrun.controller.quotas.admission import AdmissionGate, Candidate, QuotaAdmission
+from agentrun.controller.quotas.admission import AdmissionGate, Candidate, QuotaAdmission, QuotaRefusal
 from agentrun.controller.quotas.limits import Violation
 from agentrun.loop.approving import Approvals
 from agentrun.loop.config import LoopConfig
@@ -198,7 +198,8 @@ async def admit_to_quotas(
 ) -> QuotaAdmission | Ending:
     """Room in every AgentRunQuota of the namespace (controller/quotas/admission.py); Pending
     (reason QuotaExceeded) until there is. A run above a quota's per-run maximum ends InvalidSpec
-    naming the quota and the field; a cancel while waiting ends it Cancelled."""
+    naming the quota and the field; one whose first request alone passes a quota's whole limit ends
+    QuotaExceeded (it would wait forever); a cancel while waiting ends it Cancelled."""
     admitted = await gate.admit_run(
         run, spec, raw_spec, status, started=started, cancel=cancel, announce=announce
     )
@@ -208,6 +209,8 @@ async def admit_to_quotas(
         )
     if isinstance(admitted, Violation):
         return Ending.of(StopReason.INVALID_SPEC, admitted.message, progress=progress)
+    if isinstance(admitted, QuotaRefusal):
+        return Ending.of(StopReason.QUOTA_EXCEEDED, admitted.message, progress=progress)
     return admitted
 
 

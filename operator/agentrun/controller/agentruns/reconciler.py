@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from agentrun import logs
@@ -42,6 +43,7 @@ from agentrun.kube.retrying import RetryPolicy
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.events import RunFinished
 from agentrun.loop.protocols import Observer
+from agentrun.loop.reserving import first_request_floor
 from agentrun.metrics.observing import Metrics, MetricsObserver
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
@@ -207,7 +209,7 @@ class AgentRunReconciler:
         ref = run.ref
         admission = await phases.admit_to_quotas(
             self.quotas.gate,
-            Candidate(ref.namespace, ref.name, ref.uid, ref.created, ref.priority),
+            _candidate(ref, spec, self.prices),
             spec,
             raw_spec=ref.spec,
             status=ref.status,
@@ -332,6 +334,20 @@ class AgentRunReconciler:
         # The Event goes first: the terminal status patch is the run's last word.
         await run.events.notify(finished)
         await run.writer.notify(finished)
+
+
+def _candidate(ref: RunRef, spec: AgentRunSpec, prices: PriceTable) -> Candidate:
+    """The run as the quota line sees it, with the least room its first request needs."""
+    floor = first_request_floor(spec.model.name, spec.system_prompt, spec.task, spec.model.max_tokens, prices)
+    return Candidate(
+        ref.namespace,
+        ref.name,
+        ref.uid,
+        ref.created,
+        ref.priority,
+        need_tokens=floor.tokens,
+        need_cost_usd=floor.cost_usd or Decimal(0),
+    )
 
 
 def _timestamp(value: Any) -> float | None:

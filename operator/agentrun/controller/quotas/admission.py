@@ -21,8 +21,11 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
@@ -51,9 +54,22 @@ class Candidate:
     uid: str
     created: str = ""
     priority: int = 0
+    # The least the run's first request reserves (loop/reserving.py first_request_floor): admitted
+    # only with that much room, so it does not start just to be refused at once.
+    need_tokens: int = 0
+    need_cost_usd: Decimal = Decimal(0)
 
     def order(self) -> tuple[int, str, str, str]:
         return (-self.priority, self.created, self.name, self.uid)
+
+
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """The run can never be admitted: its first request alone is more than a quota's whole limit."""
+
+    quota: str
+    limit: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -104,11 +120,13 @@ class AdmissionGate:
         metrics: Metrics,
         *,
         clock: Callable[[], dt.datetime] = utc_now,
+        announce_interval: float = 10.0,
     ) -> None:
         self._view = view
         self._write = write
         self._metrics = metrics
         self._clock = clock
+        self._announce_interval = announce_interval
         self._queues: dict[str, _Queue] = {}
         self._verdicts: dict[str, tuple[Any, tuple[str, Blocked] | None]] = {}
 
@@ -131,7 +149,7 @@ class AdmissionGate:
         started: bool,
         cancel: asyncio.Event,
         announce: Callable[[str, str], Awaitable[None]],
-    ) -> QuotaAdmission | Violation | None:
+    ) -> QuotaAdmission | Violation | QuotaRefusal | None:
         """The admission phase: per-run maxima, then room in every quota; None when cancelled.
 
         A run that started before (``started``) or has its limits recorded passed the maxima then,
@@ -146,8 +164,9 @@ class AdmissionGate:
             if refused is not None:
                 self._metrics.quota_refused(run.namespace, refused.quota, refused.field, "spec")
                 return refused
-        if not await self.admit(run, cancel, announce):
-            return None
+        admitted = await self.admit(run, cancel, announce)
+        if isinstance(admitted, QuotaRefusal) or not admitted:
+            return admitted or None
         if kept is not None or started:  # a run that started without quota limits keeps none
             imposed = kept
         else:
@@ -161,11 +180,17 @@ class AdmissionGate:
         run: Candidate,
         cancel: asyncio.Event,
         announce: Callable[[str, str], Awaitable[None]],
-    ) -> bool:
-        """True once every quota of the namespace admitted the run; False when cancelled while waiting."""
+    ) -> bool | QuotaRefusal:
+        """True once every quota of the namespace admitted the run; False when cancelled while waiting;
+        a refusal when it can never be admitted."""
         queue = self._queues.setdefault(run.namespace, _Queue())
         queue.enter(run)
         announced: str | None = None
+        # What holds the run back, and when that was last written: a new reason is written at once,
+        # new numbers (usage, runs ahead) at most once per announce interval. Else every settled
+        # request of the namespace would rewrite the status of every run waiting there.
+        announced_cause: tuple[str, str] | None = None
+        announced_at = -math.inf
         refused: set[str] = set()
         try:
             while not cancel.is_set():
@@ -191,8 +216,14 @@ class AdmissionGate:
                         f"waiting for {_runs(ahead)} of namespace {run.namespace} ahead of it in quota order"
                     )
                     room_at = None
+                    cause = ("", "order")
                 else:
                     quota, verdict = blocked
+                    if verdict.final:
+                        self._metrics.quota_refused(run.namespace, quota, verdict.limit, "admission")
+                        with contextlib.suppress(QuotaGone):
+                            await self._write(run.namespace, quota, _count_refused)
+                        return QuotaRefusal(quota, verdict.limit, verdict.message)
                     if quota not in refused:  # counted once per run and quota, not per look
                         refused.add(quota)
                         self._metrics.quota_refused(run.namespace, quota, verdict.limit, "admission")
@@ -202,9 +233,16 @@ class AdmissionGate:
                         f"; {_runs(ahead)} of the namespace ahead of it" if ahead else ""
                     )
                     room_at = verdict.room_at
-                if message != announced:
+                    cause = (quota, verdict.limit)
+                due = time.monotonic() - announced_at >= self._announce_interval
+                if message != announced and (cause != announced_cause or due):
                     await announce(REASON, message)
-                    announced = message
+                    announced, announced_cause, announced_at = message, cause, time.monotonic()
+                elif message != announced:
+                    # Newer numbers to show: look again once they may be written.
+                    room_at = _earliest(
+                        room_at, self._clock() + dt.timedelta(seconds=self._announce_interval)
+                    )
                 await self._wait(changed, moved, cancel, room_at)
             return False
         finally:
@@ -221,6 +259,8 @@ class AdmissionGate:
         key = (
             tuple((obj["metadata"]["name"], obj["metadata"].get("resourceVersion")) for obj in objects),
             int(now.timestamp()),
+            run.need_tokens,
+            run.need_cost_usd,
         )
         if fresh:
             known = self._verdicts.get(run.namespace)
@@ -229,7 +269,9 @@ class AdmissionGate:
         found: tuple[str, Blocked] | None = None
         for obj in objects:
             ledger = Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now)
-            verdict = ledger.admit(run.uid, run.name, now)
+            verdict = ledger.admit(
+                run.uid, run.name, now, need_tokens=run.need_tokens, need_cost_usd=run.need_cost_usd
+            )
             if isinstance(verdict, Blocked):
                 found = obj["metadata"]["name"], verdict
                 break
@@ -245,7 +287,15 @@ class AdmissionGate:
             name = obj["metadata"]["name"]
             try:
                 verdict = await self._write(
-                    run.namespace, name, lambda ledger, now: ledger.admit(run.uid, run.name, now)
+                    run.namespace,
+                    name,
+                    lambda ledger, now: ledger.admit(
+                        run.uid,
+                        run.name,
+                        now,
+                        need_tokens=run.need_tokens,
+                        need_cost_usd=run.need_cost_usd,
+                    ),
                 )
             except QuotaGone:
                 continue
@@ -292,6 +342,10 @@ class AdmissionGate:
             for task in waits:
                 task.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+
+
+def _earliest(when: dt.datetime | None, other: dt.datetime) -> dt.datetime:
+    return other if when is None else min(when, other)
 
 
 def _count_refused(ledger: Ledger, now: dt.datetime) -> None:

@@ -40,7 +40,8 @@ Write = Callable[[str, str, Callable[[Ledger, dt.datetime], Any]], Awaitable[Any
 
 
 def operator_id(environ: Mapping[str, str] | None = None) -> str:
-    """This operator process: its pod's name (the chart sets POD_NAME), else host and process id."""
+    """This operator process: POD_NAME if set, else host name and process id (a pod's host name is
+    its name). Unique per live process; each run execution adds its own nonce (new_holder)."""
     env = os.environ if environ is None else environ
     return env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 

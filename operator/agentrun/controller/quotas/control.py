@@ -27,6 +27,7 @@ class Quotas:
         *,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         operator: str | None = None,
+        announce_interval: float = 10.0,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
@@ -34,7 +35,7 @@ class Quotas:
         self.operator = operator or operator_id()
         self.view = QuotaView(kube)
         self.view.listeners.append(self._publish)
-        self.gate = AdmissionGate(self.view, self.write, metrics)
+        self.gate = AdmissionGate(self.view, self.write, metrics, announce_interval=announce_interval)
         self._writers: dict[tuple[str, str], QuotaWriter] = {}
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:

@@ -25,7 +25,8 @@ async def test_waiting_runs_are_admitted_by_priority_then_age_as_room_appears(
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"concurrentRuns": 1})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    # Every change of the message written at once (the default writes new numbers once per interval).
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test", announce_interval=0)
     said: dict[str, list[str]] = {}
 
     def announcer(name: str) -> Callable[[str, str], Awaitable[None]]:
@@ -123,3 +124,33 @@ async def test_a_waiting_run_whose_priority_is_raised_goes_ahead_of_older_runs(
     await quotas.gate.release("default", later.uid)
     await asyncio.wait_for(asyncio.gather(*waiting), 5)
     assert admitted == ["later", "older"]
+
+
+async def test_a_waiting_run_shows_new_numbers_at_most_once_per_announce_interval(
+    kube: KubeClient, make_quota: QuotaFactory
+) -> None:
+    await make_quota(hard={"tokens": 1000})
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test", announce_interval=0.6)
+    await quotas.write(
+        "default", "team", lambda ledger, now: ledger.reserve("u0", "a", "r0", "op/1", 1000, None, now)
+    )
+    said: list[str] = []
+
+    async def announce(reason: str, message: str) -> None:
+        said.append(message)
+
+    cancel = asyncio.Event()
+    waiter = asyncio.create_task(quotas.gate.admit(candidate("waiter", created="t"), cancel, announce))
+    try:
+        await asyncio.sleep(0.2)
+        assert len(said) == 1 and "1000 reserved" in said[0]
+        # Same quota and limit, new numbers: not rewritten at once (every settle would rewrite
+        # every waiting run's status), but within the interval.
+        await quotas.write("default", "team", lambda ledger, now: ledger.settle("u0", "r0", 1000, None, now))
+        await asyncio.sleep(0.2)
+        assert len(said) == 1
+        await asyncio.sleep(1.0)
+        assert len(said) == 2 and "(1000 used in" in said[1]
+    finally:
+        cancel.set()
+        assert await asyncio.wait_for(waiter, 5) is False
