@@ -22,8 +22,8 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun.api import GROUP, KIND, PLURAL, VERSION
-from agentrun.api.crd import crd
+from agentrun.api import GROUP, KIND, PLURAL, QUOTA_KIND, QUOTA_PLURAL, VERSION
+from agentrun.api.crd import crd, quota_crd
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure, explained
@@ -34,6 +34,14 @@ from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use
 from agentrun_sandbox.operator_process import OperatorProcess
 
 NAMESPACE = "default"
+#: The namespace's share of the operator: one run at a time (the second waits, Pending with reason
+#: QuotaExceeded, and starts by itself), and at most a dollar and 200,000 tokens a month.
+DEMO_QUOTA: dict[str, Any] = {
+    "apiVersion": f"{GROUP}/{VERSION}",
+    "kind": QUOTA_KIND,
+    "metadata": {"name": "demo"},
+    "spec": {"window": "Month", "hard": {"concurrentRuns": 1, "tokens": 200000, "costUSD": 1}},
+}
 EMBEDDED_EXAMPLES: tuple[dict[str, Any], ...] = (
     {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -87,9 +95,10 @@ async def _cluster(kubeconfig: str | None) -> AsyncIterator[str]:
         yield kubeconfig
         return
     with tempfile.TemporaryDirectory() as tmp:
-        crd_file = Path(tmp) / "crd.yaml"
+        crd_file, quota_file = Path(tmp) / "crd.yaml", Path(tmp) / "quota-crd.yaml"
         crd_file.write_text(yaml.safe_dump(crd()))
-        async with EmulatedCluster.running(crd_paths=[crd_file]) as kube:
+        quota_file.write_text(yaml.safe_dump(quota_crd()))
+        async with EmulatedCluster.running(crd_paths=[crd_file, quota_file]) as kube:
             print(f"Kubernetes API emulator on {kube.url}", file=sys.stderr)
             yield str(kube.kubeconfig_path)
 
@@ -119,22 +128,23 @@ async def _model() -> AsyncIterator[tuple[str, str | None]]:
 
 
 async def _install_crd(api: client.ApiClient, access: ClusterAccess) -> None:
-    """Before the operator starts: it checks at startup that it can list AgentRuns."""
-    manifest = crd()
+    """Before the operator starts: it checks at startup that it can list AgentRuns, and serves
+    AgentRunQuotas only if their CRD is there when it starts."""
     ext = client.ApiextensionsV1Api(api)
-    with explained(
-        "create",
-        f"CustomResourceDefinition {manifest['metadata']['name']}",
-        access=access,
-        invalid="agentrun needs Kubernetes 1.27 or later (see `kubectl version`), or an admission "
-        "policy refuses the CRD",
-    ):
-        try:
-            await ext.create_custom_resource_definition(manifest)  # type: ignore[arg-type]
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    print(f"customresourcedefinition {manifest['metadata']['name']} installed", file=sys.stderr)
+    for manifest in (crd(), quota_crd()):
+        with explained(
+            "create",
+            f"CustomResourceDefinition {manifest['metadata']['name']}",
+            access=access,
+            invalid="agentrun needs Kubernetes 1.33 or later (see `kubectl version`), or an admission "
+            "policy refuses the CRD",
+        ):
+            try:
+                await ext.create_custom_resource_definition(manifest)  # type: ignore[arg-type]
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        print(f"customresourcedefinition {manifest['metadata']['name']} installed", file=sys.stderr)
     await asyncio.sleep(2)  # a real API server publishes a new schema after a moment
 
 
@@ -201,6 +211,14 @@ async def _drive(
     log_file: Path,
 ) -> int:
     custom = client.CustomObjectsApi(api)
+    quota = {**DEMO_QUOTA, "metadata": {**DEMO_QUOTA["metadata"], "namespace": NAMESPACE}}
+    with explained("create", f"agentrunquota {NAMESPACE}/demo", access=access):
+        try:
+            await custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, QUOTA_PLURAL, quota)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    print(f"agentrunquota.{GROUP}/demo created (one run at a time, $1 a month)", file=sys.stderr)
     names = []
     for manifest in manifests:
         body = {**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}}
@@ -238,6 +256,10 @@ async def _drive(
         status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("kopf", "conditions")}
         print(f"--- {obj['metadata']['name']} status")
         print(yaml.safe_dump(status, sort_keys=False).rstrip())
+    with explained("get", f"agentrunquota {NAMESPACE}/demo", access=access):
+        quota = await custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, QUOTA_PLURAL, "demo")
+    print(f"--- agentrunquota {NAMESPACE}/demo: used/hard")
+    print(yaml.safe_dump((quota.get("status") or {}).get("summary") or {}, sort_keys=False).rstrip())
     async with (
         aiohttp.ClientSession() as session,
         session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r,
@@ -246,7 +268,12 @@ async def _drive(
     print("--- metrics (excerpt)")
     for line in scrape.splitlines():
         if line.startswith(
-            ("agentrun_runs_finished_total", "agentrun_tokens_total", "agentrun_tool_calls_total")
+            (
+                "agentrun_runs_finished_total",
+                "agentrun_tokens_total",
+                "agentrun_tool_calls_total",
+                "agentrun_quota_used",
+            )
         ):
             print(line)
     ok = all((o.get("status") or {}).get("phase") == "Succeeded" for o in objects)
