@@ -16,17 +16,9 @@ from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.agentruns.status_writing import mark_observed
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.agentruns.ttl_reaping import TTLReaper
+from agentrun.controller.snapshots import plain
 
 run_logger = logging.getLogger("agentrun.run")
-
-
-def plain(value: Any) -> Any:
-    """Kopf's live views → plain data, so a run works on a stable snapshot of its spec."""
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 def priority_of(spec: Mapping[str, Any]) -> int:

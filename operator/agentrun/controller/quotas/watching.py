@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentrun.controller.quotas.writing import newer
+from agentrun.controller.snapshots import plain
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIError, APIForbiddenError, APINotFoundError
 from agentrun.quotas.definitions import QuotaSpecError
@@ -81,7 +82,7 @@ class QuotaView:
             if (self._objects.get(namespace) or {}).pop(name, None) is not None:
                 self._notify(namespace, name, None)
             return
-        self.update(_plain(body))
+        self.update(plain(body))
 
     def update(self, obj: Mapping[str, Any]) -> None:
         """A copy of a quota (watched, read or written); older ones than what is known are ignored."""
@@ -144,12 +145,3 @@ class QuotaView:
 
 class QuotaListingFailed(Exception):
     """The API server did not answer a listing of quotas (a transient failure: try again)."""
-
-
-def _plain(value: Any) -> Any:
-    """Kopf's live views → plain data."""
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
