@@ -86,7 +86,7 @@ async def test_demo_says_in_one_line_that_the_server_refused_the_crd(cluster: Te
     )
     assert _one_line(code, err) == (
         f"cannot create CustomResourceDefinition {CRD_NAME}: the API server refused it "
-        f"(HTTP 422: {refusal}); agentrun needs Kubernetes 1.27 or later (see `kubectl version`), "
+        f"(HTTP 422: {refusal}); agentrun needs Kubernetes 1.33 or later (see `kubectl version`), "
         "or an admission policy refuses the CRD"
     )
 
