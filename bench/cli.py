@@ -13,14 +13,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import checkpoint_cost, long_context, loop_overhead, operator_scale, parallel_tools
+from bench import (
+    checkpoint_cost,
+    long_context,
+    loop_overhead,
+    operator_scale,
+    parallel_tools,
+    replica_scale,
+)
 from bench.figures import Section
 from bench.machine import describe
-from bench.reporting import markdown, table
+from bench.reporting import markdown, merge, table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
-BENCHMARKS = ("loop", "parallel", "scale", "checkpoint", "context")
+BENCHMARKS = ("loop", "parallel", "scale", "checkpoint", "context", "replicas")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class Plan:
     checkpoint_marks: tuple[int, ...] = (5, 50, 200)
     checkpoint_repeats: int = 3
     context_iterations: int = 200
+    replica_counts: tuple[int, ...] = (1, 2, 4)
+    replica_runs: int = 1000
+    replica_repeats: int = 1
+    replica_lease_seconds: int | None = None
+    replica_quota: bool = False
 
 
 FULL = Plan(loop_rounds=30)
@@ -52,6 +64,8 @@ QUICK = Plan(
     checkpoint_marks=(2, 5, 20),
     checkpoint_repeats=1,
     context_iterations=60,
+    replica_counts=(1, 2),
+    replica_runs=20,
 )
 SMOKE = Plan(
     loop_rounds=1,
@@ -64,6 +78,8 @@ SMOKE = Plan(
     checkpoint_marks=(2, 6),
     checkpoint_repeats=1,
     context_iterations=12,
+    replica_counts=(1, 2),
+    replica_runs=4,
 )
 """The smallest plan that still takes every code path, the profiled operator included: CI runs it so a
 broken harness fails a test, and its figures mean nothing."""
@@ -93,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
         help="Markdown results file (default: bench/RESULTS.md for a full run, else a temp file)",
     )
     parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only this run's sections (and their targets) in an existing results file, "
+        "default bench/RESULTS.md, keeping the others: e.g. --only replicas --merge",
+    )
+    parser.add_argument(
         "--workdir", type=Path, default=None, help="operator logs and profiles (default: temp)"
     )
     parser.add_argument("--seed", type=int, default=8, help="seed of the contender order shuffle")
@@ -109,7 +131,43 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile-size", type=int, default=None, help="runs in the profiled scale run (0: none)"
     )
+    parser.add_argument(
+        "--replica-counts",
+        type=_counts,
+        default=None,
+        help="comma-separated replica counts, e.g. 1,2,4 (default 1,2,4)",
+    )
+    parser.add_argument("--replica-runs", type=_positive, default=None, help="runs of the replica benchmark")
+    parser.add_argument("--replica-repeats", type=_positive, default=None, help="repeats per replica count")
+    parser.add_argument(
+        "--lease-duration",
+        type=_positive,
+        default=None,
+        help="AGENTRUN_LEASE_DURATION_SECONDS of the replicas (default: the operator's default)",
+    )
+    parser.add_argument(
+        "--replica-quota",
+        action="store_true",
+        help="the replica benchmark with a namespace AgentRunQuota no run reaches (ledger write load)",
+    )
     return parser
+
+
+def _positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """``1,2,4`` → (1, 2, 4); argparse turns the error into one line naming the option."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be at least 1")
+    return counts
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -128,6 +186,16 @@ def _plan(args: argparse.Namespace) -> Plan:
         plan = dataclasses.replace(plan, checkpoint_iterations=n, checkpoint_marks=marks)
     if args.context_iterations is not None:
         plan = dataclasses.replace(plan, context_iterations=args.context_iterations)
+    if args.replica_counts:
+        plan = dataclasses.replace(plan, replica_counts=args.replica_counts)
+    if args.replica_runs is not None:
+        plan = dataclasses.replace(plan, replica_runs=args.replica_runs)
+    if args.replica_repeats is not None:
+        plan = dataclasses.replace(plan, replica_repeats=args.replica_repeats)
+    if args.lease_duration is not None:
+        plan = dataclasses.replace(plan, replica_lease_seconds=args.lease_duration)
+    if args.replica_quota:
+        plan = dataclasses.replace(plan, replica_quota=True)
     if args.profile_size is not None:
         plan = dataclasses.replace(plan, profile_size=args.profile_size or None)
     return plan
@@ -172,6 +240,20 @@ async def run(selected: Sequence[str], plan: Plan, workdir: Path, seed: int) -> 
         section = Section("context", "Long runs: context management", _method(long_context.__doc__))
         await long_context.measure(section, iterations=plan.context_iterations)
         sections.append(section)
+    if "replicas" in selected:
+        title = "Replicas sharing the runs" + (", with a namespace quota" if plan.replica_quota else "")
+        section = Section("replicas", title, _method(replica_scale.__doc__))
+        await replica_scale.measure(
+            section,
+            workdir,
+            counts=list(plan.replica_counts),
+            runs=plan.replica_runs,
+            repeats=plan.replica_repeats,
+            latency=plan.latency,
+            lease_seconds=plan.replica_lease_seconds,
+            quota=plan.replica_quota,
+        )
+        sections.append(section)
     return sections
 
 
@@ -194,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = _plan(args)
     partial = args.quick or args.smoke or bool(args.only)
     results: Path = args.results or (
-        Path(tempfile.gettempdir()) / "agentrun-bench-RESULTS.md" if partial else RESULTS
+        Path(tempfile.gettempdir()) / "agentrun-bench-RESULTS.md" if partial and not args.merge else RESULTS
     )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -203,9 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections = asyncio.run(run(selected, plan, workdir, args.seed))
     command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     load = os.getloadavg()
-    results.write_text(
-        markdown(sections, machine, command=command.strip(), load_after=(load[0], load[1], load[2]))
-    )
+    if args.merge and results.exists():
+        text = merge(
+            results.read_text(), sections, command=command.strip(), date=machine.date, commit=machine.commit
+        )
+    else:
+        text = markdown(sections, machine, command=command.strip(), load_after=(load[0], load[1], load[2]))
+    results.write_text(text)
     print(table(sections))
     print(f"\n{time.monotonic() - started:.0f} s; results: {results}; operator logs: {workdir}")
     return 0

@@ -57,10 +57,12 @@ class TimedRequest:
 
 @attrs.define(kw_only=True)
 class RecordingEmulator(KubeEmulator):
-    """Adds arrival time and body size to every request, and notes when a run's status turns terminal."""
+    """Adds arrival time and body size to every request, and notes when (and by whom: the bearer token, one
+    per operator replica) a run's status turns terminal."""
 
     timed: list[TimedRequest] = attrs.field(factory=list)
     finished_at: dict[str, float] = attrs.field(factory=dict)
+    finished_by: dict[str, str | None] = attrs.field(factory=dict)
 
     def _record(self, request: kmock.Request) -> RequestRecord:
         record = super()._record(request)
@@ -72,6 +74,7 @@ class RecordingEmulator(KubeEmulator):
             status = data.get("status") if isinstance(data, Mapping) else None
             if isinstance(status, Mapping) and status.get("phase") in FINISHED_PHASES:
                 self.finished_at.setdefault(record.name, now)
+                self.finished_by.setdefault(record.name, record.authorization)
         return record
 
 

@@ -31,9 +31,11 @@ MODEL_REQUESTS = 5
 
 #: Code paths whose cumulative time the operator profile reports (file suffix : function).
 HOT_PATHS = {
-    "one model request (adapter + SDK streaming + httpx2)": "model/anthropic_calling.py:complete",
-    "stream accumulation (our StreamedMessage.add, per SSE event)": "model/streaming.py:add",
-    "httpcore2 pool: assigning requests to connections": "connection_pool.py:_assign_requests_to_connections",
+    "one model request (adapter + SDK + HTTP transport)": "model/anthropic_calling.py:complete",
+    "stream accumulation (StreamedMessage.add, streamed requests only)": "model/streaming.py:add",
+    "httpcore2 pool (httpx transport only): assigning requests to connections": (
+        "connection_pool.py:_assign_requests_to_connections"
+    ),
     "status writes (StatusWriter._patch)": "controller/agentruns/status_writing.py:_patch",
     "Kopf: processing one watch event for one object": (
         "kopf/_core/reactor/processing.py:process_resource_event"

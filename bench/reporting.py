@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from bench.figures import Figure, Section
@@ -74,17 +75,70 @@ def markdown(
         "## Targets",
         "",
     ]
-    targeted = [(s, f) for s in sections for f in s.figures if f.target is not None]
     lines += ["| benchmark | figure | median | target | verdict |", "| --- | --- | --- | --- | --- |"]
-    for section, f in targeted:
-        verdict = f"**{f.verdict}**" if f.passed is False else f.verdict
-        lines.append(f"| {section.title} | {f.name} | {f.shown_value} | {f.shown_target} | {verdict} |")
+    lines += _target_rows(sections)
     for number, section in enumerate(sections, start=1):
-        lines += ["", f"## {number}. {section.title}", "", section.method, ""]
-        lines += _figure_rows(section.figures)
-        if section.notes:
-            lines.append("")
-            lines += [f"- {note}" for note in section.notes]
-        for detail in section.details:
-            lines += ["", detail]
+        lines += ["", _section_markdown(number, section)]
     return "\n".join(lines) + "\n"
+
+
+def _target_rows(sections: Sequence[Section]) -> list[str]:
+    rows = []
+    for section in sections:
+        for f in section.figures:
+            if f.target is not None:
+                verdict = f"**{f.verdict}**" if f.passed is False else f.verdict
+                rows.append(
+                    f"| {section.title} | {f.name} | {f.shown_value} | {f.shown_target} | {verdict} |"
+                )
+    return rows
+
+
+def _section_markdown(number: int, section: Section) -> str:
+    lines = [f"## {number}. {section.title}", "", section.method, ""]
+    lines += _figure_rows(section.figures)
+    if section.notes:
+        lines.append("")
+        lines += [f"- {note}" for note in section.notes]
+    for detail in section.details:
+        lines += ["", detail]
+    return "\n".join(lines)
+
+
+def merge(existing: str, sections: Sequence[Section], *, command: str, date: str, commit: str) -> str:
+    """``existing`` results with these sections replaced (or appended) and their targets rows swapped.
+
+    A partial run (``--only replicas --merge``) updates its part of bench/RESULTS.md without discarding the
+    figures of the benchmarks it did not run; a line under the header says which sections are newer.
+    """
+    text = existing.rstrip("\n") + "\n"
+    titles = {s.title for s in sections}
+    numbered = re.findall(r"^## (\d+)\. (.*)$", text, flags=re.MULTILINE)
+    next_number = max((int(n) for n, _ in numbered), default=0) + 1
+    for section in sections:
+        number = next((int(n) for n, title in numbered if title == section.title), None)
+        if number is None:
+            number, next_number = next_number, next_number + 1
+        block = _section_markdown(number, section)
+        pattern = re.compile(rf"^## {number}\. {re.escape(section.title)}\n.*?(?=^## |\Z)", re.S | re.M)
+        found = pattern.search(text)
+        text = (
+            text[: found.start()] + block + "\n\n" + text[found.end() :]
+            if found
+            else text + "\n" + block + "\n"
+        )
+    lines = text.splitlines()
+    start = lines.index("## Targets")
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    kept = [row for row in lines[first + 2 : end] if row.split("|")[1].strip() not in titles]
+    lines[first + 2 : end] = kept + _target_rows(sections)
+    updated = ", ".join(s.title for s in sections)
+    stale = [
+        i for i, line in enumerate(lines) if line.startswith("Updated by ") and line.endswith(f": {updated}.")
+    ]
+    for i in reversed(stale):
+        del lines[i - 1 : i + 1]  # the line and the blank line before it
+    header = lines.index("## Machine")
+    lines[header - 1 : header - 1] = ["", f"Updated by `{command}` on {date} at commit {commit}: {updated}."]
+    return "\n".join(lines).rstrip("\n") + "\n"

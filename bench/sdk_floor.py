@@ -1,5 +1,5 @@
 """The same model traffic as the scale benchmark with no operator: N concurrent conversations of 5
-sequential streaming requests through one ``ClientPool`` client (our adapter, the real SDK), against the
+sequential requests through one ``ClientPool`` client (our adapter, the real SDK), against the
 fake Messages API in a child process. Its time ÷ ideal is the floor any single-process operator built on
 this SDK path reaches on this machine; the gap between it and the operator is the operator's own cost.
 """

@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def default_replica_name() -> str:
+    """hostname-pid, made DNS-safe (a hostname may carry capitals or underscores)."""
+    host = re.sub(r"[^a-z0-9.-]+", "-", socket.gethostname().lower()).strip("-.") or "replica"
+    return f"{host[:200]}-{os.getpid()}"
 
 
 class Settings(BaseModel):
@@ -74,6 +93,60 @@ class Settings(BaseModel):
         "'claude-foo*=500000,my-model=32000' (a trailing * matches a prefix).",
     )
 
+    lease_namespace: str | None = Field(
+        default=None,
+        description="Namespace of the replicas' Leases; set, the replicas of a group share the runs "
+        "(the chart sets the release namespace); unset, this replica runs every run.",
+    )
+    replica_name: str = Field(
+        default_factory=lambda: default_replica_name(),
+        description="This replica's name in its group (default: POD_NAME, else hostname-pid).",
+    )
+    replica_group: str = Field(
+        default="agentrun",
+        description="Replicas sharing the runs: the replicas of one deployment share the group.",
+    )
+    lease_duration_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=3600,
+        description="A replica whose Lease is not renewed for this long is gone; its runs move.",
+    )
+    lease_renew_seconds: float = Field(
+        default=5.0, gt=0, description="Interval of Lease renewals; at most a third of the duration."
+    )
+
+    @field_validator("lease_namespace", "replica_group")
+    @classmethod
+    def _dns_label(cls, value: str | None) -> str | None:
+        if value is not None and not DNS_LABEL.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a DNS label (at most 63 lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit)"
+            )
+        return value
+
+    @field_validator("replica_name")
+    @classmethod
+    def _dns_subdomain(cls, value: str) -> str:
+        if len(value) > 253 or not DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a DNS subdomain (at most 253 lowercase letters, digits, '-' and '.', "
+                "starting and ending with a letter or digit)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _renewals_fit(self) -> Settings:
+        # Why a third: a replica fences itself when its last renewal is older than duration - renew - 1 s,
+        # so it needs room for at least one more renewal (and its retries) before that.
+        if self.lease_renew_seconds * 3 > self.lease_duration_seconds:
+            raise ValueError(
+                f"AGENTRUN_LEASE_RENEW_SECONDS ({self.lease_renew_seconds:g}) must be at most a third of "
+                f"AGENTRUN_LEASE_DURATION_SECONDS ({self.lease_duration_seconds})"
+            )
+        return self
+
     @field_validator("namespaces", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
@@ -108,6 +181,8 @@ class Settings(BaseModel):
                 values[name] = env[key]
         if env.get("ANTHROPIC_API_KEY"):
             values["anthropic_api_key"] = env["ANTHROPIC_API_KEY"]
+        if "replica_name" not in values and env.get("POD_NAME"):
+            values["replica_name"] = env["POD_NAME"]
         if env.get("ANTHROPIC_BASE_URL"):
             values["anthropic_base_url"] = env["ANTHROPIC_BASE_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -22,6 +22,7 @@ SECTIONS = (
     "Operator at scale",
     "Checkpoint cost",
     "Long runs: context management",
+    "Replicas sharing the runs",
 )
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 VERDICT = re.compile(r"pass|\*\*MISS \([^)]*\)\*\*")
@@ -115,3 +116,15 @@ def test_both_profiles_were_taken_and_summarised(smoke: SmokeRun) -> None:
     assert "**Profile of our loop**" in smoke.results
     assert "**Profile of the operator process**" in smoke.results
     assert (smoke.workdir / "operator-3.prof").stat().st_size > 0
+
+
+def test_the_replica_benchmark_attributed_every_run_to_one_replica_of_each_configuration(
+    smoke: SmokeRun,
+) -> None:
+    for title, replicas in (("4 runs, 1 replica", 1), ("4 runs, 2 replicas", 2)):
+        heading = re.search(rf"^\*\*{title}, per replica\*\*.*$", smoke.results, flags=re.MULTILINE)
+        assert heading, f"no per-replica table for {title}"
+        rows = table(smoke.results, heading.group())
+        assert [row[0] for row in rows] == [f"replica-{i}" for i in range(replicas)]
+        assert sum(int(row[1]) for row in rows) == 4, "every run finished on exactly one replica"
+    assert figure(smoke.results, "## 6. Replicas sharing the runs", "4 runs, 2 replicas: runs finished") == 4

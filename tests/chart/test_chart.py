@@ -104,6 +104,8 @@ NAMESPACED_NEEDS = {
     ("", "serviceaccounts"): {"impersonate"},
 }
 CONFIGMAP_NEEDS = {("", "configmaps"): {"get", "list", "create"}}
+# Replica membership, in the release namespace only (controller/replicas/membership.py).
+LEASE_NEEDS = {("coordination.k8s.io", "leases"): {"get", "list", "create", "update", "delete"}}
 
 
 def grants(role: Manifest) -> dict[tuple[str, str], set[str]]:
@@ -130,6 +132,17 @@ def operator_container(manifests: list[Manifest]) -> dict[str, Any]:
 
 def env_of(manifests: list[Manifest]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in operator_container(manifests).get("env", [])}
+
+
+def lease_role(manifests: list[Manifest]) -> Manifest:
+    """The one Role in the release namespace: the replicas' Leases."""
+    [role] = [r for r in of_kind(manifests, "Role") if r["metadata"]["namespace"] == NAMESPACE]
+    return role
+
+
+def run_roles(manifests: list[Manifest]) -> list[Manifest]:
+    """The Roles of the watched namespaces (scope "namespaces")."""
+    return [r for r in of_kind(manifests, "Role") if r["metadata"]["namespace"] != NAMESPACE]
 
 
 # --- helm lint, rendering and Kubernetes schema validation -----------------------------------------
@@ -208,11 +221,69 @@ def test_install_notes_render_and_warn_when_there_is_no_default_api_key(helm: To
 # --- the Deployment ---------------------------------------------------------------------------------
 
 
-def test_operator_runs_as_a_single_replica_replaced_with_the_recreate_strategy(renderer: Renderer) -> None:
+def test_operator_runs_one_replica_by_default_and_rolls_a_new_pod_in_before_the_old_leaves(
+    renderer: Renderer,
+) -> None:
     deployment = one(renderer.render(), "Deployment")
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     assert deployment["metadata"]["namespace"] == NAMESPACE
+    assert one(renderer.render({"replicas": 3}), "Deployment")["spec"]["replicas"] == 3
+
+
+def test_every_replica_joins_the_release_namespace_membership_named_after_its_pod(renderer: Renderer) -> None:
+    env = env_of(renderer.render({"operator": {"leaseDurationSeconds": 30, "leaseRenewSeconds": 4}}))
+    assert env["AGENTRUN_LEASE_NAMESPACE"]["value"] == NAMESPACE
+    assert env["AGENTRUN_REPLICA_GROUP"]["value"] == OPERATOR_SA, "one group per release"
+    pod_name = {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["AGENTRUN_REPLICA_NAME"]["valueFrom"] == pod_name
+    assert env["POD_NAME"]["valueFrom"] == pod_name
+    assert env["AGENTRUN_LEASE_DURATION_SECONDS"]["value"] == "30"
+    assert env["AGENTRUN_LEASE_RENEW_SECONDS"]["value"] == "4"
+    defaults = env_of(renderer.render())
+    assert (
+        defaults["AGENTRUN_LEASE_DURATION_SECONDS"]["value"],
+        defaults["AGENTRUN_LEASE_RENEW_SECONDS"]["value"],
+    ) == (
+        "30",
+        "5",
+    )
+
+
+def test_a_disruption_budget_lets_one_replica_go_at_a_time_only_when_there_are_several(
+    renderer: Renderer,
+) -> None:
+    assert not of_kind(renderer.render(), "PodDisruptionBudget")
+    manifests = renderer.render({"replicas": 2})
+    budget = one(manifests, "PodDisruptionBudget")
+    assert budget["metadata"]["namespace"] == NAMESPACE
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert "minAvailable" not in budget["spec"]
+    pod_labels = one(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_replicas_prefer_different_nodes_unless_affinity_is_set(renderer: Renderer) -> None:
+    manifests = renderer.render({"replicas": 3})
+    deployment = one(manifests, "Deployment")
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]
+    [term] = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    selected = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    assert selected.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity["podAntiAffinity"], "soft only"
+    own = one(renderer.render(EVERYTHING), "Deployment")["spec"]["template"]["spec"]["affinity"]
+    assert own == EVERYTHING["affinity"]
+
+
+@pytest.mark.parametrize("replicas", [0, -1, "two"])
+def test_a_replica_count_below_one_or_not_a_number_is_refused(renderer: Renderer, replicas: Any) -> None:
+    proc = renderer.template({"replicas": replicas}, check=False)
+    assert proc.returncode != 0
+    assert "replicas" in proc.stderr
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -311,8 +382,7 @@ def test_cluster_scope_grants_exactly_what_the_operator_needs_through_one_cluste
     renderer: Renderer,
 ) -> None:
     manifests = renderer.render()
-    assert not of_kind(manifests, "Role")
-    assert not of_kind(manifests, "RoleBinding")
+    assert not run_roles(manifests)
     assert grants(one(manifests, "ClusterRole")) == CLUSTER_SCOPED_NEEDS | NAMESPACED_NEEDS
     binding = one(manifests, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == one(manifests, "ClusterRole")["metadata"]["name"]
@@ -322,8 +392,8 @@ def test_cluster_scope_grants_exactly_what_the_operator_needs_through_one_cluste
 def test_namespaces_scope_has_no_cluster_role_rules_for_namespaced_resources(renderer: Renderer) -> None:
     manifests = renderer.render(NAMESPACES_SCOPE)
     assert grants(one(manifests, "ClusterRole")) == CLUSTER_SCOPED_NEEDS | NAMESPACE_WATCH_NEEDS
-    roles = of_kind(manifests, "Role")
-    bindings = of_kind(manifests, "RoleBinding")
+    roles = run_roles(manifests)
+    bindings = [b for b in of_kind(manifests, "RoleBinding") if b["metadata"]["namespace"] != NAMESPACE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for role in roles:
@@ -357,13 +427,27 @@ def test_impersonation_can_be_narrowed_to_named_service_accounts_or_disabled(ren
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_rbac_rules_use_no_wildcards_and_no_leases(renderer: Renderer, scenario: str) -> None:
-    for role, rule in rules_of(renderer.render(SCENARIOS[scenario])):
+def test_rbac_rules_use_no_wildcards_and_grant_leases_only_in_the_release_namespace(
+    renderer: Renderer, scenario: str
+) -> None:
+    manifests = renderer.render(SCENARIOS[scenario])
+    leases = lease_role(manifests)
+    for role, rule in rules_of(manifests):
         name = f"{role['kind']}/{role['metadata']['name']}"
         for key in ("apiGroups", "resources", "verbs", "resourceNames"):
             assert "*" not in rule.get(key, []), f"{name} has a wildcard in {key}"
-        assert "leases" not in rule.get("resources", []), f"{name} grants leases (there is no peering)"
+        if role is not leases:
+            assert "leases" not in rule.get("resources", []), (
+                f"{name} grants leases outside the release namespace"
+            )
         assert "nonResourceURLs" not in rule
+    assert grants(leases) == LEASE_NEEDS
+    [binding] = [
+        b for b in of_kind(manifests, "RoleBinding") if b["roleRef"]["name"] == leases["metadata"]["name"]
+    ]
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["kind"] == "Role"
+    assert binding["subjects"] == [OPERATOR_SUBJECT]
 
 
 def test_configmap_permissions_exist_only_when_transcripts_are_in_configmaps(renderer: Renderer) -> None:
@@ -372,7 +456,7 @@ def test_configmap_permissions_exist_only_when_transcripts_are_in_configmaps(ren
     assert grants(one(renderer.render(configmaps), "ClusterRole")) == (
         CLUSTER_SCOPED_NEEDS | NAMESPACED_NEEDS | CONFIGMAP_NEEDS
     )
-    for role in of_kind(renderer.render({**NAMESPACES_SCOPE, **configmaps}), "Role"):
+    for role in run_roles(renderer.render({**NAMESPACES_SCOPE, **configmaps})):
         assert grants(role) == NAMESPACED_NEEDS | CONFIGMAP_NEEDS
 
 

@@ -377,11 +377,16 @@ async def chart_identity(cluster: TestCluster, scope: str, layout: Layout) -> As
 async def run_workload(
     cluster: TestCluster,
     identity: OperatorIdentity,
-    namespaces: tuple[str, ...],
+    layout: Layout,
     args: tuple[str, ...],
     log: Path,
 ) -> str:
-    """Every scenario, with the operator logged in as ``identity``; its log (all its processes')."""
+    """Every scenario, with the operator logged in as ``identity``; its log (all its processes').
+
+    As the chart runs it: a replica with its Lease in the release namespace, under one name throughout,
+    so the restarted process takes over the Lease the killed one left (a create refused, a get, an update).
+    """
+    namespaces = layout.watched
     model = FakeMessagesAPI(scripts=SCRIPTS)
     async with model.running() as served:
 
@@ -393,6 +398,8 @@ async def run_workload(
                     "ANTHROPIC_API_KEY": API_KEY,
                     "ANTHROPIC_BASE_URL": served.url,
                     "AGENTRUN_SECRET_RETRY_SECONDS": "0.5",
+                    "AGENTRUN_LEASE_NAMESPACE": layout.release_namespace,
+                    "AGENTRUN_REPLICA_NAME": "rbac-coverage",
                 },
                 args,
             )
@@ -432,9 +439,7 @@ async def test_the_chart_allows_every_request_the_operator_makes(
         namespaces_of_the_test(cluster) as layout,
         chart_identity(cluster, "namespaces", layout) as identity,
     ):
-        log = await run_workload(
-            cluster, identity, layout.watched, _watching(layout.watched), tmp_path / "op.log"
-        )
+        log = await run_workload(cluster, identity, layout, _watching(layout.watched), tmp_path / "op.log")
     refused = identity.refusals(log)
     assert not refused, "the chart forbids requests the operator makes:\n" + "\n".join(refused)
 
@@ -452,7 +457,7 @@ async def test_the_operator_needs_every_permission_the_chart_grants_and_no_other
         chart_identity(cluster, scope, layout) as identity,
     ):
         args = ("--all-namespaces",) if scope == "cluster" else _watching(layout.watched)
-        log = await run_workload(cluster, identity, layout.watched, args, tmp_path / "operator.log")
+        log = await run_workload(cluster, identity, layout, args, tmp_path / "operator.log")
     assert identity.emulator is not None
     decisions = list(identity.emulator.decisions)
     policy = identity.policy

@@ -118,6 +118,7 @@ async def run_with_allowance(
     state: RunState | None = None,
     cancel_task_after_requests: int | None = None,
     cancel_again_after: float | None = None,
+    always_stream: bool = False,
 ) -> QuotaRun:
     """The loop through the real SDK and adapter; `cancel_task_after_requests` cancels the task
     running it once the fake server has received that many requests (a shutdown mid-request), and
@@ -137,7 +138,7 @@ async def run_with_allowance(
             task = asyncio.ensure_future(
                 run_loop(
                     LoopConfig.from_spec(parsed, run_id="run-uid", retry=retry),
-                    model=AnthropicModel(client),
+                    model=AnthropicModel(client, always_stream=always_stream),
                     tools={t.name: t for t in tools},
                     observer=recorder,
                     clock=SystemClock(),

@@ -143,6 +143,7 @@ async def run_scripted(
     context_window: int | None = None,
     state: RunState | None = None,
     prompt_cache: bool = False,
+    always_stream: bool = False,
 ) -> LoopRun:
     raw_spec = {"task": f"{marker} do the thing", **(spec or {})}
     parsed = AgentRunSpec.model_validate(raw_spec)
@@ -157,7 +158,7 @@ async def run_scripted(
         try:
             outcome = await run_loop(
                 LoopConfig.from_spec(parsed, run_id="run-uid", retry=retry),
-                model=AnthropicModel(client),
+                model=AnthropicModel(client, always_stream=always_stream),
                 tools={t.name: t for t in tools},
                 observer=Fanout(recorder, *observers),
                 clock=clock or SystemClock(),

@@ -12,18 +12,25 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @contextlib.asynccontextmanager
-async def client_of(handler: Handler, *, api_key: str = "k") -> AsyncIterator[anthropic.AsyncAnthropic]:
-    """POST /v1/messages goes to `handler`; SDK retries are off, as in the operator."""
+async def serving(handler: Handler) -> AsyncIterator[str]:
+    """The base URL of a server whose POST /v1/messages goes to `handler`."""
     app = web.Application()
     app.router.add_post("/v1/messages", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    client = anthropic.AsyncAnthropic(
-        api_key=api_key, base_url=f"http://127.0.0.1:{runner.addresses[0][1]}", max_retries=0
-    )
     try:
-        yield client
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
-        await client.close()
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def client_of(handler: Handler, *, api_key: str = "k") -> AsyncIterator[anthropic.AsyncAnthropic]:
+    """POST /v1/messages goes to `handler`; SDK retries are off, as in the operator."""
+    async with serving(handler) as url:
+        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=url, max_retries=0)
+        try:
+            yield client
+        finally:
+            await client.close()

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+import anthropic
+import pytest
+from aiohttp import web
+
+from agentrun.loop.protocols import ModelRequest
 from agentrun.model.anthropic_calling import ClientPool
+from tests.support.messages_handler import serving
 
 
 async def test_runs_are_spread_over_shards_and_a_run_keeps_its_client() -> None:
@@ -21,8 +29,18 @@ async def test_runs_are_spread_over_shards_and_a_run_keeps_its_client() -> None:
         await pool.close()
 
 
-async def test_every_client_shares_one_tls_context_so_the_ca_bundle_is_loaded_once() -> None:
-    pool = ClientPool(shards=4)
+def _tls_context_of(client: anthropic.AsyncAnthropic) -> object:
+    transport = client._client._transport  # type: ignore[attr-defined]
+    if hasattr(transport, "ssl_context"):  # the SDK's aiohttp transport
+        return transport.ssl_context
+    return transport._pool._ssl_context
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_every_client_shares_one_tls_context_so_the_ca_bundle_is_loaded_once(
+    transport: Literal["aiohttp", "httpx"],
+) -> None:
+    pool = ClientPool(shards=4, transport=transport)
     try:
         clients = {
             pool.model(api_key=key, base_url="https://127.0.0.1:9", shard_key=f"uid-{i}").client
@@ -30,7 +48,38 @@ async def test_every_client_shares_one_tls_context_so_the_ca_bundle_is_loaded_on
             for i in range(32)
         }
         assert len(clients) == 8
-        contexts = {id(c._client._transport._pool._ssl_context) for c in clients}  # type: ignore[attr-defined]
+        contexts = {id(_tls_context_of(c)) for c in clients}
         assert len(contexts) == 1
     finally:
         await pool.close()
+
+
+async def test_runs_talk_to_the_messages_api_over_the_sdks_aiohttp_transport_by_default() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-haiku-4-5",
+                "content": [{"type": "text", "text": "pong"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            },
+            headers={"request-id": "req_pool"},
+        )
+
+    pool = ClientPool(shards=2)
+    try:
+        async with serving(handler) as url:
+            model = pool.model(api_key="sk-ant-pool", base_url=url, shard_key="uid-1")
+            assert type(model.client._client._transport).__name__ == "AiohttpTransport"  # type: ignore[attr-defined]
+            response = await model.complete(
+                ModelRequest(
+                    model="claude-haiku-4-5", max_tokens=16, messages=[{"role": "user", "content": "ping"}]
+                )
+            )
+    finally:
+        await pool.close()
+    assert (response.content, response.request_id) == ([{"type": "text", "text": "pong"}], "req_pool")

@@ -59,7 +59,7 @@ def request(marker: str) -> ModelRequest:
 async def both(
     client: anthropic.AsyncAnthropic, req: ModelRequest
 ) -> tuple[ModelResponse, anthropic.types.Message]:
-    ours = await AnthropicModel(client).complete(req)
+    ours = await AnthropicModel(client, always_stream=True).complete(req)
     async with client.messages.stream(**build_params(req)) as stream:
         helpers = await stream.get_final_message()
     return ours, helpers
@@ -383,7 +383,7 @@ async def test_events_and_deltas_this_client_does_not_know_are_ignored() -> None
 async def test_a_stream_cut_short_is_retried_and_names_its_request(events: list[Event]) -> None:
     async with replaying(events) as client:
         with pytest.raises(RetryableModelError) as caught:
-            await AnthropicModel(client).complete(request("[short]"))
+            await AnthropicModel(client, always_stream=True).complete(request("[short]"))
 
     assert caught.value.retry_class is RetryClass.CONNECTION
     assert "the answer was cut off" in caught.value.message
@@ -395,7 +395,7 @@ async def test_an_error_event_inside_the_stream_is_retried_with_the_request_id()
     events = [start(), *block(0, {"type": "text", "text": "Hi"}), error]
     async with replaying(events) as client:
         with pytest.raises(RetryableModelError) as caught:
-            await AnthropicModel(client).complete(request("[error]"))
+            await AnthropicModel(client, always_stream=True).complete(request("[error]"))
 
     assert caught.value.retry_class is RetryClass.OVERLOADED
     assert "Overloaded" in caught.value.message
@@ -434,7 +434,7 @@ async def test_a_malformed_stream_ends_the_run_as_a_model_error(
 ) -> None:
     async with replaying(events) as client:
         with pytest.raises(FatalModelError) as caught:
-            await AnthropicModel(client).complete(request("[malformed]"))
+            await AnthropicModel(client, always_stream=True).complete(request("[malformed]"))
 
     assert caught.value.reason == "ModelError"
     assert caught.value.message.startswith("unexpected response from the Messages API")

@@ -17,6 +17,8 @@ from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.handlers import build_registry
 from agentrun.controller.quotas.control import Quotas
+from agentrun.controller.replicas.membership import Membership
+from agentrun.controller.replicas.ownership import Standalone
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
 from agentrun.kube.retrying import RetryPolicy
 from agentrun.metrics.observing import Metrics
@@ -85,8 +87,19 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     metrics_runner = await start_metrics_server(registry, settings.bind_address, settings.metrics_port)
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
     heartbeat = asyncio.create_task(keep_beating(metrics, settings.heartbeat_seconds))
+    # Several replicas share the runs when they have a namespace for their Leases (controller/replicas/);
+    # alone, this one owns every run.
+    membership = Membership(kube, settings, metrics) if settings.lease_namespace else None
+    handler = AgentRunHandler(
+        reconciler,
+        membership if membership is not None else Standalone(),
+        handoff=membership,
+    )
     # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).
-    collecting = asyncio.create_task(quotas.keep_collecting(lambda: set(reconciler.runs)))
+    collecting = asyncio.create_task(
+        quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns)
+    )
+    membership_task = asyncio.create_task(membership.run()) if membership is not None else None
     try:
         if not crd_served:
             stop = stop_flag or asyncio.Event()
@@ -98,7 +111,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             finally:
                 await waiting.cleanup()
         await kopf.operator(
-            registry=build_registry(AgentRunHandler(reconciler), quotas),
+            registry=build_registry(handler, quotas),
             settings=kopf_settings(),
             standalone=True,
             clusterwide=not settings.namespaces,
@@ -108,10 +121,19 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             **kopf_kwargs,
         )
     finally:
-        for task in (heartbeat, collecting):
+        # Runs stop before the Lease goes: the others take them over only after they stopped here.
+        await handler.close()
+        for task in (heartbeat, collecting, membership_task):
+            if task is None:
+                continue
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if membership is not None:
+            try:
+                await membership.leave()
+            except Exception as exc:  # the Lease then expires: the others wait one lease duration longer
+                logger.warning("could not delete this replica's Lease on shutdown: %s", exc)
         await metrics_runner.cleanup()
         if provider is not None:
             provider.shutdown()

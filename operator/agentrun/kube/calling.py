@@ -74,6 +74,7 @@ class KubeClient:
         self.api_client = api_client
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
+        self._coordination = client.CoordinationV1Api(api_client)
 
     async def close(self) -> None:
         await self.api_client.close()
@@ -172,6 +173,41 @@ class KubeClient:
             self._custom.replace_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, QUOTA_PLURAL, name, body, _preload_content=False
             )
+        )
+
+    # Leases (replica membership) ----------------------------------------------------------------
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """APIAlreadyExistsError when the name is taken (a Lease left by an earlier process of that name)."""
+        return await call_json(
+            self._coordination.create_namespaced_lease(namespace, body, _preload_content=False)  # type: ignore[arg-type]
+        )
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return await call_json(
+            self._coordination.read_namespaced_lease(name, namespace, _preload_content=False)
+        )
+
+    async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT of the whole Lease; its metadata.resourceVersion is the precondition (APIConflictError
+        when it changed meanwhile, APINotFoundError when it was deleted)."""
+        return await call_json(
+            self._coordination.replace_namespaced_lease(name, namespace, body, _preload_content=False)  # type: ignore[arg-type]
+        )
+
+    async def list_leases(self, namespace: str, *, label_selector: str) -> list[dict[str, Any]]:
+        listing = await call_json(
+            self._coordination.list_namespaced_lease(
+                namespace, label_selector=label_selector, _preload_content=False
+            )
+        )
+        return list(listing.get("items") or [])
+
+    async def delete_lease(self, namespace: str, name: str, *, uid: str | None = None) -> None:
+        """Deletes the Lease (with ``uid``: only that very Lease, never a newer one of that name)."""
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid) if uid else None)
+        await call(
+            self._coordination.delete_namespaced_lease(name, namespace, body=body, _preload_content=False)
         )
 
     # Secrets and ConfigMaps ----------------------------------------------------------------------

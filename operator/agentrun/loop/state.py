@@ -107,6 +107,17 @@ def tool_uses(blocks: Iterable[Block]) -> list[Block]:
     return [b for b in blocks if b.get("type") == "tool_use"]
 
 
+@dataclass(frozen=True)
+class SentView:
+    """The messages a request sends, derived from `count` messages ending with `last`."""
+
+    count: int
+    last: Message | None
+    compaction: Compaction | None
+    config: object
+    messages: list[Message]
+
+
 @dataclass
 class RunState:
     messages: list[Message]
@@ -144,6 +155,8 @@ class RunState:
     # estimated before every request, and a stored message never changes, so each is measured once.
     # The message itself is kept beside its size, so an id is never reused while it is cached.
     measured: dict[int, tuple[Message, int]] = field(default_factory=dict, repr=False, compare=False)
+    # The last view derived for a request (windowing.sent_messages) and what it was derived from.
+    view: SentView | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def fresh(cls, task: str) -> RunState:

@@ -23,7 +23,7 @@ from typing import Any
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.loop.config import ContextConfig
 from agentrun.loop.protocols import Block, Message, ModelRequest, ToolDefinition
-from agentrun.loop.state import Compaction, RunState
+from agentrun.loop.state import Compaction, RunState, SentView
 from agentrun.loop.steps import Compact, Finish
 
 CHARS_PER_TOKEN = 3
@@ -137,8 +137,26 @@ def cleared(messages: Sequence[Message], cfg: ContextConfig) -> list[Message]:
 
 
 def sent_messages(state: RunState, cfg: ContextConfig) -> list[Message]:
-    """The messages of the next request."""
-    return cleared(compacted(state.messages, state.compaction), cfg)
+    """The messages of the next request (a new list; its messages are shared, never to be changed).
+
+    Derived once per state of the conversation: the limits check and the request both need it, and
+    the messages are only ever appended to, so the same count, last message, compaction and config
+    mean the same view.
+    """
+    messages = state.messages
+    last = messages[-1] if messages else None
+    cached = state.view
+    if (
+        cached is not None
+        and cached.count == len(messages)
+        and cached.last is last
+        and cached.config is cfg
+        and cached.compaction == state.compaction
+    ):
+        return list(cached.messages)
+    view = cleared(compacted(messages, state.compaction), cfg)
+    state.view = SentView(len(messages), last, state.compaction, cfg, view)
+    return list(view)
 
 
 def fixed_chars(system: str | None, tools: Sequence[ToolDefinition]) -> int:

@@ -237,6 +237,7 @@ class Metrics:
         for decision in DECISIONS:
             self.approvals_decided.labels(decision)
         self._init_quota_metrics(registry)
+        self._init_replica_metrics(registry)
         self.heartbeat = Gauge(
             "agentrun_operator_heartbeat_timestamp_seconds",
             "Unix time of the operator's last heartbeat; stale when its event loop is stuck.",
@@ -367,6 +368,49 @@ class Metrics:
     def _refusals(self, namespace: str, quota: str, resource: str, stage: str) -> Counter:
         self._quota_refusal_labels.setdefault((namespace, quota), set()).add((resource, stage))
         return self.quota_refusals.labels(namespace, quota, resource, stage)
+
+    # Replicas --------------------------------------------------------------------------------------
+
+    def _init_replica_metrics(self, registry: CollectorRegistry) -> None:
+        """Labelled by replica so a dashboard summing over pods still tells the replicas apart."""
+        self.replica_members = Gauge(
+            "agentrun_replica_members",
+            "Live members of this replica's group, as this replica sees them (its Lease list).",
+            ["replica"],
+            registry=registry,
+        )
+        self.replica_runs_owned = Gauge(
+            "agentrun_replica_runs_owned",
+            "Unfinished runs this replica owns under its current view.",
+            ["replica"],
+            registry=registry,
+        )
+        self.replica_handoffs = Counter(
+            "agentrun_replica_handoffs",
+            "Runs handed to this replica (in) or away from it (out) by a change of the live members.",
+            ["replica", "direction"],
+            registry=registry,
+        )
+        self.replica_fenced = Gauge(
+            "agentrun_replica_fenced",
+            "1 while this replica could not renew its Lease in time and runs nothing; else 0.",
+            ["replica"],
+            registry=registry,
+        )
+
+    def replica_seen(self, replica: str, members: int, *, fenced: bool) -> None:
+        """What the membership sees after each look at its group's Leases."""
+        self.replica_members.labels(replica).set(members)
+        self.replica_fenced.labels(replica).set(1 if fenced else 0)
+
+    def replica_owns(self, replica: str, runs: int) -> None:
+        self.replica_runs_owned.labels(replica).set(runs)
+
+    def replica_handoff(self, replica: str, direction: str, count: int = 1) -> None:
+        """``direction``: "in" (a run this replica took over) or "out" (one it gave up)."""
+        if direction not in ("in", "out"):
+            raise ValueError(f"handoff direction must be 'in' or 'out', not {direction!r}")
+        self.replica_handoffs.labels(replica, direction).inc(count)
 
 
 class MetricsObserver:

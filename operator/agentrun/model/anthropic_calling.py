@@ -1,19 +1,21 @@
 """Calling the Messages API through the real SDK, and translating its errors exactly once.
 
-Streaming is used for every request: long max_tokens values are allowed, and an overloaded error
-that arrives inside a 200 stream is seen (the SDK's event stream raises it as a plain APIStatusError).
-The SDK's own retries are off (max_retries=0): the loop owns the single retry layer.
+A request is sent without streaming whenever the SDK would send it so (`needs_streaming`): one JSON
+body, read into the answer without building the SDK's typed ``Message``, costs the least client and
+server CPU per round trip (bench/RESULTS.md, loop overhead). A request the SDK refuses to send without
+streaming (a ``max_tokens`` whose answer may take longer than ten minutes, or above a model's
+non-streaming limit) is streamed: long answers stay possible, and an overloaded error that arrives
+inside a 200 stream is seen (the SDK's event stream raises it as a plain APIStatusError). The SDK's own
+retries are off (max_retries=0): the loop owns the single retry layer.
 
-The request is a raw ``create(stream=True)`` whose events the SDK hands over as decoded JSON, folded
-into the answer by `streaming.StreamedMessage`. The SDK's ``messages.stream`` helper would build the
-same answer, but it rebuilds a typed snapshot of the message on every event: that made a streamed
-round trip cost about 1.9x a non-streaming one, against about 1.2x for the events alone
-(bench/RESULTS.md, loop overhead).
+A streamed request is a raw ``create(stream=True)`` whose events the SDK hands over as decoded JSON,
+folded into the answer by `streaming.StreamedMessage`; the SDK's ``messages.stream`` helper would build
+the same answer, but it rebuilds a typed snapshot of the message on every event.
 
 A stream that ends before `message_stop` (a proxy or server dropping the body cleanly) is not an
 answer: it would hold a `stop_reason` of None and partial tool input, so it is retried like a
-dropped connection. A server that ignores `stream: true` and answers with one JSON body is read as
-that body, so any server speaking the Messages API works.
+dropped connection; so is a JSON body cut short. A server that ignores `stream: true` and answers with
+one JSON body is read as that body, so any server speaking the Messages API works.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import json
 import re
 import ssl
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx2
+from anthropic._constants import MODEL_NONSTREAMING_TOKENS
 
 from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModelError, RetryClass
 from agentrun.loop.protocols import Message, ModelRequest, ModelResponse, ServerContextEdits
-from agentrun.model.streaming import StreamedMessage, applied_edits, token_usage
+from agentrun.model.streaming import StreamedMessage, applied_edits, finished_block, token_usage
 
 CONTEXT_TOO_LONG = re.compile(r"prompt is too long|context (window|length)|too many tokens", re.I)
 SPEND_LIMIT = re.compile(r"credit balance|spend(ing)? limit|billing|usage limit", re.I)
@@ -45,6 +48,21 @@ INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
 #: The betas of server-side context management: clearing tool results (context editing), compaction.
 CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
 COMPACTION_BETA = "compact-2026-01-12"
+#: The SDK refuses a non-streaming request whose answer may take longer than this; it expects
+#: ``max_tokens`` to take up to an hour per 128,000 tokens.
+NON_STREAMING_SECONDS = 10 * 60
+TOKENS_PER_HOUR = 128_000
+
+
+def needs_streaming(model: str, max_tokens: int, *, read_timeout: float = NON_STREAMING_SECONDS) -> bool:
+    """Whether the SDK would refuse this request without streaming (the same rule as its own check),
+    or its answer may take longer than the client waits for a read: a non-streamed answer sends
+    nothing until it is complete, a streamed one keeps sending events."""
+    limit = MODEL_NONSTREAMING_TOKENS.get(model)
+    if limit is not None and max_tokens > limit:
+        return True
+    expected = 60 * 60 * max_tokens / TOKENS_PER_HOUR
+    return expected > min(NON_STREAMING_SECONDS, read_timeout)
 
 
 def build_params(request: ModelRequest) -> dict[str, Any]:
@@ -251,21 +269,32 @@ def _translate_status(exc: anthropic.APIStatusError) -> ModelCallError:
 
 
 class AnthropicModel:
-    """A ModelClient over one AsyncAnthropic client (shared by the runs of one pool shard)."""
+    """A ModelClient over one AsyncAnthropic client (shared by the runs of one pool shard).
 
-    def __init__(self, client: anthropic.AsyncAnthropic) -> None:
+    ``always_stream`` streams every request, as the adapter did before it sent requests without
+    streaming where the SDK allows it; tests of the stream path use it.
+    """
+
+    def __init__(self, client: anthropic.AsyncAnthropic, *, always_stream: bool = False) -> None:
         self._client = client
+        self._always_stream = always_stream
+        timeout = client.timeout
+        read = timeout.read if isinstance(timeout, httpx2.Timeout) else timeout
+        self._read_timeout = float(read) if isinstance(read, int | float) else float(NON_STREAMING_SECONDS)
 
     @property
     def client(self) -> anthropic.AsyncAnthropic:
         return self._client
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        stream = self._always_stream or needs_streaming(
+            request.model, request.max_tokens, read_timeout=self._read_timeout
+        )
         try:
             async with self._client.messages.with_streaming_response.create(
-                **build_params(request), stream=True
+                **build_params(request), stream=stream
             ) as raw:
-                if raw.headers.get("content-type", "").startswith("application/json"):
+                if not stream or raw.headers.get("content-type", "").startswith("application/json"):
                     return response_from_json(await raw.read(), raw.request_id)
                 message = await read_events(raw)
         except (anthropic.AnthropicError, httpx2.TransportError) as exc:
@@ -310,7 +339,7 @@ def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
             request_id=request_id,
         )
     details = data.get("stop_details")
-    content = [block for block in data["content"] if isinstance(block, dict)]
+    content = [finished_block(block) for block in data["content"] if isinstance(block, dict)]
     return ModelResponse(
         content=content,
         stop_reason=data.get("stop_reason") if isinstance(data.get("stop_reason"), str) else None,
@@ -326,13 +355,20 @@ def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
 class ClientPool:
     """SDK clients per (base URL, key, shard): connections are reused, keys never logged.
 
-    Runs are spread over a few clients by a stable shard key (the run's uid): with one client, every
-    request scans one large httpx connection pool, which costs CPU that grows with concurrent runs
-    (measured in bench/RESULTS.md, operator at scale).
+    The clients send over the SDK's aiohttp transport (``DefaultAioHttpClient``): at scale it costs
+    less operator CPU per request than httpx's own (bench/RESULTS.md, operator at scale);
+    ``transport="httpx"`` is the SDK's default, kept for comparison. Runs are spread over a few clients
+    by a stable shard key (the run's uid): with one client, every request scans one large connection
+    pool, which costs CPU that grows with concurrent runs.
     """
 
     def __init__(
-        self, *, timeout_seconds: float = 600.0, max_connections: int = 2000, shards: int = 8
+        self,
+        *,
+        timeout_seconds: float = 600.0,
+        max_connections: int = 2000,
+        shards: int = 8,
+        transport: Literal["aiohttp", "httpx"] = "aiohttp",
     ) -> None:
         self._clients: dict[tuple[str | None, str, int], anthropic.AsyncAnthropic] = {}
         # One TLS context for every client: loading the CA bundle costs tens of ms of CPU each time.
@@ -340,6 +376,7 @@ class ClientPool:
         self._timeout = timeout_seconds
         self._shards = max(shards, 1)
         self._max_connections = max(max_connections // self._shards, 1)
+        self._transport = transport
 
     def model(self, *, api_key: str, base_url: str | None, shard_key: str = "") -> AnthropicModel:
         fingerprint = hashlib.sha256(api_key.encode()).hexdigest()
@@ -352,16 +389,20 @@ class ClientPool:
                 base_url=base_url,
                 max_retries=0,
                 timeout=self._timeout,
-                http_client=anthropic.DefaultAsyncHttpxClient(
-                    verify=self._tls_context(),
-                    limits=httpx2.Limits(
-                        max_connections=self._max_connections,
-                        max_keepalive_connections=min(200, self._max_connections),
-                    ),
-                ),
+                http_client=self._http_client(),
             )
             self._clients[key] = client
         return AnthropicModel(client)
+
+    def _http_client(self) -> httpx2.AsyncClient:
+        limits = httpx2.Limits(
+            max_connections=self._max_connections,
+            max_keepalive_connections=min(200, self._max_connections),
+        )
+        if self._transport == "httpx":
+            return anthropic.DefaultAsyncHttpxClient(verify=self._tls_context(), limits=limits)
+        # Proxies from the environment apply as with httpx: the client resolves them once, when built.
+        return anthropic.DefaultAioHttpClient(verify=self._tls_context(), limits=limits)
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:

@@ -84,9 +84,19 @@ class PriceTable:
         self._prices = tuple(prices)
         self._overrides = tuple(overrides)
         self._today = today
+        # Every run prices its usage before each request; the table never changes, the date rarely.
+        self._found: dict[tuple[str, dt.date], Price | None] = {}
 
     def lookup(self, model: str) -> Price | None:
         today = self._today or dt.date.today()
+        key = (model, today)
+        if key not in self._found:
+            if len(self._found) > 1024:
+                self._found.clear()
+            self._found[key] = self._search(model, today)
+        return self._found[key]
+
+    def _search(self, model: str, today: dt.date) -> Price | None:
         for source in (self._overrides, self._prices):
             candidates = [p for p in source if p.matches(model) and p.effective <= today]
             if candidates:

@@ -139,7 +139,7 @@ class StreamedMessage:
                 block[field] = joined
             elif joined:
                 block["input"] = jiter.from_json(joined.encode(), partial_mode=True)
-        return [_finished(block) for block in self._blocks]
+        return [finished_block(block) for block in self._blocks]
 
     def _malformed(self, what: str) -> FatalModelError:
         return FatalModelError(
@@ -149,7 +149,8 @@ class StreamedMessage:
         )
 
 
-def _finished(block: Block) -> Block:
+def finished_block(block: Block) -> Block:
+    """The block as the SDK's typed model dumps it without nulls; tool input kept as the model wrote it."""
     finished = {
         key: value if key == "input" else _without_nulls(value)
         for key, value in block.items()

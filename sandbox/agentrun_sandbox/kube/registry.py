@@ -44,6 +44,10 @@ class ResourceType:
     served: bool = True
     storage: bool = True
     strategic_merge: bool = False
+    #: Its REST strategy's AllowCreateOnUpdate (a PUT of a missing object without resourceVersion creates it)
+    #: and not AllowUnconditionalUpdate (a PUT must carry resourceVersion), as kube-apiserver has for Leases.
+    create_on_update: bool = False
+    update_needs_version: bool = False
     preferred_order: int = field(default=0, compare=False)
 
     @property
@@ -152,6 +156,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         namespaced=True,
         returns_deleted=False,
         strategic_merge=True,
+        create_on_update=True,
+        update_needs_version=True,
     ),
     *(
         ResourceType(

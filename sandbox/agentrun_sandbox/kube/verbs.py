@@ -180,8 +180,31 @@ class EmulatorVerbs(EmulatorAdmission):
         if not isinstance(body, dict):
             raise ApiError.bad_request("the body of the request was in an unknown format")
         old = self._live[rtype.key].get((namespace, name))
-        if old is None:
+        creates = old is None and rtype.create_on_update and subresource is None
+        if old is None and not creates:
             raise ApiError.not_found(rtype.group, rtype.plural, name)
+        body_meta = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
+        body_uid, stored_uid = body_meta.get("uid"), "" if old is None else old["metadata"].get("uid", "")
+        if body_uid and body_uid != stored_uid:
+            # The uid in the body is a precondition (kube-apiserver v1.36): the object it was read as is gone.
+            raise ApiError.conflict(
+                rtype.group,
+                rtype.plural,
+                name,
+                "StorageError: invalid object, Code: 4, AdditionalErrorMsg: Precondition failed: "
+                f"UID in precondition: {body_uid}, UID in object meta: {stored_uid}",
+            )
+        if creates:
+            # A Lease PUT to a missing name creates it (its strategy's AllowCreateOnUpdate).
+            created = kube_patch.clone(body)
+            created.setdefault("metadata", {}).pop("resourceVersion", None)
+            return self._op_create(rtype, namespace, created, query, user)
+        if rtype.update_needs_version and not body_meta.get("resourceVersion"):
+            error = FieldError(
+                "FieldValueInvalid", "metadata.resourceVersion", 0, "must be specified for an update"
+            )
+            raise self._invalid(rtype, name, [error])
+        assert old is not None  # a missing object was created or refused above
         new = kube_patch.clone(body)
         if not isinstance(new.get("metadata"), dict):
             new["metadata"] = {}

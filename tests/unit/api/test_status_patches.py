@@ -160,3 +160,18 @@ def test_nothing_is_written_when_the_generation_is_already_observed_or_unknown()
     assert status_patches.observed({"observedGeneration": 3, "conditions": []}, 3) is None
     assert status_patches.observed({"conditions": []}, 3) is None
     assert status_patches.observed({"observedGeneration": 3}, None) is None
+
+
+def test_a_merged_patch_has_the_models_defaults_where_unset_and_none_of_them_shared() -> None:
+    progress = Progress(2, 3, TokenUsage(input_tokens=10, output_tokens=5), None, ())
+    first = status_patches.running("2026-11-24T10:00:00Z", clear_pending_approvals=False).merged(
+        status_patches.progressed(progress)
+    )
+    second = status_patches.progressed(progress).merged(status_patches.progressed(progress))
+    fresh = AgentRunStatus()
+    for merged in (first, second):
+        for name in AgentRunStatus.model_fields.keys() - merged.status.model_fields_set:
+            assert getattr(merged.status, name) == getattr(fresh, name), name
+    assert first.status.conditions is not second.status.conditions
+    assert first.status.model_fields_set == {"phase", "start_time", "iterations", "tool_calls", "usage"}
+    assert first.body()["iterations"] == 2

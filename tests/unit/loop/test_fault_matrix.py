@@ -160,8 +160,9 @@ CASES: dict[str, Case] = {
 }
 
 
+@pytest.mark.parametrize("always_stream", [False, True], ids=["as sent", "every request streamed"])
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
-async def test_model_api_fault(case: Case) -> None:
+async def test_model_api_fault(case: Case, always_stream: bool) -> None:
     registry = CollectorRegistry()
     metrics = MetricsObserver(Metrics(registry), namespace="default", started_monotonic=0.0)
     clock = FakeClock()
@@ -174,6 +175,7 @@ async def test_model_api_fault(case: Case) -> None:
         retry=RETRY,
         clock=clock,
         observers=[metrics],
+        always_stream=always_stream,
     )
 
     assert run.outcome.stop_reason is case.stop, run.outcome.message

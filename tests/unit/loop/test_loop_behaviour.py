@@ -353,7 +353,7 @@ async def test_rate_limit_with_retry_after_is_retried_and_counted() -> None:
 
 
 async def test_overloaded_error_inside_a_200_stream_is_retried() -> None:
-    run = await run_scripted([Reply([text_block("ok")], faults=[StreamError(times=1)])])
+    run = await run_scripted([Reply([text_block("ok")], faults=[StreamError(times=1)])], always_stream=True)
     assert run.outcome.stop_reason is StopReason.END_TURN
     assert [r.retry_class for r in run.recorder.of(ModelRetryScheduled)] == ["overloaded"]
 
@@ -445,6 +445,7 @@ async def test_a_stream_cut_before_message_stop_is_retried_as_a_connection_error
         tools=[tool],
         clock=FakeClock(),
         observers=[metrics],
+        always_stream=True,
     )
     assert run.outcome.stop_reason is StopReason.END_TURN
     # The cut reply was never acted on: the second, complete reply was, with the full input.

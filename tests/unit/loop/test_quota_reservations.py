@@ -241,7 +241,7 @@ async def test_a_request_refused_for_good_settles_to_nothing() -> None:
 )
 async def test_an_attempt_whose_outcome_is_unknown_is_charged_in_full(fault: Any) -> None:
     allowance = MemoryAllowance()
-    run = await run_with_allowance([_answer(fault)], allowance)
+    run = await run_with_allowance([_answer(fault)], allowance, always_stream=True)
     assert run.outcome is not None and run.outcome.stop_reason is StopReason.END_TURN
     failed, answered = _pairs(run, allowance)
     assert (failed[0].usage, failed[0].cost_usd) == (None, None)

@@ -150,13 +150,22 @@ async def test_put_replaces_the_object_and_keeps_server_owned_metadata(client: K
     created = await client.post(WIDGETS, widget("w1", size=4, label="abc"))
     body = widget("w1", size=5)
     body["metadata"]["resourceVersion"] = created.rv  # type: ignore[index]
-    body["metadata"]["uid"] = "forged"  # type: ignore[index]
     answer = await client.put(f"{WIDGETS}/w1", body)
     assert answer.status == 200
     assert "label" not in answer.body["spec"]
     assert answer.body["spec"]["size"] == 5
     assert answer.body["metadata"]["uid"] == created.body["metadata"]["uid"]
     assert answer.body["metadata"]["creationTimestamp"] == created.body["metadata"]["creationTimestamp"]
+
+
+async def test_a_put_naming_another_uid_is_a_failed_precondition(client: KubeClient) -> None:
+    # kube-apiserver v1.36 takes metadata.uid of a PUT as a precondition (measured with a ConfigMap).
+    created = await client.post(WIDGETS, widget("w1", size=4))
+    body = widget("w1", size=5)
+    body["metadata"]["resourceVersion"] = created.rv  # type: ignore[index]
+    body["metadata"]["uid"] = "forged"  # type: ignore[index]
+    answer = await client.put(f"{WIDGETS}/w1", body)
+    assert answer.status == 409 and "UID in precondition: forged" in answer.body["message"]
 
 
 async def test_put_with_a_stale_resource_version_is_a_409_conflict(client: KubeClient) -> None:

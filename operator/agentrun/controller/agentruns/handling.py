@@ -3,22 +3,51 @@
 An unfinished run gets its execution started (supervising.py) or, when deleted, stopped; a cancel
 request or a new spec.approvals reaches the executing run within that one event, no polling; a
 finished run gets its TTL deletion scheduled and a later spec change marked observed.
+
+With several replicas (controller/replicas/) only the owner of a run does any of that: the handler keeps
+the newest body of every unfinished run it sees, whoever owns it, so that when ownership moves here it
+can start the run at once, without waiting for a watch event that may never come; and when ownership
+moves away it stops the run and waits for its task to end before it tells the membership the new view
+is applied (the handoff barrier).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.agentruns.status_writing import mark_observed
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.agentruns.ttl_reaping import TTLReaper
+from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.controller.snapshots import plain
 
 run_logger = logging.getLogger("agentrun.run")
+logger = logging.getLogger(__name__)
+
+
+class Handoff(Protocol):
+    """The membership's side of the barrier (controller/replicas/membership.py)."""
+
+    @property
+    def view(self) -> str: ...
+
+    async def applied(self, view: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """What the TTL reaper needs of a finished run, kept so a new owner can take its deletion over."""
+
+    namespace: str
+    name: str
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
 
 
 def priority_of(spec: Mapping[str, Any]) -> int:
@@ -28,10 +57,27 @@ def priority_of(spec: Mapping[str, Any]) -> int:
 
 
 class AgentRunHandler:
-    def __init__(self, reconciler: AgentRunReconciler) -> None:
+    def __init__(
+        self,
+        reconciler: AgentRunReconciler,
+        ownership: Ownership | None = None,
+        handoff: Handoff | None = None,
+    ) -> None:
         self.reconciler = reconciler
         self.reaper = TTLReaper(reconciler.kube, reconciler.settings.default_ttl_seconds_after_finished)
         self.supervisor = RunSupervisor(self._execute)
+        self.ownership: Ownership = ownership if ownership is not None else Standalone()
+        self.handoff = handoff
+        self.metrics = reconciler.metrics
+        self.replica = reconciler.settings.replica_name
+        # The newest body of every unfinished run seen (by uid), owned here or not.
+        self.unfinished: dict[str, Mapping[str, Any]] = {}
+        # Finished runs with a TTL (by uid): whoever owns one deletes it when its time is up.
+        self.finished: dict[str, _Finished] = {}
+        self._rebalance_wanted = False
+        self._rebalancing: asyncio.Task[None] | None = None
+        self._closed = False
+        self.ownership.subscribe(self._ownership_changed)
 
     async def _execute(self, body: Mapping[str, Any], stopping: Callable[[], bool]) -> None:
         metadata = body.get("metadata") or {}
@@ -51,15 +97,38 @@ class AgentRunHandler:
         """One watch event (None: from the initial listing)."""
         metadata = body.get("metadata") or {}
         uid = metadata.get("uid") or ""
-        self.supervisor.observe(event_type, body)
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        finished = status.get("phase") in FINISHED_PHASES
+        if event_type == "DELETED" or finished:
+            self.unfinished.pop(uid, None)
+        elif uid:
+            self.unfinished[uid] = body
+        owned = self._owns(uid)
+        if owned or event_type == "DELETED" or metadata.get("deletionTimestamp"):
+            # A run owned elsewhere is not started here; one being stopped is stopped either way.
+            self.supervisor.observe(event_type, body)
+            self.metrics.replica_owns(self.replica, self.supervisor.running)
         if event_type == "DELETED":
+            self.finished.pop(uid, None)
             self.reaper.forget(uid)
             self.reconciler.forget(uid)
             return
-        spec, status = body.get("spec") or {}, body.get("status") or {}
         namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
-        if status.get("phase") in FINISHED_PHASES:
-            self.reaper.observe(namespace, name, uid, spec, status)
+        if finished:
+            # Only what the reaper reads: thousands of finished runs' results need not stay in memory.
+            kept = _Finished(
+                namespace,
+                name,
+                {"ttlSecondsAfterFinished": spec.get("ttlSecondsAfterFinished")},
+                {"completionTime": status.get("completionTime")},
+            )
+            if self.reaper.wants(kept.spec):
+                self.finished[uid] = kept
+            else:
+                self.finished.pop(uid, None)
+            if not owned:
+                return
+            self.reaper.observe(namespace, name, uid, kept.spec, kept.status)
             # A spec change after (or racing) the end: observed, so kstatus reads the run as final.
             await mark_observed(
                 self.reconciler.kube, namespace, name, plain(status), metadata.get("generation")
@@ -74,7 +143,66 @@ class AgentRunHandler:
         if approvals:
             self.reconciler.update_approvals(uid, plain(approvals))
 
+    def _owns(self, uid: str) -> bool:
+        """A fenced replica owns nothing, whatever its last view says."""
+        return not self.ownership.fenced and self.ownership.owns(uid)
+
+    def _ownership_changed(self) -> None:
+        """The membership's callback (any view, barrier or fence change): applied in one task, in order."""
+        if self._closed:
+            return
+        self._rebalance_wanted = True
+        if self._rebalancing is None or self._rebalancing.done():
+            self._rebalancing = asyncio.get_running_loop().create_task(self._keep_rebalancing())
+
+    async def _keep_rebalancing(self) -> None:
+        while self._rebalance_wanted and not self._closed:
+            self._rebalance_wanted = False
+            try:
+                await self.rebalance()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the next change (at the latest the next renewal) tries again
+                logger.exception("applying a change of run ownership failed")
+
+    async def rebalance(self) -> None:
+        """Stop the runs owned elsewhere now, start the ones owned here now, then report the view applied.
+
+        The view is read before the stops: a run is reported handed over only once its task has ended
+        (RunSupervisor.halt). When the view changed meanwhile, this view's report would say nothing
+        true about the runs started since, so it is left to the next round (already scheduled).
+        """
+        view = self.handoff.view if self.handoff is not None else None
+        lost = sorted(uid for uid in self.supervisor.executing() if not self._owns(uid))
+        if lost:
+            if self.ownership.fenced:
+                logger.warning("cut off from the API server: stopping all %d runs executing here", len(lost))
+            else:
+                logger.info("handing %d run(s) over to other replicas", len(lost))
+            await self.supervisor.halt(lost)
+            self.metrics.replica_handoff(self.replica, "out", len(lost))
+        executing = self.supervisor.executing()
+        gained = [uid for uid in self.unfinished if uid not in executing and self._owns(uid)]
+        for uid in gained:
+            self.supervisor.observe(None, self.unfinished[uid])
+        started = len(self.supervisor.executing() - executing)
+        if started:
+            logger.info("took over %d run(s) from other replicas", started)
+            self.metrics.replica_handoff(self.replica, "in", started)
+        for uid, kept in self.finished.items():
+            if self._owns(uid):
+                self.reaper.observe(kept.namespace, kept.name, uid, kept.spec, kept.status)
+            else:
+                self.reaper.forget(uid)
+        self.metrics.replica_owns(self.replica, self.supervisor.running)
+        if self.handoff is not None and view is not None and self.handoff.view == view:
+            await self.handoff.applied(view)
+
     async def close(self) -> None:
         """Operator shutdown: runs stop writing at once; a restart resumes them from the transcript."""
+        self._closed = True
+        if self._rebalancing is not None:
+            self._rebalancing.cancel()
+            await asyncio.gather(self._rebalancing, return_exceptions=True)
         await self.supervisor.close()
         await self.reaper.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -60,6 +60,10 @@ class RunSupervisor:
     def running(self) -> int:
         return len(self._running)
 
+    def executing(self) -> set[str]:
+        """The uids of the runs with a task here (running, or waiting to be started again)."""
+        return set(self._running)
+
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event (None: from the initial listing) of one AgentRun."""
         metadata = body.get("metadata") or {}
@@ -92,6 +96,23 @@ class RunSupervisor:
         entry.stopped.set()
         if entry.task is not None:
             entry.task.cancel()
+
+    async def halt(self, uids: Collection[str]) -> None:
+        """Stop these runs and wait until their tasks have ended, so they write nothing more.
+
+        A replica hands a run over only after this returns (controller/replicas/): the next owner resumes
+        it from a transcript nobody else appends to. A halted run may be started again later.
+        """
+        tasks = []
+        for uid in uids:
+            entry = self._running.get(uid)
+            if entry is None:
+                continue
+            self.stop(uid)
+            if entry.task is not None:
+                tasks.append(entry.task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
         """Operator shutdown: runs stop writing at once; a restart resumes them from the transcript."""

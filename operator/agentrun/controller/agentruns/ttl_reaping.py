@@ -55,6 +55,10 @@ class TTLReaper:
     def scheduled(self) -> int:
         return len(self._tasks)
 
+    def wants(self, spec: Mapping[str, Any]) -> bool:
+        """Whether a finished run with this spec is ever deleted by the reaper."""
+        return ttl_of(spec, self._default) is not None
+
     def observe(
         self, namespace: str, name: str, uid: str, spec: Mapping[str, Any], status: Mapping[str, Any]
     ) -> None:

@@ -6,6 +6,9 @@ will remove: an admission would hold a concurrentRuns place forever. So, on quot
 and then, the runs named in the ledgers are looked up (one listing per namespace): a run that is
 gone (or is a newer run of that name) or finished has its admission released and its reservations
 charged in full (the API may have served them). Runs executing in this process are left alone.
+
+With several replicas each quota is cleaned by one of them, the owner of the quota's uid
+(controller/replicas/), so two replicas never race to charge the same lost reservation.
 """
 
 from __future__ import annotations
@@ -40,14 +43,17 @@ async def collect(
     write: Write,
     *,
     executing: Collection[str],
+    owns: Callable[[str], bool] = lambda _uid: True,
     clock: Callable[[], dt.datetime] = utc_now,
 ) -> int:
-    """One pass over every known quota; returns how many runs' entries were cleaned up."""
+    """One pass over every known quota this replica owns; returns how many runs' entries were cleaned up."""
     cleaned = 0
     now = clock()
     for namespace in view.namespaces():
         named: dict[str, set[str]] = {}
         for obj in view.cached(namespace):
+            if not owns((obj.get("metadata") or {}).get("uid") or ""):
+                continue
             ledger = Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now)
             uids = ledger.uids() - set(executing)
             if uids:
@@ -93,6 +99,7 @@ async def keep_collecting(
     view: QuotaView,
     write: Write,
     executing: Callable[[], Collection[str]],
+    owns: Callable[[str], bool] = lambda _uid: True,
 ) -> None:
     """:func:`collect` after quota changes (at most every few seconds) and every half minute."""
     while True:
@@ -101,7 +108,7 @@ async def keep_collecting(
             await asyncio.wait_for(changed.wait(), COLLECT_SECONDS)
         await asyncio.sleep(COLLECT_MIN_SECONDS)
         try:
-            await collect(kube, view, write, executing=executing())
+            await collect(kube, view, write, executing=executing(), owns=owns)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -68,11 +68,16 @@ class Quotas:
             holder=new_holder(self.operator),
         )
 
-    async def collect(self, executing: Collection[str]) -> int:
-        return await collecting.collect(self.kube, self.view, self.write, executing=executing)
+    async def collect(
+        self, executing: Collection[str], owns: Callable[[str], bool] = lambda _uid: True
+    ) -> int:
+        return await collecting.collect(self.kube, self.view, self.write, executing=executing, owns=owns)
 
-    async def keep_collecting(self, executing: Callable[[], Collection[str]]) -> None:
-        await collecting.keep_collecting(self.kube, self.view, self.write, executing)
+    async def keep_collecting(
+        self, executing: Callable[[], Collection[str]], owns: Callable[[str], bool] = lambda _uid: True
+    ) -> None:
+        """``owns(quota uid)``: whether this replica cleans that quota (all of them when alone)."""
+        await collecting.keep_collecting(self.kube, self.view, self.write, executing, owns)
 
     def _publish(self, namespace: str, name: str, obj: Mapping[str, Any] | None) -> None:
         if obj is None:

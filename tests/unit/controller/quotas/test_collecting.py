@@ -62,3 +62,18 @@ async def test_runs_that_are_gone_or_finished_are_released_and_their_reservation
     assert status["lost"]["requests"] == 2 and status["lost"]["tokens"] == 2000
     assert status["used"]["tokens"] == 2000
     assert await quotas.collect(executing={local}) == 0  # once: nothing left to charge again
+
+
+async def test_only_the_replica_owning_a_quota_cleans_its_ledger(
+    kube: KubeClient, make_quota: QuotaFactory
+) -> None:
+    await make_quota(hard={"concurrentRuns": 10, "tokens": 100_000})
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    [quota] = await quotas.view.quotas("default")
+    quota_uid = quota["metadata"]["uid"]
+    await quotas.write("default", "team", holding("deleted-uid", "deleted"))
+
+    assert await quotas.collect(executing=set(), owns=lambda uid: uid != quota_uid) == 0
+    assert [e["name"] for e in (await kube.get_quota("default", "team"))["status"]["admitted"]] == ["deleted"]
+    assert await quotas.collect(executing=set(), owns=lambda uid: uid == quota_uid) == 1
+    assert (await kube.get_quota("default", "team"))["status"]["admitted"] == []

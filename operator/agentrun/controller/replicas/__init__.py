@@ -1,0 +1,1 @@
+"""Replicas sharing the runs: Lease membership, the ring that assigns runs, the handoff barrier."""

@@ -1,0 +1,375 @@
+"""Membership of a replica group through ``coordination.k8s.io`` Leases: views, handoff barrier, fencing.
+
+Why one Lease per replica, not one elected leader: every replica runs a share of the runs, so each
+needs to know who else is alive, not who leads. Liveness is judged as client-go's leader election
+judges it: by the observer's OWN monotonic clock, from when it saw a Lease's resourceVersion change,
+never from the renewTime another machine wrote (clocks differ). A replica that cannot renew stops its
+runs (fences itself) ``renew + 1 s`` before the earliest moment anyone can consider its Lease expired.
+
+The handoff barrier: under view V a replica stops the runs it no longer owns, then publishes
+``applied-view: V`` in its Lease; a run that is new to a replica under V starts only once every live
+member's Lease shows V, so its old owner has stopped before the new owner resumes it. A run that was
+this replica's in every view it applied since the last barrier it saw pass keeps running meanwhile:
+no one else can have started it (see :meth:`Membership.owns`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrun.controller.replicas import ring
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
+from agentrun.metrics.observing import Metrics
+from agentrun.settings import Settings
+
+__all__ = ["APPLIED_VIEW", "GROUP_LABEL", "Membership"]
+
+logger = logging.getLogger(__name__)
+
+GROUP_LABEL = "agentrun.dev/replica-group"
+APPLIED_VIEW = "agentrun.dev/applied-view"
+#: The fence fires this long before ``duration - renew`` after the last renewal sent (scheduling slack).
+FENCE_MARGIN_SECONDS = 1.0
+#: After a failed renewal, the next try comes this soon (not a whole renew interval later).
+RETRY_SECONDS = 1.0
+#: While a barrier is pending the group's Leases are listed this often: handoffs take a second.
+BARRIER_POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One Lease of the group, as this replica last listed it."""
+
+    holder: str
+    resource_version: str
+    #: This replica's monotonic time when it first saw this resourceVersion.
+    seen_at: float
+    duration: float
+    applied_view: str | None
+
+
+def _micro_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Membership:
+    """This replica's Lease and its view of the group; the :class:`~.ownership.Ownership` of a replica."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if settings.lease_namespace is None:
+            raise ValueError("replica membership needs AGENTRUN_LEASE_NAMESPACE")
+        self.kube = kube
+        self.metrics = metrics
+        self.name = settings.replica_name
+        self.group = settings.replica_group
+        self.namespace = settings.lease_namespace
+        self.lease_name = ring.lease_name(self.group, self.name)
+        self.duration = float(settings.lease_duration_seconds)
+        self.renew_seconds = settings.lease_renew_seconds
+        self.members: tuple[str, ...] = ()
+        self.view = ring.view_id(())
+        self._clock = clock
+        self._seen: dict[str, _Seen] = {}
+        self._lease: dict[str, Any] | None = None
+        #: Monotonic time the last successful renewal was SENT (the earliest an observer can date it).
+        self._renewed_at: float | None = None
+        self._fenced = False
+        self._left = False
+        #: The view the wiring applied (to be published) and the view our Lease shows.
+        self._applying: str | None = None
+        self._published: str | None = None
+        #: The last view whose barrier we saw pass; the members of it and of each view applied since.
+        self._passed: str | None = None
+        self._history: list[tuple[str, ...]] = []
+        self._subscribers: list[Callable[[], None]] = []
+        self._next_renewal = 0.0
+
+    # Ownership ------------------------------------------------------------------------------------
+
+    @property
+    def fenced(self) -> bool:
+        return self._fenced
+
+    @property
+    def joined(self) -> bool:
+        """A member now: its Lease renewed in time and not left."""
+        return self._renewed_at is not None and not self._fenced and not self._left
+
+    @property
+    def barrier_passed(self) -> bool:
+        return self.joined and self._passed == self.view
+
+    def subscribe(self, changed: Callable[[], None]) -> None:
+        self._subscribers.append(changed)
+
+    def owner(self, uid: str) -> str:
+        """The owner of ``uid`` under the current view ("" before any member is known)."""
+        return ring.owner(uid, self.members) or ""
+
+    def owns(self, uid: str) -> bool:
+        """Mine under the current view, and either the barrier of this view passed or the run was mine
+        in every view applied since the last barrier that passed.
+
+        Why the second case is safe: another replica starts a run only under a view whose barrier
+        passed, and that barrier needs this replica's applied-view, so that view is one of those
+        applied here (where the run was ours), unless that replica considered us dead, which needs our
+        Lease unrenewed for a whole duration, and by then we fenced ourselves and forgot the history.
+        """
+        if not self.joined or ring.owner(uid, self.members) != self.name:
+            return False
+        if self._passed == self.view:
+            return True
+        return bool(self._history) and all(ring.owner(uid, view) == self.name for view in self._history)
+
+    # The loop -------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Join, then renew every renew interval and list the group's Leases (more often while a
+        barrier is pending), until cancelled or :meth:`leave`; a watchdog fences on time meanwhile."""
+        watchdog = asyncio.create_task(self._watch_fence(), name=f"fence watchdog of {self.lease_name}")
+        try:
+            while not self._left:
+                try:
+                    if self._clock() >= self._next_renewal:
+                        renewed = await self.renew()
+                        pause = self.renew_seconds if renewed else min(RETRY_SECONDS, self.renew_seconds)
+                        self._next_renewal = self._clock() + pause
+                    await self.observe()
+                except Exception:
+                    # The loop must outlive any surprise: without renewals the watchdog fences us, but a
+                    # dead loop would also stop listing the others, so keep trying.
+                    logger.exception("replica %s: membership round failed", self.name)
+                    self._next_renewal = self._clock() + min(RETRY_SECONDS, self.renew_seconds)
+                poll = self.renew_seconds if self.barrier_passed else BARRIER_POLL_SECONDS
+                await asyncio.sleep(max(0.0, min(poll, self._next_renewal - self._clock())))
+        finally:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+
+    async def _watch_fence(self) -> None:
+        """Fences on time even while a renewal hangs (a cut-off API server may never answer)."""
+        while True:
+            deadline = self._fence_deadline()
+            wait = 0.5 if deadline is None else max(0.05, deadline - self._clock())
+            await asyncio.sleep(min(wait, self.renew_seconds))
+            self.check_fence()
+
+    def _fence_deadline(self) -> float | None:
+        if self._renewed_at is None or self._fenced:
+            return None
+        return self._renewed_at + self.duration - self.renew_seconds - FENCE_MARGIN_SECONDS
+
+    def check_fence(self) -> None:
+        """Fences this replica if its last successful renewal is too old (by its own clock)."""
+        deadline = self._fence_deadline()
+        if deadline is not None and self._clock() > deadline:
+            self._fence(f"no Lease renewal for {self._clock() - (self._renewed_at or 0.0):.1f}s")
+
+    def _fence(self, why: str) -> None:
+        logger.warning("replica %s fences itself and stops its runs: %s", self.name, why)
+        self._fenced = True
+        self._applying = None  # back, it is a new member: it applies its view again
+        self._passed = None
+        self._history = []
+        self._recompute(force=True)
+
+    # Lease I/O ------------------------------------------------------------------------------------
+
+    async def renew(self) -> bool:
+        """Writes our Lease (creating it on the first call); True if the API server took it."""
+        if self._left:
+            return False
+        sent, applying = self._clock(), self._applying
+        try:
+            lease = await asyncio.wait_for(self._write(applying), self.renew_seconds)
+        except APINotFoundError:
+            # Someone deleted our Lease: the others dropped us at once and may take our runs.
+            self._lease = None
+            self._fence("our Lease was deleted")
+            return False
+        except APIConflictError:
+            # Changed meanwhile, or deleted (a real server answers a PUT naming a gone uid with 409).
+            try:
+                self._lease = await asyncio.wait_for(
+                    self.kube.get_lease(self.namespace, self.lease_name), self.renew_seconds
+                )
+            except APINotFoundError:
+                self._lease = None
+                self._fence("our Lease was deleted")
+            except (APIError, TimeoutError):
+                self.check_fence()
+            return False
+        except (APIError, TimeoutError) as exc:
+            logger.warning("replica %s could not renew its Lease: %s", self.name, exc or "timed out")
+            self.check_fence()
+            return False
+        if self._left:
+            return False
+        self._lease = lease
+        self._renewed_at = sent
+        self._published = applying
+        if self._fenced:
+            logger.info("replica %s renewed its Lease again and rejoins its group", self.name)
+            self._fenced = False
+        self._recompute()
+        return True
+
+    async def _write(self, applying: str | None) -> dict[str, Any]:
+        if self._lease is not None:
+            body = self._body(self._lease, applying)
+            return await self.kube.replace_lease(self.namespace, self.lease_name, body)
+        try:
+            return await self.kube.create_lease(self.namespace, self._body(None, applying))
+        except APIAlreadyExistsError:
+            # Left by an earlier process of this name (a restarted pod): it is ours to take over.
+            existing = await self.kube.get_lease(self.namespace, self.lease_name)
+            return await self.kube.replace_lease(
+                self.namespace, self.lease_name, self._body(existing, applying)
+            )
+
+    def _body(self, current: dict[str, Any] | None, applying: str | None) -> dict[str, Any]:
+        now = _micro_time()
+        if current is None:
+            body: dict[str, Any] = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.lease_name, "namespace": self.namespace},
+                "spec": {"acquireTime": now},
+            }
+        else:
+            body = copy.deepcopy(current)
+            body.setdefault("apiVersion", "coordination.k8s.io/v1")
+            body.setdefault("kind", "Lease")
+        metadata = body.setdefault("metadata", {})
+        metadata.setdefault("labels", {})[GROUP_LABEL] = self.group
+        annotations = metadata.setdefault("annotations", {}) or {}
+        if applying is None:
+            annotations.pop(APPLIED_VIEW, None)
+        else:
+            annotations[APPLIED_VIEW] = applying
+        metadata["annotations"] = annotations
+        spec = body.setdefault("spec", {})
+        if spec.get("holderIdentity") != self.name:
+            spec["acquireTime"] = now
+        spec.update(holderIdentity=self.name, leaseDurationSeconds=int(self.duration), renewTime=now)
+        return body
+
+    async def observe(self) -> None:
+        """Lists the group's Leases and recomputes the view; a failed list changes nothing."""
+        try:
+            items = await asyncio.wait_for(
+                self.kube.list_leases(self.namespace, label_selector=f"{GROUP_LABEL}={self.group}"),
+                self.renew_seconds,
+            )
+        except (APIError, TimeoutError) as exc:
+            logger.warning("replica %s could not list its group's Leases: %s", self.name, exc or "timed out")
+            self.check_fence()
+            return
+        now = self._clock()
+        seen: dict[str, _Seen] = {}
+        for item in items:
+            metadata = item.get("metadata") or {}
+            spec = item.get("spec") or {}
+            name, version, holder = (
+                metadata.get("name"),
+                metadata.get("resourceVersion"),
+                spec.get("holderIdentity"),
+            )
+            if not name or not version or not holder or metadata.get("deletionTimestamp"):
+                continue
+            before = self._seen.get(name)
+            seen[name] = _Seen(
+                holder=str(holder),
+                resource_version=str(version),
+                seen_at=now if before is None or before.resource_version != version else before.seen_at,
+                duration=float(spec.get("leaseDurationSeconds") or self.duration),
+                applied_view=(metadata.get("annotations") or {}).get(APPLIED_VIEW),
+            )
+        self._seen = seen  # a deleted Lease is gone at once
+        self.check_fence()
+        self._recompute()
+
+    def _live_others(self, now: float) -> list[_Seen]:
+        return [
+            lease
+            for name, lease in self._seen.items()
+            if name != self.lease_name and lease.holder != self.name and now - lease.seen_at <= lease.duration
+        ]
+
+    async def applied(self, view: str) -> None:
+        """The wiring stopped every run it does not own under ``view``: publish it (a stale view: ignored)."""
+        if view != self.view or not self.joined:
+            return
+        if self._applying != view:
+            self._applying = view
+            # Only a history that starts at a passed barrier proves anything (a new member has none).
+            if self._history and self._history[-1] != self.members:
+                self._history.append(self.members)
+        if self._published != view:
+            await self.renew()
+            self._next_renewal = self._clock() + self.renew_seconds
+        self._recompute()
+
+    async def leave(self) -> None:
+        """Deletes our Lease (call it after our runs stopped): the others drop us at once."""
+        self._left = True
+        self._recompute(force=True)
+        if self._lease is None:
+            return
+        uid = (self._lease.get("metadata") or {}).get("uid")
+        try:
+            await self.kube.delete_lease(self.namespace, self.lease_name, uid=uid)
+        except APINotFoundError:
+            pass
+        except APIError as exc:
+            logger.warning("replica %s could not delete its Lease (it expires instead): %s", self.name, exc)
+        self._lease = None
+
+    # Views ----------------------------------------------------------------------------------------
+
+    def _recompute(self, *, force: bool = False) -> None:
+        now = self._clock()
+        others = self._live_others(now)
+        names = {lease.holder for lease in others}
+        if self.joined:
+            names.add(self.name)
+        members = tuple(sorted(names))
+        changed = force or members != self.members
+        if members != self.members:
+            # Back to a view we passed before is still a new view: someone may have run our runs between.
+            self._passed = None
+        self.members, self.view = members, ring.view_id(members)
+        if (
+            self.joined
+            and self._passed != self.view
+            and self._published == self.view
+            and all(lease.applied_view == self.view for lease in others)
+        ):
+            logger.info("replica %s: every member applied view %s %s", self.name, self.view, list(members))
+            self._passed = self.view
+            self._history = [members]
+            changed = True
+        self.metrics.replica_seen(self.name, len(members), fenced=self._fenced)
+        if changed:
+            for subscriber in list(self._subscribers):
+                try:
+                    subscriber()
+                except Exception:
+                    logger.exception("replica %s: a membership subscriber failed", self.name)

@@ -1,0 +1,290 @@
+"""Replicas sharing the runs (controller/replicas/): each unfinished run executed by exactly one replica at
+a time, through joins, graceful leaves, SIGKILLs and a replica cut off from the API server.
+
+Every replica is a real operator process with a Lease in the test's namespace, a group name of the
+test's own and short leases (tests/support/replicas.py). Which replica asked the model for which step
+of which run comes from the fake Messages API's log: each replica has its own API key, and each
+request carries the run's uid as metadata.user_id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
+from tests.integration.test_durable_runs import Webhook, assert_consistent, transcript_of, webhook_manifest
+from tests.integration.test_load_and_crashes import _create_all, _wait_all_finished
+from tests.support.builders import agentrun
+from tests.support.clusters import TestCluster
+from tests.support.replicas import LEASE_DURATION_SECONDS, ReplicaGroup, cuttable_link, replica_group
+
+FINISHED = ("Succeeded", "Failed", "Cancelled")
+#: A failed-over run continues within the Lease duration plus this (the replicas poll their group's
+#: Leases every renewal; a loaded machine or a real server adds a few seconds).
+FAILOVER_SLACK_SECONDS = 8.0
+#: Tool steps of a run while the group grows and shrinks: long enough to be under way throughout.
+SCALE_STEPS = 10
+
+
+def share_script(tag: str) -> Script:
+    return Script(
+        tag,
+        [
+            Reply([tool_use_block("calculator", {"expression": "2+2"}, id="toolu_share1")]),
+            Reply([text_block("4")]),
+        ],
+    )
+
+
+def steps_script(tag: str, steps: int) -> Script:
+    """``steps`` webhook calls (ids toolu_w1..), then an answer: a run long enough to be caught mid-way."""
+    replies = [Reply([tool_use_block("record", {"step": i + 1}, id=f"toolu_w{i + 1}")]) for i in range(steps)]
+    return Script(tag, [*replies, Reply([text_block("all recorded")])])
+
+
+def share_manifests(cluster: TestCluster, tag: str, count: int) -> list[dict[str, Any]]:
+    return [
+        agentrun(
+            f"share-{i:02d}",
+            f"{tag} run {i}",
+            namespace=cluster.namespace,
+            model={"name": "claude-haiku-4-5"},
+            tools=[{"builtin": {"name": "calculator"}}],
+        )
+        for i in range(count)
+    ]
+
+
+def by_run(requests: list[RecordedRequest]) -> dict[str, list[RecordedRequest]]:
+    found: dict[str, list[RecordedRequest]] = defaultdict(list)
+    for request in sorted(requests, key=lambda r: r.arrived_at):
+        if request.step is not None:
+            found[request.body["metadata"]["user_id"]].append(request)
+    return found
+
+
+def assert_never_back(group: ReplicaGroup, requests: dict[str, list[RecordedRequest]]) -> None:
+    """A run's requests come from one replica after another, never back to an earlier one: two replicas
+    never asked for one run at the same time."""
+    for uid, asked in requests.items():
+        order = [group.replica_of(r) for r in asked]
+        runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+        assert len(runs) == len(set(runs)), f"run {uid} went back and forth between replicas: {order}"
+
+
+def assert_one_step_after_another(group: ReplicaGroup, requests: dict[str, list[RecordedRequest]]) -> None:
+    """A run's steps are asked in order, a step again only right after the run changed replicas: two
+    replicas executing one run at once would interleave their steps."""
+    for uid, asked in requests.items():
+        trail = [(r.step or 0, group.replica_of(r)) for r in asked]
+        for (step, replica), (next_step, next_replica) in itertools.pairwise(trail):
+            assert next_step == step + 1 or (next_step == step and next_replica != replica), (
+                f"run {uid}: steps out of order or asked twice by one replica: {trail}"
+            )
+
+
+async def test_two_and_three_replicas_share_the_runs_and_each_step_is_asked_exactly_once(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    runs_per_round = 30
+    async with (
+        FakeMessagesAPI(scripts=[share_script("[share]")], latency_seconds=0.2).running() as model,
+        replica_group(cluster, model, tmp_path) as group,
+    ):
+        for count, first in ((2, 0), (3, runs_per_round)):
+            while len(group.replicas) < count:
+                await group.start(f"r{len(group.replicas)}")
+            await group.wait_for_members(count)
+            manifests = share_manifests(cluster, f"[share] {count} replicas", runs_per_round)
+            for index, manifest in enumerate(manifests):
+                manifest["metadata"]["name"] = f"share-{first + index:02d}"
+            await _create_all(cluster, manifests)
+            runs = await _wait_all_finished(cluster, first + runs_per_round, timeout=180)
+
+            outcomes = Counter((r["status"]["phase"], r["status"].get("result")) for r in runs.values())
+            assert outcomes == Counter({("Succeeded", "4"): first + runs_per_round})
+            round_requests = model.requests_for(f"[share] {count} replicas")
+            asked = Counter((r.body["metadata"]["user_id"], r.step) for r in round_requests)
+            assert len(asked) == 2 * runs_per_round and set(asked.values()) == {1}, asked
+            executed_by = {group.replica_of(r) for r in round_requests}
+            assert len(executed_by) > 1, f"{count} replicas, but only {executed_by} executed runs"
+            # Steady membership: every run stayed with the replica that started it.
+            for uid, asked_for in by_run(round_requests).items():
+                assert len({group.replica_of(r) for r in asked_for}) == 1, uid
+
+
+async def test_a_sigkilled_replicas_runs_continue_on_the_others_within_the_lease_duration(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    hook = Webhook()
+    await hook.start()
+    tag, runs = "[failover]", 12
+    try:
+        async with (
+            FakeMessagesAPI(scripts=[steps_script(tag, 6)], latency_seconds=0.5).running() as model,
+            replica_group(cluster, model, tmp_path) as group,
+        ):
+            for name in ("r0", "r1", "r2"):
+                await group.start(name)
+            await group.wait_for_members(3)
+            manifests = [webhook_manifest(cluster, f"failover-{i:02d}", tag, hook) for i in range(runs)]
+            for manifest in manifests:
+                manifest["spec"]["limits"] = {"maxIterations": 10}
+            await _create_all(cluster, manifests)
+
+            # Kill r0 once it is in the middle of its runs (some of its runs asked for step 2).
+            deadline = time.monotonic() + 60
+            while not any(
+                group.replica_of(r) == "r0" and (r.step or 0) >= 2 for r in model.requests_for(tag)
+            ):
+                assert time.monotonic() < deadline, "r0 never got to the middle of a run"
+                await asyncio.sleep(0.05)
+            await group.stop("r0", kill=True)
+            killed_at = time.time()
+            found = await _wait_all_finished(cluster, runs, timeout=180)
+    finally:
+        await hook.stop()
+
+    requests = by_run(model.requests_for(tag))
+    orphaned = {uid: asked for uid, asked in requests.items() if group.replica_of(asked[0]) == "r0"}
+    interrupted = {uid for uid, asked in orphaned.items() if any(group.replica_of(r) != "r0" for r in asked)}
+    assert interrupted, "r0 was killed with none of its runs unfinished"
+    assert_never_back(group, requests)
+    for uid in interrupted:
+        resumed = min(r.arrived_at for r in requests[uid] if group.replica_of(r) != "r0")
+        assert resumed - killed_at <= LEASE_DURATION_SECONDS + FAILOVER_SLACK_SECONDS, (
+            f"run {uid} resumed {resumed - killed_at:.1f}s after the kill"
+        )
+    for name, obj in found.items():
+        status, uid = obj["status"], obj["metadata"]["uid"]
+        assert (status["phase"], status["result"], status["iterations"]) == (
+            "Succeeded",
+            "all recorded",
+            7,
+        ), name
+        transcript = await transcript_of(cluster, uid)
+        assert_consistent(transcript)
+        assert [row.iteration for row in transcript.trace_rows] == list(range(1, 8)), name
+        keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
+        assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, 7)}, name
+        # Only the call in flight at the kill may run again (same Idempotency-Key), once.
+        assert max(keys.values()) <= (2 if uid in interrupted else 1), (name, keys)
+        steps = Counter(r.step for r in requests[uid])
+        assert max(steps.values()) <= (2 if uid in interrupted else 1), (name, steps)
+
+
+async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothing(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    hook = Webhook()
+    await hook.start()
+    tag, runs = "[scale]", 30
+    try:
+        async with (
+            FakeMessagesAPI(scripts=[steps_script(tag, SCALE_STEPS)], latency_seconds=0.5).running() as model,
+            replica_group(cluster, model, tmp_path) as group,
+        ):
+            await group.start("r0")
+            await group.wait_for_members(1)
+            manifests = [webhook_manifest(cluster, f"scale-{i:02d}", tag, hook) for i in range(runs)]
+            for manifest in manifests:
+                manifest["spec"]["limits"] = {"maxIterations": SCALE_STEPS + 2}
+            await _create_all(cluster, manifests)
+            await asyncio.gather(group.start("r1"), group.start("r2"))
+            await group.wait_for_members(3)
+            await asyncio.sleep(1.5)
+            # SIGTERM: their runs stop, their Leases are deleted, r0 takes the runs back.
+            await asyncio.gather(group.stop("r1"), group.stop("r2"))
+            await group.wait_for_members(1)
+            found = await _wait_all_finished(cluster, runs, timeout=180)
+    finally:
+        await hook.stop()
+
+    requests = by_run(model.requests_for(tag))
+    assert_one_step_after_another(group, requests)
+    moved = {uid for uid, asked in requests.items() if len({group.replica_of(r) for r in asked}) > 1}
+    assert moved, "no run changed replicas while the group grew and shrank"
+    for name, obj in found.items():
+        status, uid = obj["status"], obj["metadata"]["uid"]
+        outcome = (status["phase"], status["result"], status["iterations"])
+        assert outcome == ("Succeeded", "all recorded", SCALE_STEPS + 1), name
+        transcript = await transcript_of(cluster, uid)
+        assert_consistent(transcript)
+        assert [row.iteration for row in transcript.trace_rows] == list(range(1, SCALE_STEPS + 2)), name
+        keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
+        assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, SCALE_STEPS + 1)}, name
+        # A handoff stops a run mid-request at worst: the next owner asks that one step (or makes that one
+        # tool call, with the same Idempotency-Key) again; nothing completed is ever asked again.
+        owners = [group.replica_of(r) for r in requests[uid]]
+        handoffs = sum(1 for a, b in itertools.pairwise(owners) if a != b)
+        steps = Counter(r.step for r in requests[uid])
+        assert max(keys.values()) <= 1 + handoffs and max(steps.values()) <= 1 + handoffs, (name, keys, steps)
+
+
+@pytest.mark.timeout(300)
+async def test_a_replica_cut_off_from_the_api_server_stops_calling_the_model_before_others_take_over(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    hook = Webhook()
+    await hook.start()
+    tag, runs = "[partition]", 10
+    try:
+        async with (
+            FakeMessagesAPI(scripts=[steps_script(tag, 8)], latency_seconds=0.5).running() as model,
+            replica_group(cluster, model, tmp_path) as group,
+            cuttable_link(cluster) as link,
+        ):
+            await group.start("cut", kubeconfig=link.kubeconfig(cluster))
+            await group.start("kept")
+            await group.wait_for_members(2)
+            manifests = [webhook_manifest(cluster, f"partition-{i:02d}", tag, hook) for i in range(runs)]
+            for manifest in manifests:
+                manifest["spec"]["limits"] = {"maxIterations": 12}
+            await _create_all(cluster, manifests)
+            deadline = time.monotonic() + 60
+            while not any(
+                group.replica_of(r) == "cut" and (r.step or 0) >= 2 for r in model.requests_for(tag)
+            ):
+                assert time.monotonic() < deadline, "the replica to cut never got to the middle of a run"
+                await asyncio.sleep(0.05)
+            link.cut()
+            cut_at = time.time()
+            found = await _wait_all_finished(cluster, runs, timeout=180)
+            fenced_log = group.replicas["cut"].process.logs()
+    finally:
+        await hook.stop()
+
+    assert "fences itself" in fenced_log, "the cut-off replica did not fence itself"
+    requests = by_run(model.requests_for(tag))
+    assert_never_back(group, requests)
+    taken_over = {
+        uid
+        for uid, asked in requests.items()
+        if group.replica_of(asked[0]) == "cut" and any(group.replica_of(r) == "kept" for r in asked)
+    }
+    assert taken_over, "none of the cut-off replica's runs was taken over"
+    last_by_cut = max(
+        r.arrived_at for asked in requests.values() for r in asked if group.replica_of(r) == "cut"
+    )
+    assert last_by_cut - cut_at < LEASE_DURATION_SECONDS, "the cut-off replica kept calling the model"
+    for uid in taken_over:
+        first_by_kept = min(r.arrived_at for r in requests[uid] if group.replica_of(r) == "kept")
+        assert first_by_kept > last_by_cut, f"run {uid}: both replicas called the model for it"
+    for name, obj in found.items():
+        status, uid = obj["status"], obj["metadata"]["uid"]
+        assert (status["phase"], status["result"], status["iterations"]) == (
+            "Succeeded",
+            "all recorded",
+            9,
+        ), name
+        transcript = await transcript_of(cluster, uid)
+        assert_consistent(transcript)
+        assert [row.iteration for row in transcript.trace_rows] == list(range(1, 10)), name

@@ -1,0 +1,247 @@
+"""The run handler under a changing ownership: only owned runs execute, handed-over runs have stopped
+before the view is reported applied, and a fenced replica runs nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
+
+from agentrun.controller.agentruns.handling import AgentRunHandler
+from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
+from agentrun.controller.replicas.ownership import Standalone
+from agentrun.metrics.observing import Metrics
+from agentrun.settings import Settings
+
+REPLICA = "replica-a"
+
+
+def run_body(uid: str, phase: str | None = None, *, iteration: int = 0, **spec: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {"iterations": iteration}
+    if phase:
+        status |= {"phase": phase, "completionTime": dt.datetime.now(dt.UTC).isoformat()}
+    return {
+        "metadata": {"uid": uid, "name": f"run-{uid}", "namespace": "team", "generation": 1},
+        "spec": {"task": "t", **spec},
+        "status": status,
+    }
+
+
+class FakeOwnership:
+    def __init__(self, owned: set[str]) -> None:
+        self.owned = owned
+        self.fenced = False
+        self._changed: list[Callable[[], None]] = []
+
+    def owns(self, uid: str) -> bool:
+        return uid in self.owned
+
+    def subscribe(self, changed: Callable[[], None]) -> None:
+        self._changed.append(changed)
+
+    def change(self, owned: set[str] | None = None, *, fenced: bool | None = None) -> None:
+        if owned is not None:
+            self.owned = owned
+        if fenced is not None:
+            self.fenced = fenced
+        for changed in self._changed:
+            changed()
+
+
+@dataclass
+class FakeHandoff:
+    """Records each applied view together with which runs were still executing at that moment."""
+
+    view: str = "v1"
+    applied_views: list[tuple[str, set[str]]] = field(default_factory=list)
+    executing: Callable[[], set[str]] = set
+
+    async def applied(self, view: str) -> None:
+        self.applied_views.append((view, self.executing()))
+
+
+@dataclass
+class FakeKube:
+    patched: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    async def patch_run_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        self.patched.append(name)
+
+    async def delete_run(self, namespace: str, name: str, uid: str) -> None:
+        self.deleted.append(name)
+
+
+@dataclass
+class FakeReconciler:
+    """Each execution waits until cancelled; a cancelled one takes a moment to wind down, as real ones do."""
+
+    kube: FakeKube = field(default_factory=FakeKube)
+    settings: Settings = field(default_factory=lambda: Settings(replica_name=REPLICA))
+    metrics: Metrics = field(default_factory=lambda: Metrics(CollectorRegistry()))
+    started: list[tuple[str, int]] = field(default_factory=list)
+    active: set[str] = field(default_factory=set)
+
+    async def reconcile(self, ref: RunRef, *, stopping: Callable[[], bool], log: Any) -> None:
+        self.started.append((ref.uid, ref.status.get("iterations", 0)))
+        self.active.add(ref.uid)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.shield(asyncio.sleep(0.05))  # winding down: the task has not ended yet
+            self.active.discard(ref.uid)
+
+    def forget(self, uid: str) -> None: ...
+    def request_cancel(self, uid: str) -> None: ...
+    def update_priority(self, uid: str, priority: int) -> None: ...
+    def update_approvals(self, uid: str, entries: list[Any]) -> None: ...
+
+
+def handler_of(
+    reconciler: FakeReconciler, ownership: FakeOwnership, handoff: FakeHandoff | None = None
+) -> AgentRunHandler:
+    handler = AgentRunHandler(cast(AgentRunReconciler, reconciler), ownership, handoff)
+    if handoff is not None:
+        handoff.executing = lambda: set(reconciler.active)
+    return handler
+
+
+async def settle(seconds: float = 0.2) -> None:
+    await asyncio.sleep(seconds)
+
+
+def counted(metrics: Metrics, direction: str) -> float:
+    return metrics.replica_handoffs.labels(REPLICA, direction)._value.get()
+
+
+async def test_a_run_owned_elsewhere_is_kept_and_starts_from_its_newest_body_when_it_moves_here() -> None:
+    reconciler, ownership = FakeReconciler(), FakeOwnership(owned={"mine"})
+    handoff = FakeHandoff()
+    handler = handler_of(reconciler, ownership, handoff)
+    await handler.observe(None, run_body("mine"))
+    await handler.observe(None, run_body("theirs"))
+    await handler.observe("MODIFIED", run_body("theirs", iteration=3))
+    await settle()
+    assert reconciler.started == [("mine", 0)]
+
+    ownership.change(owned={"mine", "theirs"})
+    await settle()
+    assert reconciler.started == [("mine", 0), ("theirs", 3)], "resumed from the newest body seen"
+    assert handoff.applied_views[-1][0] == "v1"
+    assert counted(reconciler.metrics, "in") == 1
+    await handler.close()
+
+
+async def test_a_run_handed_over_has_ended_before_the_view_is_reported_applied() -> None:
+    reconciler, ownership = FakeReconciler(), FakeOwnership(owned={"a", "b"})
+    handoff = FakeHandoff()
+    handler = handler_of(reconciler, ownership, handoff)
+    for uid in ("a", "b"):
+        await handler.observe(None, run_body(uid))
+    await settle()
+    assert reconciler.active == {"a", "b"}
+
+    handoff.view = "v2"
+    ownership.change(owned={"a"})
+    await settle(0.5)
+    assert handoff.applied_views == [("v2", {"a"})], "b still executed when v2 was reported applied"
+    assert handler.supervisor.executing() == {"a"}
+    assert counted(reconciler.metrics, "out") == 1
+
+    # A later event of the run it gave up does not start it again here.
+    await handler.observe("MODIFIED", run_body("b", iteration=1))
+    await settle()
+    assert [uid for uid, _ in reconciler.started] == ["a", "b"]
+    await handler.close()
+
+
+async def test_a_view_that_changed_while_runs_stopped_is_not_reported_applied() -> None:
+    reconciler, ownership = FakeReconciler(), FakeOwnership(owned={"a"})
+    handoff = FakeHandoff()
+    handler = handler_of(reconciler, ownership, handoff)
+    await handler.observe(None, run_body("a"))
+    await settle()
+
+    handoff.view = "v2"
+    ownership.change(owned=set())
+    await asyncio.sleep(0.01)  # run a winds down; meanwhile the view moves on
+    handoff.view = "v3"
+    ownership.change()
+    await settle(0.5)
+    assert [view for view, _ in handoff.applied_views] == ["v3"]
+    await handler.close()
+
+
+async def test_a_fenced_replica_stops_every_run_and_starts_none_until_it_is_unfenced() -> None:
+    reconciler, ownership = FakeReconciler(), FakeOwnership(owned={"a", "b"})
+    handler = handler_of(reconciler, ownership)
+    for uid in ("a", "b"):
+        await handler.observe(None, run_body(uid))
+    await settle()
+    ownership.change(fenced=True)
+    await settle()
+    assert handler.supervisor.executing() == set()
+    await handler.observe(None, run_body("c"))
+    ownership.owned.add("c")
+    await handler.observe("MODIFIED", run_body("c"))
+    await settle()
+    assert [uid for uid, _ in reconciler.started] == ["a", "b"]
+
+    ownership.change(fenced=False)
+    await settle()
+    assert handler.supervisor.executing() == {"a", "b", "c"}
+    await handler.close()
+
+
+async def test_a_finished_run_is_reaped_and_marked_only_by_its_owner_and_its_deletion_moves_with_it() -> None:
+    reconciler, ownership = FakeReconciler(), FakeOwnership(owned=set())
+    handler = handler_of(reconciler, ownership)
+    body = run_body("done", "Succeeded", ttlSecondsAfterFinished=3600)
+    body["metadata"]["generation"] = 2  # a spec change after the end: the owner marks it observed
+    body["status"]["observedGeneration"] = 1
+    await handler.observe(None, body)
+    await handler.observe(None, run_body("no-ttl", "Succeeded"))
+    await settle()
+    assert handler.reaper.scheduled == 0
+    assert reconciler.kube.patched == []
+    assert set(handler.finished) == {"done"}, "only runs with a TTL are kept"
+
+    ownership.change(owned={"done"})
+    await settle()
+    assert handler.reaper.scheduled == 1
+    ownership.change(owned=set())
+    await settle()
+    assert handler.reaper.scheduled == 0
+
+    ownership.change(owned={"done"})
+    await handler.observe("MODIFIED", body)
+    assert reconciler.kube.patched == ["run-done"]
+    await handler.observe("DELETED", body)
+    assert handler.reaper.scheduled == 0 and not handler.finished
+    await handler.close()
+
+
+async def test_a_deleted_run_is_forgotten_and_not_started_when_ownership_later_moves_here() -> None:
+    reconciler, ownership = FakeReconciler(), FakeOwnership(owned=set())
+    handler = handler_of(reconciler, ownership)
+    await handler.observe(None, run_body("gone"))
+    await handler.observe("DELETED", run_body("gone"))
+    ownership.change(owned={"gone"})
+    await settle()
+    assert reconciler.started == []
+    assert handler.unfinished == {}
+    await handler.close()
+
+
+async def test_standalone_owns_every_run_and_never_reports_a_view() -> None:
+    reconciler = FakeReconciler()
+    handler = AgentRunHandler(cast(AgentRunReconciler, reconciler), Standalone())
+    await handler.observe(None, run_body("a"))
+    await settle()
+    assert reconciler.started == [("a", 0)]
+    await handler.close()
+    assert reconciler.active == set()
