@@ -87,10 +87,12 @@ async def test_a_malformed_context_window_override_exits_2_in_one_line() -> None
 
 
 class ThirdPartyMessagesAPI:
-    """A Messages API written independently of the project's fake: hand-rolled SSE, one conversation.
+    """A Messages API written independently of the project's fake: hand-rolled SSE (or JSON for a
+    request without stream: true), one conversation.
 
-    Step 0 asks for the calculator; step 1 first sends a stream cut before message_stop, then the
-    answer. Every request body is kept so the test can check what the operator sent.
+    Step 0 asks for the calculator; step 1 first sends an answer cut short (a stream cut before
+    message_stop, or half a JSON body), then the answer. Every request body is kept so the test can
+    check what the operator sent.
     """
 
     def __init__(self) -> None:
@@ -185,13 +187,54 @@ class ThirdPartyMessagesAPI:
                     ),
                     ("message_stop", {"type": "message_stop"}),
                 ]
+            cut = not self.cut_served
             self.cut_served = True
+            if body.get("stream") is not True:
+                return await _as_json(request, events, cut=cut)
+        if body.get("stream") is not True:
+            return await _as_json(request, events, cut=False)
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for name, data in events:
             await response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
         await response.write_eof()
         return response
+
+
+async def _as_json(
+    request: web.Request, events: list[tuple[str, dict[str, Any]]], *, cut: bool
+) -> web.StreamResponse:
+    """The same answer as one JSON body, as the API sends it to a request without stream: true; a
+    cut answer announces its whole length, sends half and closes the connection."""
+    message = dict(events[0][1]["message"])
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for name, data in events[1:]:
+        if name == "content_block_start":
+            blocks.append(dict(data["content_block"]))
+        elif name == "content_block_delta":
+            delta = data["delta"]
+            if delta["type"] == "text_delta":
+                blocks[data["index"]]["text"] += delta["text"]
+            else:
+                partial[data["index"]] = partial.get(data["index"], "") + delta["partial_json"]
+        elif name == "message_delta":
+            message.update(data["delta"])
+            message["usage"] = {**message["usage"], **data["usage"]}
+    for index, text in partial.items():
+        blocks[index]["input"] = json.loads(text)
+    payload = json.dumps({**message, "content": blocks}).encode()
+    response = web.StreamResponse(headers={"content-type": "application/json"})
+    response.content_length = len(payload)
+    await response.prepare(request)
+    if not cut:
+        await response.write(payload)
+        await response.write_eof()
+        return response
+    await response.write(payload[: len(payload) // 2])
+    if request.transport is not None:
+        request.transport.close()
+    return response
 
 
 async def test_a_run_against_another_messages_api_server_uses_the_manifests_base_url(tmp_path: Path) -> None:
