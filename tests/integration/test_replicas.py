@@ -63,6 +63,23 @@ def share_manifests(cluster: TestCluster, tag: str, count: int) -> list[dict[str
     ]
 
 
+async def create_webhook_runs(
+    cluster: TestCluster, prefix: str, tag: str, hook: Webhook, count: int, *, max_iterations: int
+) -> None:
+    manifests = [webhook_manifest(cluster, f"{prefix}-{i:02d}", tag, hook) for i in range(count)]
+    for manifest in manifests:
+        manifest["spec"]["limits"] = {"maxIterations": max_iterations}
+    await _create_all(cluster, manifests)
+
+
+async def until_mid_run(group: ReplicaGroup, model: FakeMessagesAPI, tag: str, replica: str) -> None:
+    """Until ``replica`` is in the middle of one of its runs: it asked for a run's step 2 or later."""
+    deadline = time.monotonic() + 60
+    while not any(group.replica_of(r) == replica and (r.step or 0) >= 2 for r in model.requests_for(tag)):
+        assert time.monotonic() < deadline, f"{replica} never got to the middle of a run"
+        await asyncio.sleep(0.05)
+
+
 def by_run(requests: list[RecordedRequest]) -> dict[str, list[RecordedRequest]]:
     found: dict[str, list[RecordedRequest]] = defaultdict(list)
     for request in sorted(requests, key=lambda r: r.arrived_at):
@@ -135,18 +152,9 @@ async def test_a_sigkilled_replicas_runs_continue_on_the_others_within_the_lease
             for name in ("r0", "r1", "r2"):
                 await group.start(name)
             await group.wait_for_members(3)
-            manifests = [webhook_manifest(cluster, f"failover-{i:02d}", tag, hook) for i in range(runs)]
-            for manifest in manifests:
-                manifest["spec"]["limits"] = {"maxIterations": 10}
-            await _create_all(cluster, manifests)
-
+            await create_webhook_runs(cluster, "failover", tag, hook, runs, max_iterations=10)
             # Kill r0 once it is in the middle of its runs (some of its runs asked for step 2).
-            deadline = time.monotonic() + 60
-            while not any(
-                group.replica_of(r) == "r0" and (r.step or 0) >= 2 for r in model.requests_for(tag)
-            ):
-                assert time.monotonic() < deadline, "r0 never got to the middle of a run"
-                await asyncio.sleep(0.05)
+            await until_mid_run(group, model, tag, "r0")
             await group.stop("r0", kill=True)
             killed_at = time.time()
             found = await _wait_all_finished(cluster, runs, timeout=180)
@@ -194,10 +202,7 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
         ):
             await group.start("r0")
             await group.wait_for_members(1)
-            manifests = [webhook_manifest(cluster, f"scale-{i:02d}", tag, hook) for i in range(runs)]
-            for manifest in manifests:
-                manifest["spec"]["limits"] = {"maxIterations": SCALE_STEPS + 2}
-            await _create_all(cluster, manifests)
+            await create_webhook_runs(cluster, "scale", tag, hook, runs, max_iterations=SCALE_STEPS + 2)
             await asyncio.gather(group.start("r1"), group.start("r2"))
             await group.wait_for_members(3)
             await asyncio.sleep(1.5)
@@ -245,16 +250,8 @@ async def test_a_replica_cut_off_from_the_api_server_stops_calling_the_model_bef
             await group.start("cut", kubeconfig=link.kubeconfig(cluster))
             await group.start("kept")
             await group.wait_for_members(2)
-            manifests = [webhook_manifest(cluster, f"partition-{i:02d}", tag, hook) for i in range(runs)]
-            for manifest in manifests:
-                manifest["spec"]["limits"] = {"maxIterations": 12}
-            await _create_all(cluster, manifests)
-            deadline = time.monotonic() + 60
-            while not any(
-                group.replica_of(r) == "cut" and (r.step or 0) >= 2 for r in model.requests_for(tag)
-            ):
-                assert time.monotonic() < deadline, "the replica to cut never got to the middle of a run"
-                await asyncio.sleep(0.05)
+            await create_webhook_runs(cluster, "partition", tag, hook, runs, max_iterations=12)
+            await until_mid_run(group, model, tag, "cut")
             link.cut()
             cut_at = time.time()
             found = await _wait_all_finished(cluster, runs, timeout=180)
