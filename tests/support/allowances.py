@@ -64,12 +64,16 @@ class MemoryAllowance:
     tokens: int | None = None
     refuse_from: int | None = None
     settle_delay: float = 0.0
+    quota_exists: bool = True  # False: no quota applies, as in a namespace without one
     reservations: list[Reservation] = field(default_factory=list)
     refused: list[Spend] = field(default_factory=list)
 
     @property
     def used(self) -> int:
         return sum(r.charged for r in self.reservations)
+
+    def active(self) -> bool:
+        return self.quota_exists
 
     async def reserve(self, spend: Spend) -> object:
         index = len(self.reservations) + len(self.refused)

@@ -130,7 +130,7 @@ class Context:
         waiting for room."""
         meter = Meter()
         allowance = self.allowance
-        if allowance is None:
+        if allowance is None or not allowance.active():
             yield meter
             return
         spend = self.sizes.bound(request, self.state.compaction).spend(request.model, self.pricer)

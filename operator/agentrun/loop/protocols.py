@@ -151,6 +151,11 @@ class Allowance(Protocol):
     known, so the quotas never count a request the API may have served as free.
     """
 
+    def active(self) -> bool:
+        """Whether any quota applies now. When none does, a request goes out unreserved: nothing to
+        size, reserve or settle (most namespaces have no quota, and this is every request's path)."""
+        ...
+
     async def reserve(self, spend: Spend) -> object:
         """A ticket for `spend`; waits while other runs' reservations may still free room, raises
         QuotaRefused when the request cannot fit. Cancelled while it waits, it holds nothing."""

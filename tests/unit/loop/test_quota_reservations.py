@@ -361,6 +361,16 @@ async def test_a_run_without_an_allowance_sends_what_a_run_whose_quota_always_fi
     assert bodies[0] == bodies[1]
 
 
+async def test_while_no_quota_applies_requests_go_out_without_a_reservation() -> None:
+    allowance = MemoryAllowance(tokens=1, quota_exists=False)
+    run = await run_with_allowance(
+        [*_turns(2), _answer()], allowance, tools=[FakeTool("logs", BIG)], spec=_spec()
+    )
+    assert run.outcome is not None and run.outcome.stop_reason is StopReason.END_TURN
+    assert allowance.reservations == [] and allowance.refused == []
+    assert len(run.messages_requests) == 3
+
+
 async def test_a_resumed_run_measures_its_first_request_whole() -> None:
     steps = [*_turns(4), _answer()]
     first = await run_with_allowance(steps, MemoryAllowance(), tools=[FakeTool("logs", BIG)], spec=_spec())

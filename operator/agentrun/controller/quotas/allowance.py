@@ -109,6 +109,10 @@ class RunAllowance:
             )
         return charged
 
+    def active(self) -> bool:
+        """A quota of the namespace is known (listed at admission, watched since)."""
+        return bool(self._view.cached(self._namespace))
+
     async def reserve(self, spend: Spend) -> object:
         while True:
             changed = self._view.changed()

@@ -66,3 +66,17 @@ async def test_an_unknown_outcome_is_charged_in_full_and_a_new_execution_charges
     status = (await kube.get_quota("default", "team"))["status"]
     assert status["used"]["tokens"] == 700 and status["reserved"]["tokens"] == 0
     assert (status["lost"]["requests"], status["lost"]["tokens"]) == (1, 400)
+
+
+async def test_an_allowance_is_active_only_while_its_namespace_has_a_quota(
+    kube: KubeClient, make_quota: QuotaFactory
+) -> None:
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    await quotas.view.quotas("default")
+    allowance = quotas.allowance("default", "a", "uid-a")
+    assert not allowance.active(), "no quota: requests go out unreserved"
+    # As the watch brings it: from then on every request is reserved.
+    quotas.observe("ADDED", await make_quota(hard={"tokens": 1000}))
+    assert allowance.active()
+    quotas.observe("DELETED", await kube.get_quota("default", "team"))
+    assert not allowance.active()
