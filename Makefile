@@ -58,6 +58,12 @@ crds: $(STAMP)
 	$(BIN)/agentrun crd --kind AgentRunQuota > crds/agentrunquotas.agentrun.dev.yaml
 	cp crds/agentrunquotas.agentrun.dev.yaml charts/agentrun-operator/crds/agentrunquotas.agentrun.dev.yaml
 	$(BIN)/agentrun crd --kind AgentRunQuota --reference > docs/reference/agentrunquota.md
+	$(BIN)/agentrun crd --kind Agent > crds/agents.agentrun.dev.yaml
+	cp crds/agents.agentrun.dev.yaml charts/agentrun-operator/crds/agents.agentrun.dev.yaml
+	$(BIN)/agentrun crd --kind Agent --reference > docs/reference/agent.md
+	$(BIN)/agentrun crd --kind AgentSchedule > crds/agentschedules.agentrun.dev.yaml
+	cp crds/agentschedules.agentrun.dev.yaml charts/agentrun-operator/crds/agentschedules.agentrun.dev.yaml
+	$(BIN)/agentrun crd --kind AgentSchedule --reference > docs/reference/agentschedule.md
 
 # Material for MkDocs prints an end-of-life notice (fixes until May 2027) on every build; silenced here.
 # Without -q: MkDocs' quiet mode drops the warnings that --strict turns into a failed build.
@@ -70,6 +76,8 @@ $(VENV)/.docs-installed: $(STAMP) pyproject.toml
 docs: $(VENV)/.docs-installed
 	$(BIN)/agentrun crd --reference > docs/reference/agentrun.md
 	$(BIN)/agentrun crd --kind AgentRunQuota --reference > docs/reference/agentrunquota.md
+	$(BIN)/agentrun crd --kind Agent --reference > docs/reference/agent.md
+	$(BIN)/agentrun crd --kind AgentSchedule --reference > docs/reference/agentschedule.md
 	$(MKDOCS) build --strict
 
 # What make test checks: the site builds with no warning (links, anchors, nav); the reference is

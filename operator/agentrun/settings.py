@@ -65,6 +65,18 @@ class Settings(BaseModel):
     secret_retry_seconds: float = Field(
         default=10.0, gt=0, description="Recheck interval for missing Secrets."
     )
+    max_agent_depth: int = Field(
+        default=3,
+        ge=0,
+        description="Deepest child run an agent tool may start (a run nobody started is at depth 0); "
+        "a call that would go deeper gets the tool error depth_limit.",
+    )
+    child_poll_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How often an agent tool reads its child run while waiting, besides the watch "
+        "events that normally tell it first.",
+    )
     kube_retry_attempts: int = Field(
         default=8,
         ge=0,

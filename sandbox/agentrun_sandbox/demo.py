@@ -22,8 +22,8 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun.api import GROUP, KIND, PLURAL, QUOTA_KIND, QUOTA_PLURAL, VERSION
-from agentrun.api.crd import crd, quota_crd
+from agentrun.api import AGENT_KIND, AGENT_PLURAL, GROUP, KIND, PLURAL, QUOTA_KIND, QUOTA_PLURAL, VERSION
+from agentrun.api.crd import agent_crd, crd, quota_crd
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure, explained
@@ -34,13 +34,14 @@ from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use
 from agentrun_sandbox.operator_process import OperatorProcess
 
 NAMESPACE = "default"
-#: The namespace's share of the operator: one run at a time (the second waits, Pending with reason
-#: QuotaExceeded, and starts by itself), and at most a dollar and 200,000 tokens a month.
+#: The namespace's share of the operator: four runs at a time (a fan-out parent and its three children
+#: fit; the other examples wait, Pending with reason QuotaExceeded, and start by themselves), and at
+#: most a dollar and 200,000 tokens a month.
 DEMO_QUOTA: dict[str, Any] = {
     "apiVersion": f"{GROUP}/{VERSION}",
     "kind": QUOTA_KIND,
     "metadata": {"name": "demo"},
-    "spec": {"window": "Month", "hard": {"concurrentRuns": 1, "tokens": 200000, "costUSD": 1}},
+    "spec": {"window": "Month", "hard": {"concurrentRuns": 4, "tokens": 200000, "costUSD": 1}},
 }
 EMBEDDED_EXAMPLES: tuple[dict[str, Any], ...] = (
     {
@@ -84,9 +85,11 @@ def load_examples(directory: str | None) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for file in sorted(path.glob("*.yaml")):
         for doc in yaml.safe_load_all(file.read_text()):
-            if isinstance(doc, dict) and doc.get("kind") == KIND:
+            if isinstance(doc, dict) and doc.get("kind") in (AGENT_KIND, KIND):
                 found.append(doc)
-    return found or [dict(e) for e in EMBEDDED_EXAMPLES]
+    # Agents first: their runs (spec.agentRef) would wait Pending until they exist.
+    found.sort(key=lambda doc: doc["kind"] != AGENT_KIND)
+    return found if any(d["kind"] == KIND for d in found) else [dict(e) for e in EMBEDDED_EXAMPLES]
 
 
 @contextlib.asynccontextmanager
@@ -95,10 +98,11 @@ async def _cluster(kubeconfig: str | None) -> AsyncIterator[str]:
         yield kubeconfig
         return
     with tempfile.TemporaryDirectory() as tmp:
-        crd_file, quota_file = Path(tmp) / "crd.yaml", Path(tmp) / "quota-crd.yaml"
-        crd_file.write_text(yaml.safe_dump(crd()))
-        quota_file.write_text(yaml.safe_dump(quota_crd()))
-        async with EmulatedCluster.running(crd_paths=[crd_file, quota_file]) as kube:
+        paths = []
+        for name, definition in (("crd", crd), ("quota-crd", quota_crd), ("agent-crd", agent_crd)):
+            paths.append(Path(tmp) / f"{name}.yaml")
+            paths[-1].write_text(yaml.safe_dump(definition()))
+        async with EmulatedCluster.running(crd_paths=paths) as kube:
             print(f"Kubernetes API emulator on {kube.url}", file=sys.stderr)
             yield str(kube.kubeconfig_path)
 
@@ -131,7 +135,7 @@ async def _install_crd(api: client.ApiClient, access: ClusterAccess) -> None:
     """Before the operator starts: it checks at startup that it can list AgentRuns, and serves
     AgentRunQuotas only if their CRD is there when it starts."""
     ext = client.ApiextensionsV1Api(api)
-    for manifest in (crd(), quota_crd()):
+    for manifest in (crd(), quota_crd(), agent_crd()):
         with explained(
             "create",
             f"CustomResourceDefinition {manifest['metadata']['name']}",
@@ -218,19 +222,22 @@ async def _drive(
         except ApiException as exc:
             if exc.status != 409:
                 raise
-    print(f"agentrunquota.{GROUP}/demo created (one run at a time, $1 a month)", file=sys.stderr)
+    print(f"agentrunquota.{GROUP}/demo created (four runs at a time, $1 a month)", file=sys.stderr)
     names = []
     for manifest in manifests:
         body = {**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}}
         name = body["metadata"]["name"]
-        with explained("create", f"agentrun {NAMESPACE}/{name}", access=access):
+        kind = str(body["kind"]).lower()
+        plural = AGENT_PLURAL if body["kind"] == AGENT_KIND else PLURAL
+        with explained("create", f"{kind} {NAMESPACE}/{name}", access=access):
             try:
-                await custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+                await custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, plural, body)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-        names.append(name)
-        print(f"agentrun.{GROUP}/{name} created", file=sys.stderr)
+        if body["kind"] == KIND:
+            names.append(name)
+        print(f"{kind}.{GROUP}/{name} created", file=sys.stderr)
     deadline = time.monotonic() + timeout
     last = ""
     objects: list[dict[str, Any]] = []

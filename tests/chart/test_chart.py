@@ -26,7 +26,12 @@ from tests.chart.tooling import (
 
 MIN_KUBERNETES = "1.33.0"
 CRD_FILE = "agentruns.agentrun.dev.yaml"
-CRD_FILES = (CRD_FILE, "agentrunquotas.agentrun.dev.yaml")
+CRD_FILES = (
+    CRD_FILE,
+    "agentrunquotas.agentrun.dev.yaml",
+    "agents.agentrun.dev.yaml",
+    "agentschedules.agentrun.dev.yaml",
+)
 OPERATOR_SA = "agentrun-operator"
 OPERATOR_SUBJECT = {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}
 
@@ -94,11 +99,15 @@ CLUSTER_SCOPED_NEEDS = {
 }
 NAMESPACE_WATCH_NEEDS = {("", "namespaces"): {"list", "watch"}}  # Kopf with a list of namespaces
 NAMESPACED_NEEDS = {
-    ("agentrun.dev", "agentruns"): {"list", "watch", "patch", "delete"},
+    # get, create: agent tools create child runs and read them while they wait (and schedules create runs).
+    ("agentrun.dev", "agentruns"): {"get", "list", "watch", "create", "patch", "delete"},
     ("agentrun.dev", "agentruns/status"): {"patch"},
     ("agentrun.dev", "agentruns/finalizers"): {"update"},
     ("agentrun.dev", "agentrunquotas"): {"get", "list", "watch"},
     ("agentrun.dev", "agentrunquotas/status"): {"update"},
+    ("agentrun.dev", "agents"): {"get", "list", "watch"},
+    ("agentrun.dev", "agentschedules"): {"list", "watch"},
+    ("agentrun.dev", "agentschedules/status"): {"patch"},
     ("", "events"): {"create", "patch"},
     ("", "secrets"): {"get", "list", "create"},
     ("", "serviceaccounts"): {"impersonate"},

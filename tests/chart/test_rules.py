@@ -43,6 +43,11 @@ METRICS = [
     "agentrun_quota_reserved",
     "agentrun_quota_lost_reservations",
     "agentrun_quota_refusals_total",
+    "agentrun_child_runs_created_total",
+    "agentrun_child_runs_active",
+    "agentrun_runs_started_by_depth_total",
+    "agentrun_schedule_runs_total",
+    "agentrun_schedule_next_run_timestamp_seconds",
 ]
 EXPECTED_ALERTS = {
     "AgentRunOperatorDown",
@@ -54,6 +59,7 @@ EXPECTED_ALERTS = {
     "AgentRunStuck",
     "AgentRunModelLatencyHigh",
     "AgentRunQuotaCostAbove80Percent",
+    "AgentScheduleMissedRuns",
 }
 
 
@@ -87,7 +93,7 @@ def test_promtool_unit_tests_of_every_alert_pass(promtool: Tool) -> None:
     assert "SUCCESS" in proc.stdout
 
 
-def test_the_rules_cover_loops_tools_model_errors_cost_stuck_runs_health_latency_and_quota_spend() -> None:
+def test_the_rules_cover_loops_tools_model_errors_cost_stuck_runs_health_latency_quotas_schedules() -> None:
     assert {rule["alert"] for rule in alert_rules()} == EXPECTED_ALERTS
 
 
@@ -205,6 +211,30 @@ def test_the_quota_row_shows_used_against_hard_reservations_refusals_and_lost_re
     ):
         assert re.search(rf"\b{metric}\b", queries), f"the Quotas row does not query {metric}"
     assert "by (namespace, quota, resource)" in queries
+
+
+def test_the_agents_row_shows_children_created_and_active_runs_by_depth_and_what_schedules_did() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    start = next(
+        i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Agents and schedules"
+    )
+    end = next((i for i, p in enumerate(panels) if i > start and p["type"] == "row"), len(panels))
+    queries = [t["expr"] for p in panels[start + 1 : end] for t in p["targets"]]
+    text = " ".join(queries)
+    for metric in (
+        "agentrun_child_runs_created_total",
+        "agentrun_child_runs_active",
+        "agentrun_runs_started_by_depth_total",
+        "agentrun_schedule_runs_total",
+        "agentrun_schedule_next_run_timestamp_seconds",
+    ):
+        assert re.search(rf"\b{metric}\b", text), f"the Agents and schedules row does not query {metric}"
+    assert any("by (depth)" in q and "agentrun_runs_started_by_depth_total" in q for q in queries)
+    assert any("by (result)" in q and "agentrun_schedule_runs_total" in q for q in queries)
+    # A wait, not a date: the next run's timestamp minus now.
+    assert any(
+        "agentrun_schedule_next_run_timestamp_seconds" in q and q.endswith("- time()") for q in queries
+    )
 
 
 def test_dashboard_panels_do_not_overlap() -> None:

@@ -269,3 +269,45 @@ async def test_a_run_against_another_messages_api_server_uses_the_manifests_base
         result = body["messages"][-1]["content"][0]
         assert (result["type"], result["tool_use_id"]) == ("tool_result", "call_7f3A")
         assert "42" in result["content"] and not result.get("is_error")
+
+
+async def test_a_run_from_an_agent_in_the_same_file_runs_with_the_agents_tools(tmp_path: Path) -> None:
+    manifest = tmp_path / "what-day.yaml"
+    agent, run = (ROOT / "examples" / name for name in ("agent.yaml", "agentrun-from-agent.yaml"))
+    manifest.write_text(f"{agent.read_text()}---\n{run.read_text()}")
+    async with FakeMessagesAPI().running() as api:
+        code, out, err = await _agentrun_run(
+            manifest, {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
+        )
+        first = api.requests[0].body
+    assert code == 0, err
+    status = json.loads(out)
+    assert (status["phase"], status["stopReason"], status["iterations"]) == ("Succeeded", "EndTurn", 2)
+    assert "tool current_time: ok" in err
+    assert "never guess" in json.dumps(first["system"]) and first["max_tokens"] == 512
+
+
+async def test_a_run_naming_an_agent_missing_from_the_file_exits_2_in_one_line() -> None:
+    code, out, err = await _agentrun_run(
+        ROOT / "examples" / "agentrun-from-agent.yaml", {"ANTHROPIC_API_KEY": "k"}
+    )
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        f"error: {ROOT / 'examples' / 'agentrun-from-agent.yaml'}: spec.agentRef: Agent clock is not in the "
+        "file; put its Agent document in the same file"
+    ]
+
+
+async def test_a_run_loosening_its_agents_limit_exits_2_naming_the_field(tmp_path: Path) -> None:
+    manifest = tmp_path / "loose.yaml"
+    manifest.write_text(
+        (ROOT / "examples" / "agent.yaml").read_text()
+        + "---\napiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: loose}\n"
+        "spec: {task: hi, agentRef: {name: clock}, limits: {tokenBudget: 20000}}\n"
+    )
+    code, out, err = await _agentrun_run(manifest, {"ANTHROPIC_API_KEY": "k"})
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        f"error: {manifest}: spec.limits.tokenBudget 20000 is above the Agent clock's 10000; "
+        "a run can only tighten its Agent's limits"
+    ]

@@ -2,7 +2,9 @@
 
 The chart's dashboard and alert rules are checked against the same real scrape: every metric a
 query names must be one the operator exports after the workload. The workload runs under an
-AgentRunQuota, so the quota metrics are in the scrape too, equal to the quota's own status.
+AgentRunQuota, so the quota metrics are in the scrape too, equal to the quota's own status. Then a
+parent run delegates to a child through an agent tool and an AgentSchedule creates a run, so the
+metrics of the dashboard's "Agents and schedules" row are in the scrape as well.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
-from tests.support.clusters import TestCluster
+from tests.support.clusters import RUNS_API, TestCluster
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
 
@@ -35,6 +37,8 @@ MODEL = {"name": "claude-haiku-4-5"}
 #: Room for the whole workload: the quota counts it and limits nothing.
 QUOTA = "obs-budget"
 QUOTA_HARD = {"concurrentRuns": 10, "runs": 100, "tokens": 10_000_000, "costUSD": 100}
+SCHEDULE_CRD = ROOT / "crds" / "agentschedules.agentrun.dev.yaml"
+AGENT = "obs-researcher"
 
 
 def _scripts() -> list[Script]:
@@ -63,6 +67,17 @@ def _scripts() -> list[Script]:
             "[scenario:obs-fatal]",
             [HttpError(status=400, error_type="invalid_request_error", message="bad request")],
         ),
+        Script(
+            "[scenario:obs-parent]",
+            [
+                Reply(
+                    [tool_use_block("research", {"task": "[scenario:obs-child] look it up"}, id="toolu_obs3")]
+                ),
+                Reply([text_block("The child found it.")]),
+            ],
+        ),
+        Script("[scenario:obs-child]", [Reply([text_block("Found it.")], usage=ScriptUsage(50, 5))]),
+        Script("[scenario:obs-scheduled]", [Reply([text_block("Checked.")], usage=ScriptUsage(40, 4))]),
     ]
 
 
@@ -89,6 +104,7 @@ async def _operator(
         "AGENTRUN_HEARTBEAT_SECONDS": "0.2",
     }
     await install_quota_crd(cluster)
+    await _install_schedule_crd(cluster)
     async with cluster.operator(tmp_path / "operator.log", env, args) as process:
         yield process
 
@@ -126,6 +142,59 @@ async def _run_workload(cluster: TestCluster) -> dict[str, dict[str, Any]]:
     phases = {name: obj["status"]["phase"] for name, obj in finished.items()}
     assert phases == {name: phase for name, (_, phase) in WORKLOAD.items()}
     return finished
+
+
+async def _install_schedule_crd(cluster: TestCluster) -> None:
+    """Served before the operator starts, as the quota CRD (a real server's is shared: not deleted)."""
+    if cluster.emulator is not None:
+        cluster.emulator.load_crd(SCHEDULE_CRD)
+        return
+    code, out = await cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(SCHEDULE_CRD))
+    assert code == 0, out
+    code, out = await cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/agentschedules.agentrun.dev", "--timeout=60s"
+    )
+    assert code == 0, out
+
+
+async def _run_agents_and_schedule(cluster: TestCluster) -> None:
+    """A parent whose agent tool runs a child from an Agent, and a schedule due every minute: waits
+    until the parent has finished and the schedule has created its first run (within a minute)."""
+    agent = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": AGENT, "namespace": cluster.namespace},
+        "spec": {"systemPrompt": "You look one thing up.", "model": MODEL},
+    }
+    await cluster.request("POST", cluster.path("agents", api=RUNS_API), json=agent)
+    tool = {"agent": {"name": "research", "agentRef": {"name": AGENT}, "description": "Looks one thing up."}}
+    parent = agentrun(
+        "obs-parent", "[scenario:obs-parent] delegate", namespace=cluster.namespace, model=MODEL
+    )
+    parent["spec"]["tools"] = [tool]
+    await cluster.request("POST", cluster.runs_path, json=parent)
+    schedule = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentSchedule",
+        "metadata": {"name": "obs-minutely", "namespace": cluster.namespace},
+        "spec": {
+            "schedule": "* * * * *",
+            "agentRef": {"name": AGENT},
+            "task": "[scenario:obs-scheduled] check at {{scheduledTime}}",
+        },
+    }
+    await cluster.request("POST", cluster.path("agentschedules", api=RUNS_API), json=schedule)
+    deadline = time.monotonic() + 150
+    parent_status: dict[str, Any] = {}
+    schedule_status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        parent_status = (await cluster.request("GET", f"{cluster.runs_path}/obs-parent")).get("status") or {}
+        found = await cluster.request("GET", cluster.path("agentschedules", "obs-minutely", api=RUNS_API))
+        schedule_status = found.get("status") or {}
+        if parent_status.get("phase") == "Succeeded" and schedule_status.get("lastScheduleTime"):
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"parent: {parent_status}; schedule: {schedule_status}")
 
 
 def _samples(scrape: str) -> dict[str, float]:
@@ -248,6 +317,18 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
     assert float(used["costUSD"]) == pytest.approx(status_cost, abs=1e-5)
     assert samples[f'agentrun_quota_reserved{{{quota},resource="tokens"}}'] == 0
     assert samples[f"agentrun_quota_lost_reservations{{{quota}}}"] == 0
+
+    # Agents and schedules: a child run (depth 1) and a scheduled run.
+    await _run_agents_and_schedule(cluster)
+    scrape = await operator.scrape()
+    samples = _samples(scrape)
+    assert samples[f'agentrun_child_runs_created_total{{agent="{AGENT}",{ns}}}'] == 1
+    assert samples[f"agentrun_child_runs_active{{{ns}}}"] == 0
+    assert samples[f'agentrun_runs_started_by_depth_total{{depth="1",{ns}}}'] == 1
+    assert samples[f'agentrun_schedule_runs_total{{{ns},result="created",schedule="obs-minutely"}}'] >= 1
+    # The next minute (as of the schedule's last pass, a moment ago).
+    next_run = samples[f'agentrun_schedule_next_run_timestamp_seconds{{{ns},schedule="obs-minutely"}}']
+    assert time.time() - 10 < next_run <= time.time() + 61
 
     promtool = find_tool("promtool")
     assert promtool is not None, "promtool is needed: run `make tools`"

@@ -174,9 +174,7 @@ async def test_the_quota_policy_refuses_a_run_above_a_quotas_maximum_naming_quot
     assert (await _create(cluster, agentrun("undeclared", "t", namespace=ns)))[0] == 201
     stored = await cluster.get_run("undeclared")
     assert stored is not None
-    assert {"maxIterations", "timeoutSeconds", "tokenBudget", "costBudgetUSD"}.isdisjoint(
-        stored["spec"]["limits"]
-    )
+    assert "limits" not in stored["spec"]
 
 
 async def test_without_a_quota_in_the_namespace_the_policy_admits_every_run(
@@ -206,4 +204,5 @@ async def test_the_agentrun_crd_takes_a_mutable_priority_within_bounds(cluster: 
     default = agentrun("plain", "t", namespace=cluster.namespace)
     await cluster.apply(default)
     stored = await cluster.get_run("plain")
-    assert stored is not None and stored["spec"]["priority"] == 0
+    # No default stored: the operator reads a missing priority as 0 (its description says so).
+    assert stored is not None and "priority" not in stored["spec"]

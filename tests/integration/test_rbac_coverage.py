@@ -60,6 +60,7 @@ from tests.support.rbac import (
     grant_service_account,
     installed_chart,
 )
+from tests.support.schedules import install_schedule_crd
 
 API_KEY = "sk-ant-rbac-coverage-0123456789"
 RUN_KEY = "sk-ant-rbac-run-key-0123456789"
@@ -160,6 +161,13 @@ SCRIPTS = [
         [Reply([text_block("after retries")], faults=[HttpError.rate_limit(retry_after=0.1, times=2)])],
     ),
     Script("[rbac:slow]", [Reply([text_block("too late")], delay_seconds=60)]),
+    Script(
+        "[rbac:fan-out]",
+        [
+            Reply([tool_use_block("ask", {"task": "[rbac:answer] child"}, id="toolu_child")]),
+            Reply([text_block("the child answered")]),
+        ],
+    ),
     Script(
         "[rbac:kubernetes]",
         [
@@ -293,6 +301,68 @@ async def is_admitted_by_a_quota(work: Workload) -> None:
     assert ledger["used"]["runs"] == 1 and ledger["used"]["tokens"] > 0, ledger
 
 
+async def runs_from_an_agent(work: Workload) -> None:
+    """A run with spec.agentRef: Kopf watches Agents, and the run reads its Agent once."""
+    namespace = work.namespaces[0]
+    agent = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": "answerer"},
+        "spec": {"systemPrompt": "Answer briefly.", "model": MODEL},
+    }
+    await work.cluster.request("POST", f"{RUNS_API}/namespaces/{namespace}/agents", json=agent)
+    await work.apply(namespace, "from-agent", "[rbac:answer] agent", agentRef={"name": "answerer"})
+    assert (await work.finished(namespace, "from-agent"))["phase"] == "Succeeded"
+
+
+async def runs_on_a_schedule(work: Workload) -> None:
+    """An AgentSchedule (of the Agent above) owing a run: Kopf watches schedules and their runs, the
+    operator creates the run, writes the schedule's status, posts its Event and deletes the finished run
+    beyond the history limit."""
+    namespace = work.namespaces[0]
+    schedules = f"{RUNS_API}/namespaces/{namespace}/agentschedules"
+    schedule = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentSchedule",
+        "metadata": {"name": "nightly"},
+        "spec": {
+            "schedule": "* * * * *",
+            "agentRef": {"name": "answerer"},
+            "task": "[rbac:answer] {{scheduleName}}",
+            "successfulRunsHistoryLimit": 0,
+        },
+    }
+    await work.cluster.request("POST", schedules, json=schedule)
+    past = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 300))
+    await work.cluster.request(
+        "PATCH",
+        f"{schedules}/nightly/status",
+        json={"status": {"lastScheduleTime": past}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        status = (await work.cluster.request("GET", f"{schedules}/nightly")).get("status") or {}
+        listing = await work.cluster.request(
+            "GET", _runs(namespace), params={"labelSelector": "agentrun.dev/schedule=nightly"}
+        )
+        # lastScheduleTime moves in the pass that created the run; a finished run is deleted (limit 0).
+        if status.get("lastSuccessfulTime") and not listing["items"]:
+            break
+        assert time.monotonic() < deadline, f"the scheduled run was not created, run and pruned: {status}"
+        await asyncio.sleep(0.2)
+
+
+async def fans_out_to_a_child(work: Workload) -> None:
+    """An agent tool (of the Agent above): the operator creates a child run, reads it while it waits
+    and writes the parent's status.children."""
+    namespace = work.namespaces[0]
+    tool = {"agent": {"name": "ask", "agentRef": {"name": "answerer"}, "description": "Asks a sub-agent."}}
+    await work.apply(namespace, "parent", "[rbac:fan-out] delegate", tools=[tool])
+    status = await work.finished(namespace, "parent")
+    assert (status["phase"], status["children"]["succeeded"]) == ("Succeeded", 1), status
+
+
 SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     succeeds_with_tools,
     waits_for_its_secret,
@@ -303,6 +373,9 @@ SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     resumes_after_a_restart,
     takes_off_an_earlier_builds_finalizer,
     is_admitted_by_a_quota,
+    runs_from_an_agent,
+    fans_out_to_a_child,
+    runs_on_a_schedule,
 ]
 
 
@@ -409,6 +482,7 @@ async def run_workload(
             return operator
 
         await install_quota_crd(cluster)  # before the operator: Kopf resolves what it watches at start
+        await install_schedule_crd(cluster)
         operators = [await start(0)]
 
         async def restart() -> None:

@@ -13,3 +13,13 @@ def agentrun(name: str, task: str, *, namespace: str = "default", **spec: Any) -
         "metadata": {"name": name, "namespace": namespace},
         "spec": body,
     }
+
+
+def agent(name: str, *, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    """An Agent: what runs with spec.agentRef {name} run."""
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }

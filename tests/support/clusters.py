@@ -38,6 +38,8 @@ from tests.support.operator_process import OperatorProcess, running_operator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
+#: Served with the AgentRun CRD on both backends: the operator watches Agents (spec.agentRef).
+AGENT_CRD = ROOT / "crds" / "agents.agentrun.dev.yaml"
 RUNS_API = "/apis/agentrun.dev/v1alpha1"
 
 
@@ -308,9 +310,15 @@ def reachable(kubeconfig: Path) -> str:
 @contextlib.contextmanager
 def real_server_session(kubeconfig: Path) -> Iterator[Path]:
     """Once per session against a real server: the CRD from crds/, applied and established."""
-    kubectl_sync(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    for path in (CRD, AGENT_CRD):
+        kubectl_sync(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
     kubectl_sync(
-        kubeconfig, "wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s"
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "crd/agentruns.agentrun.dev",
+        "crd/agents.agentrun.dev",
+        "--timeout=60s",
     )
     yield kubeconfig
 
@@ -318,7 +326,7 @@ def real_server_session(kubeconfig: Path) -> Iterator[Path]:
 @contextlib.asynccontextmanager
 async def emulated_cluster() -> AsyncIterator[TestCluster]:
     """A fresh emulated API server with the AgentRun CRD; the test namespace is ``default``."""
-    async with EmulatedCluster.running(crd_paths=[CRD]) as kube:
+    async with EmulatedCluster.running(crd_paths=[CRD, AGENT_CRD]) as kube:
         # As a real server: an impersonated request may do what the roles stored for its target allow.
         kube.emulator.authorize_impersonated_users = True
         workdir = Path(kube.kubeconfig_path).parent

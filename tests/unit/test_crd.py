@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,30 @@ def test_names_printer_columns_and_status_subresource() -> None:
     version = spec["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Stop Reason", "Iterations", "Tokens", "Cost", "Age"]
+    assert columns == ["Phase", "Stop Reason", "Iterations", "Tokens", "Cost", "Age", "Agent"]
+    agent = version["additionalPrinterColumns"][-1]
+    assert (agent["jsonPath"], agent["priority"]) == (".spec.agentRef.name", 1)
 
 
-def test_limits_defaults_are_applied_by_the_api_server() -> None:
-    limits = _openapi()["properties"]["spec"]["properties"]["limits"]
-    assert limits["default"] == {}
-    assert limits["properties"]["toolConcurrency"]["default"] == 8
+def test_the_api_server_stores_no_spec_default_so_what_a_run_leaves_out_stays_out() -> None:
+    spec = _openapi()["properties"]["spec"]
+
+    def defaults(node: Any, path: str) -> Iterator[str]:
+        if isinstance(node, dict):
+            if "default" in node:
+                yield path
+            for key, value in node.items():
+                yield from defaults(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                yield from defaults(value, f"{path}[{index}]")
+
+    assert list(defaults(spec, "spec")) == []
+    limits = spec["properties"]["limits"]
+    assert limits["properties"]["toolConcurrency"]["description"].endswith("Default 8.")
+    assert spec["properties"]["model"]["properties"]["maxTokens"]["description"].endswith("Default 4096.")
+    # The models fill them in when the operator reads a run.
+    assert AgentRunSpec.model_validate({"task": "x"}).limits.tool_concurrency == 8
 
 
 def test_limits_a_quota_may_default_are_left_to_the_operator_so_a_run_declaring_none_shows() -> None:
@@ -88,12 +106,8 @@ def test_limits_a_quota_may_default_are_left_to_the_operator_so_a_run_declaring_
 def test_priority_is_a_bounded_integer_that_can_change_while_a_run_waits() -> None:
     spec = _openapi()["properties"]["spec"]
     priority = spec["properties"]["priority"]
-    assert (priority["type"], priority["default"], priority["minimum"], priority["maximum"]) == (
-        "integer",
-        0,
-        -1000,
-        1000,
-    )
+    assert (priority["type"], priority["minimum"], priority["maximum"]) == ("integer", -1000, 1000)
+    assert priority["description"].endswith("Default 0.")
     assert "x-kubernetes-validations" not in priority
     assert all("priority" not in rule["rule"] for rule in spec["x-kubernetes-validations"])
     with pytest.raises(pydantic.ValidationError, match="priority"):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.api.crd import crd, quota_crd
+from agentrun.api.crd import agent_crd, crd, quota_crd, schedule_crd
 from agentrun.api.reference import reference_markdown
 from agentrun.cli.main import main
 
@@ -128,9 +128,11 @@ def link_problems(root: Path, files: list[Path]) -> list[Problem]:
 
 
 def _schemas() -> list[dict[str, Any]]:
-    """The kinds the docs write about (AgentRun, AgentRunQuota): a field path is real in either."""
+    """The kinds the docs write about (AgentRun, AgentRunQuota, Agent, AgentSchedule): a field path is real
+    in any."""
     return [
-        definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for definition in (crd(), quota_crd())
+        definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for definition in (crd(), quota_crd(), agent_crd(), schedule_crd())
     ]
 
 
@@ -207,7 +209,15 @@ def test_agentrun_crd_reference_prints_the_page_make_docs_writes(capsys: pytest.
     assert capsys.readouterr().out == REFERENCE.read_text()
 
 
-@pytest.mark.parametrize(("page", "definition"), [("agentrun.md", crd), ("agentrunquota.md", quota_crd)])
+@pytest.mark.parametrize(
+    ("page", "definition"),
+    [
+        ("agentrun.md", crd),
+        ("agentrunquota.md", quota_crd),
+        ("agent.md", agent_crd),
+        ("agentschedule.md", schedule_crd),
+    ],
+)
 def test_field_reference_has_a_row_for_every_field_of_the_crd(
     page: str, definition: Callable[[], dict[str, Any]]
 ) -> None:

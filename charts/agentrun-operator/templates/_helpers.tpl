@@ -93,10 +93,12 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 */}}
 {{- define "agentrun-operator.namespacedRules" -}}
 # The AgentRuns themselves: Kopf lists and watches them and removes the finalizer earlier builds
-# put on runs; finished runs are deleted after spec.ttlSecondsAfterFinished.
+# put on runs; finished runs are deleted after spec.ttlSecondsAfterFinished; AgentSchedules create
+# runs, cancel them (Replace) and delete them beyond their history limits; agent tools create
+# child runs, read them (get) while they wait, cancel and delete them with their parent.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentruns"]
-  verbs: ["list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Status is written through the status subresource only, as merge patches.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentruns/status"]
@@ -109,6 +111,18 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 - apiGroups: ["agentrun.dev"]
   resources: ["agentrunquotas/status"]
   verbs: ["update"]
+# Agents are read (a run with spec.agentRef records its Agent's spec once) and watched (runs waiting
+# for their Agent start when it is created); the operator never writes them.
+- apiGroups: ["agentrun.dev"]
+  resources: ["agents"]
+  verbs: ["get", "list", "watch"]
+# AgentSchedules are listed and watched (Kopf); only their status is written, as merge patches.
+- apiGroups: ["agentrun.dev"]
+  resources: ["agentschedules"]
+  verbs: ["list", "watch"]
+- apiGroups: ["agentrun.dev"]
+  resources: ["agentschedules/status"]
+  verbs: ["patch"]
 # Transcripts and run keys are owned by their AgentRun with blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin allows only with update on finalizers.
 - apiGroups: ["agentrun.dev"]

@@ -17,16 +17,50 @@ QUOTA_PLURAL = "agentrunquotas"
 QUOTA_SINGULAR = "agentrunquota"
 QUOTA_SHORT_NAMES = ("arq",)
 
+AGENT_KIND = "Agent"
+AGENT_PLURAL = "agents"
+AGENT_SINGULAR = "agent"
+AGENT_SHORT_NAMES = ("agt",)
+
+SCHEDULE_KIND = "AgentSchedule"
+SCHEDULE_PLURAL = "agentschedules"
+SCHEDULE_SINGULAR = "agentschedule"
+SCHEDULE_SHORT_NAMES = ("ags",)
+
+# Labels and annotations the operator puts on the runs it creates.
+LABEL_AGENT = "agentrun.dev/agent"
+LABEL_PARENT = "agentrun.dev/parent"
+LABEL_PARENT_UID = "agentrun.dev/parent-uid"
+LABEL_TOOL_USE = "agentrun.dev/tool-use-id"
+LABEL_DEPTH = "agentrun.dev/depth"
+LABEL_SCHEDULE = "agentrun.dev/schedule"
+ANNOTATION_SCHEDULED_TIME = "agentrun.dev/scheduled-time"
+
 __all__ = [
+    "AGENT_KIND",
+    "AGENT_PLURAL",
+    "AGENT_SHORT_NAMES",
+    "AGENT_SINGULAR",
+    "ANNOTATION_SCHEDULED_TIME",
     "API_VERSION",
     "CATEGORIES",
     "GROUP",
     "KIND",
+    "LABEL_AGENT",
+    "LABEL_DEPTH",
+    "LABEL_PARENT",
+    "LABEL_PARENT_UID",
+    "LABEL_SCHEDULE",
+    "LABEL_TOOL_USE",
     "PLURAL",
     "QUOTA_KIND",
     "QUOTA_PLURAL",
     "QUOTA_SHORT_NAMES",
     "QUOTA_SINGULAR",
+    "SCHEDULE_KIND",
+    "SCHEDULE_PLURAL",
+    "SCHEDULE_SHORT_NAMES",
+    "SCHEDULE_SINGULAR",
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",

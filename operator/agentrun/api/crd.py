@@ -8,12 +8,17 @@ boolean exclusive bounds. This module is that translation and nothing else.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
 from agentrun.api import (
+    AGENT_KIND,
+    AGENT_PLURAL,
+    AGENT_SHORT_NAMES,
+    AGENT_SINGULAR,
     CATEGORIES,
     GROUP,
     KIND,
@@ -22,11 +27,17 @@ from agentrun.api import (
     QUOTA_PLURAL,
     QUOTA_SHORT_NAMES,
     QUOTA_SINGULAR,
+    SCHEDULE_KIND,
+    SCHEDULE_PLURAL,
+    SCHEDULE_SHORT_NAMES,
+    SCHEDULE_SINGULAR,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
 )
+from agentrun.api.agent import AgentSpec, AgentStatus
 from agentrun.api.quota import AgentRunQuotaSpec, AgentRunQuotaStatus
+from agentrun.api.schedule import AgentScheduleSpec, AgentScheduleStatus
 from agentrun.api.spec import IMMUTABLE_SPEC_FIELDS, AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 
@@ -100,25 +111,36 @@ def _default_nested_objects(schema: dict[str, Any]) -> None:
 
 
 #: Limits an AgentRunQuota may default: the operator fills them in (the smallest perRun default of the
-#: namespace's quotas, else the built-in one), since a default stored by the API server would look
-#: declared, and a quota's smaller maximum would then refuse runs that declared nothing.
+#: namespace's quotas, else the built-in one).
 OPERATOR_DEFAULTED_LIMITS = ("maxIterations", "timeoutSeconds")
 
 
-def _operator_defaults(limits: dict[str, Any]) -> None:
-    for name in OPERATOR_DEFAULTED_LIMITS:
-        prop = limits["properties"][name]
-        default = prop.pop("default")
-        prop["description"] += (
-            f" Default {default}, or the smallest perRun.{name}.default of the namespace's "
-            "AgentRunQuotas (filled in by the operator, not stored in the spec)."
-        )
+def _described_defaults(node: dict[str, Any], *, quota_limits: bool = False) -> None:
+    """Defaults go into descriptions instead of the stored object: what a spec leaves out stays out.
+
+    A default stored by the API server would look declared: a run from an Agent (spec.agentRef)
+    would seem to set every model and limit field itself, and a quota's smaller maximum would refuse
+    runs that declared nothing. pydantic fills the same defaults in when the operator reads a spec.
+    """
+    for name, prop in node.get("properties", {}).items():
+        if "default" in prop:
+            default = prop.pop("default")
+            if default not in ({}, []):
+                shown = default if isinstance(default, str) else json.dumps(default)
+                if quota_limits and name in OPERATOR_DEFAULTED_LIMITS:
+                    prop["description"] += (
+                        f" Default {shown}, or the smallest perRun.{name}.default of the namespace's "
+                        "AgentRunQuotas (filled in by the operator, not stored in the spec)."
+                    )
+                else:
+                    prop["description"] = f"{prop.get('description', '').rstrip()} Default {shown}.".lstrip()
+        _described_defaults(prop, quota_limits=name == "limits")
+        for key in ("items", "additionalProperties"):
+            if isinstance(prop.get(key), dict):
+                _described_defaults(prop[key])
 
 
-def spec_schema() -> dict[str, Any]:
-    schema = _schema_of(AgentRunSpec)
-    _default_nested_objects(schema)
-    _operator_defaults(schema["properties"]["limits"])
+def _immutable(schema: dict[str, Any]) -> dict[str, Any]:
     for name in IMMUTABLE_SPEC_FIELDS:
         schema["properties"][name].setdefault("x-kubernetes-validations", []).append(
             {"rule": "self == oldSelf", "message": f"spec.{name} {IMMUTABLE_MESSAGE}"}
@@ -132,6 +154,22 @@ def spec_schema() -> dict[str, Any]:
         *schema.get("x-kubernetes-validations", []),
     ]
     return schema
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = _schema_of(AgentRunSpec)
+    _described_defaults(schema)
+    return _immutable(schema)
+
+
+def agent_spec_schema() -> dict[str, Any]:
+    schema = _schema_of(AgentSpec)
+    _described_defaults(schema)
+    return schema
+
+
+def agent_status_schema() -> dict[str, Any]:
+    return _schema_of(AgentStatus)
 
 
 def status_schema() -> dict[str, Any]:
@@ -164,7 +202,7 @@ def _definition(
     plural: str,
     singular: str,
     short_names: tuple[str, ...],
-    columns: list[dict[str, str]],
+    columns: list[dict[str, Any]],
     root: dict[str, Any],
 ) -> dict[str, Any]:
     return {
@@ -226,6 +264,7 @@ def crd() -> dict[str, Any]:
             {"name": "Tokens", "type": "integer", "jsonPath": ".status.usage.totalTokens"},
             {"name": "Cost", "type": "string", "jsonPath": ".status.usage.costUSD"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            {"name": "Agent", "type": "string", "jsonPath": ".spec.agentRef.name", "priority": 1},
         ],
         root=_root(
             "AgentRun runs one LLM agent loop (Anthropic tool use) to completion within declared limits "
@@ -263,6 +302,57 @@ def quota_crd() -> dict[str, Any]:
     )
 
 
+def agent_crd() -> dict[str, Any]:
+    return _definition(
+        kind=AGENT_KIND,
+        plural=AGENT_PLURAL,
+        singular=AGENT_SINGULAR,
+        short_names=AGENT_SHORT_NAMES,
+        columns=[
+            {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        root=_root(
+            "Agent is an AgentRun's definition without its task: system prompt, model, tools, limits. "
+            "AgentRuns run it with spec.agentRef and may only narrow its limits.",
+            {**agent_spec_schema(), "description": "What every run of this Agent does."},
+            {**agent_status_schema(), "description": "What the operator saw (operator-owned)."},
+        ),
+    )
+
+
+def schedule_spec_schema() -> dict[str, Any]:
+    schema = _schema_of(AgentScheduleSpec)
+    # runSpec is copied into each run as written: defaults stored here would look declared by the run
+    # (and a default limit above the Agent's would break tighten-only).
+    _described_defaults(schema["properties"]["runSpec"])
+    return schema
+
+
+def schedule_crd() -> dict[str, Any]:
+    return _definition(
+        kind=SCHEDULE_KIND,
+        plural=SCHEDULE_PLURAL,
+        singular=SCHEDULE_SINGULAR,
+        short_names=SCHEDULE_SHORT_NAMES,
+        columns=[
+            {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule"},
+            {"name": "Time Zone", "type": "string", "jsonPath": ".spec.timeZone", "priority": 1},
+            {"name": "Agent", "type": "string", "jsonPath": ".spec.agentRef.name", "priority": 1},
+            {"name": "Suspend", "type": "boolean", "jsonPath": ".spec.suspend"},
+            {"name": "Last Schedule", "type": "date", "jsonPath": ".status.lastScheduleTime"},
+            {"name": "Next", "type": "string", "jsonPath": ".status.nextScheduleTime"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        root=_root(
+            "AgentSchedule creates AgentRuns of an Agent on a cron schedule, as a CronJob creates Jobs: "
+            "a concurrency policy, a starting deadline for missed times, history limits and suspend.",
+            {**schedule_spec_schema(), "description": "When to create runs, and which."},
+            {**_schema_of(AgentScheduleStatus), "description": "What the schedule did (operator-owned)."},
+        ),
+    )
+
+
 HEADER = "# Generated by `agentrun crd` from operator/agentrun/api; do not edit by hand.\n"
 
 
@@ -273,3 +363,13 @@ def crd_yaml() -> str:
 def quota_crd_yaml() -> str:
     header = HEADER.replace("`agentrun crd`", "`agentrun crd --kind AgentRunQuota`")
     return header + yaml.safe_dump(quota_crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def agent_crd_yaml() -> str:
+    header = HEADER.replace("`agentrun crd`", "`agentrun crd --kind Agent`")
+    return header + yaml.safe_dump(agent_crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def schedule_crd_yaml() -> str:
+    header = HEADER.replace("`agentrun crd`", "`agentrun crd --kind AgentSchedule`")
+    return header + yaml.safe_dump(schedule_crd(), sort_keys=False, width=100, allow_unicode=True)

@@ -54,6 +54,10 @@ def _cell(text: str) -> str:
     )
 
 
+#: "Default 20." / "Default 20, or …": a default the operator applies, not stored by the API server.
+_DESCRIBED_DEFAULT = re.compile(r"\bDefault (\S+?)[.,]?(?:\s|$)")
+
+
 def _code(value: Any) -> str:
     text = value if isinstance(value, str) and value else json.dumps(value, separators=(", ", ": "))
     return _cell(f"`{text}`")
@@ -122,6 +126,8 @@ def _rows(path: str, schema: dict[str, Any]) -> Iterator[str]:
             default = "required"
         elif "default" in prop:
             default = _code(prop["default"])
+        elif described := _DESCRIBED_DEFAULT.search(prop.get("description", "")):
+            default = _code(described.group(1))
         else:
             default = "none"
         notes = [_cell(prop.get("description", ""))]
@@ -152,6 +158,12 @@ def _section(path: str, schema: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _stores_defaults(node: Any) -> bool:
+    if isinstance(node, dict):
+        return "default" in node or any(_stores_defaults(v) for v in node.values())
+    return isinstance(node, list) and any(_stores_defaults(v) for v in node)
+
+
 def reference_markdown(definition: dict[str, Any] | None = None) -> str:
     """The reference of one generated CRD (the AgentRun's by default); names come from the CRD itself."""
     definition = crd() if definition is None else definition
@@ -179,7 +191,12 @@ def reference_markdown(definition: dict[str, Any] | None = None) -> str:
         "",
         f"Every field below is also described by `kubectl explain {names['singular']}.spec` "
         "(and deeper paths).",
-        "A default is filled in by the API server when the field is omitted.",
+        (
+            "A default is filled in by the API server when the field is omitted."
+            if _stores_defaults(root["properties"]["spec"])
+            else "The API server stores no defaults: a default applies when the operator reads the object, "
+            "and an omitted field stays omitted."
+        ),
         "",
         f"Columns of `kubectl get {names['plural']}`:",
         "",

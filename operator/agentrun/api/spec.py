@@ -126,6 +126,7 @@ APPROVALS_KEPT: dict[str, JsonValue] = {
 
 IMMUTABLE_SPEC_FIELDS = (
     "task",
+    "agentRef",
     "systemPrompt",
     "model",
     "tools",
@@ -138,18 +139,31 @@ IMMUTABLE_SPEC_FIELDS = (
 )
 
 
-class AgentRunSpec(SpecModel):
-    """The desired run. Immutable once created, except cancel, approvals and ttlSecondsAfterFinished."""
+#: What an Agent decides alone: a run created from it (spec.agentRef) cannot set these.
+AGENT_OWNED_FIELDS = ("systemPrompt", "tools", "requiredTools", "serviceAccountName", "context")
 
-    model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [APPROVALS_KEPT, THINKING_TOOL_CHOICE]}
+AGENT_OWNED: list[JsonValue] = [
+    {
+        "rule": f"!has(self.agentRef) || !has(self.{name})",
+        "message": f"spec.{name} comes from the Agent (spec.agentRef); a run cannot set it",
+    }
+    for name in AGENT_OWNED_FIELDS
+]
+
+
+class AgentRef(SpecModel):
+    """An Agent in the run's own namespace."""
+
+    name: str = Field(
+        min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN, description="Name of the Agent."
     )
 
-    task: str = Field(
-        min_length=1,
-        max_length=MAX_TASK_CHARS,
-        description="The task given to the agent as the first user message.",
-    )
+
+class RunDefinition(SpecModel):
+    """What a run does, apart from its task: shared by AgentRun.spec and Agent.spec."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [THINKING_TOOL_CHOICE]})
+
     system_prompt: str | None = Field(
         default=None,
         max_length=MAX_TASK_CHARS,
@@ -186,7 +200,6 @@ class AgentRunSpec(SpecModel):
         max_length=253,
         description="ServiceAccount (in the run's namespace) that Kubernetes tools impersonate.",
     )
-    cancel: bool = Field(default=False, description="Set to true to stop the run (phase Cancelled).")
     priority: int = Field(
         default=0,
         ge=-1000,
@@ -201,19 +214,9 @@ class AgentRunSpec(SpecModel):
         ge=0,
         description="Delete the AgentRun this many seconds after it finished.",
     )
-    approvals: list[Approval] = Field(
-        default_factory=list,
-        max_length=1024,
-        description=(
-            "Decisions on calls awaiting approval (status.pendingApprovals), appended by people or "
-            "`kubectl agentrun approve|deny`. Append-only: recorded entries never change, move or "
-            "disappear. The first decision for a toolUseId counts."
-        ),
-        json_schema_extra={"x-kubernetes-validations": [APPROVALS_APPEND_ONLY]},
-    )
 
     @model_validator(mode="after")
-    def _thinking_lets_the_model_choose(self) -> AgentRunSpec:
+    def _thinking_lets_the_model_choose(self) -> RunDefinition:
         choice = self.tool_choice
         if self.model.thinking is not None and choice is not None and choice.type in ("any", "tool"):
             raise ValueError(
@@ -231,3 +234,45 @@ class AgentRunSpec(SpecModel):
             elif tool.http is not None:
                 names.append(tool.http.name)
         return names
+
+
+class AgentRunSpec(RunDefinition):
+    """The desired run. Immutable once created, except cancel, approvals and ttlSecondsAfterFinished."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [APPROVALS_KEPT, THINKING_TOOL_CHOICE, *AGENT_OWNED]}
+    )
+
+    task: str = Field(
+        min_length=1,
+        max_length=MAX_TASK_CHARS,
+        description="The task given to the agent as the first user message.",
+    )
+    agent_ref: AgentRef | None = Field(
+        default=None,
+        description=(
+            "Run this Agent (same namespace): its spec is the run's, overridden by the model, limits "
+            "(tighten only), output, toolChoice, priority and ttlSecondsAfterFinished set here. "
+            "systemPrompt, tools, requiredTools, serviceAccountName and context come from the Agent."
+        ),
+    )
+    cancel: bool = Field(default=False, description="Set to true to stop the run (phase Cancelled).")
+    approvals: list[Approval] = Field(
+        default_factory=list,
+        max_length=1024,
+        description=(
+            "Decisions on calls awaiting approval (status.pendingApprovals), appended by people or "
+            "`kubectl agentrun approve|deny`. Append-only: recorded entries never change, move or "
+            "disappear. The first decision for a toolUseId counts."
+        ),
+        json_schema_extra={"x-kubernetes-validations": [APPROVALS_APPEND_ONLY]},
+    )
+
+    @model_validator(mode="after")
+    def _agent_owns_its_definition(self) -> AgentRunSpec:
+        if self.agent_ref is not None:
+            declared = {type(self).model_fields[name].alias for name in self.model_fields_set}
+            for name in AGENT_OWNED_FIELDS:
+                if name in declared:
+                    raise ValueError(f"spec.{name} comes from the Agent (spec.agentRef); a run cannot set it")
+        return self

@@ -121,6 +121,41 @@ class QuotaLimits(_Status):
     timeout_seconds: int | None = Field(default=None, description="The run's timeoutSeconds.")
 
 
+class AgentUsed(_Status):
+    """The Agent a run (spec.agentRef) was resolved from, as it was then."""
+
+    name: str = Field(description="The Agent's name.")
+    uid: str = Field(description="Its uid: a deleted and recreated Agent of that name is another one.")
+    generation: int | None = Field(default=None, description="Its metadata.generation when the run read it.")
+
+
+class AwaitingChild(_Status):
+    """A call of a descendant run waiting for a human decision (spec.approvals on that run)."""
+
+    run: str = Field(description="The child (or deeper descendant) run that waits.")
+    tool_use_id: str = Field(description="The tool_use id to approve or deny on that run.")
+    tool: str = Field(description="The tool it wants to call.")
+
+
+class ChildrenStatus(_Status):
+    """The child runs the agent tools of this run started, summed up."""
+
+    total: int = Field(default=0, description="Children started so far.")
+    active: int = Field(default=0, description="Children not finished yet.")
+    succeeded: int = Field(default=0, description="Children that succeeded.")
+    failed: int = Field(default=0, description="Children that failed or were cancelled.")
+    tokens: int = Field(default=0, description="Tokens the children used (also in status.usage).")
+    cost_usd: str | None = Field(
+        default=None,
+        alias="costUSD",
+        description="Dollars the children spent (also in status.usage); unset when a model has no price.",
+    )
+    awaiting_approval: list[AwaitingChild] = Field(
+        default_factory=list,
+        description="Calls of children that wait for an approval: approve them on the child run.",
+    )
+
+
 class AgentRunStatus(_Status):
     """Observed state of the run."""
 
@@ -169,6 +204,21 @@ class AgentRunStatus(_Status):
             "The limits of spec.limits as the namespace's AgentRunQuotas set them at admission "
             "(a quota's perRun default for a limit the run left out); unset without quotas."
         ),
+    )
+    agent: AgentUsed | None = Field(
+        default=None, description="With spec.agentRef: the Agent the run was resolved from."
+    )
+    agent_spec: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "With spec.agentRef: the Agent's spec as the run read it, once; the run keeps using it "
+            "when the Agent changes later."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    children: ChildrenStatus | None = Field(
+        default=None,
+        description="The child runs of the run's agent tools (see docs/agents.md, 'Sub-agents').",
     )
     queue_position: int | None = Field(
         default=None,

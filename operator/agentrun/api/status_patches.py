@@ -15,6 +15,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, cast
 
 import pydantic
@@ -22,6 +23,9 @@ import pydantic
 from agentrun.api.conditions import RESULT_LIMIT, bounded_result, conditions_for
 from agentrun.api.status import (
     AgentRunStatus,
+    AgentUsed,
+    AwaitingChild,
+    ChildrenStatus,
     Condition,
     ContextStatus,
     PendingApproval,
@@ -156,6 +160,50 @@ def left_queue() -> StatusPatch:
 def quota_limited(limits: QuotaLimits) -> StatusPatch:
     """status.quotaLimits: what the namespace's quotas set at admission, kept by a resumed run."""
     return StatusPatch(AgentRunStatus(phase=Phase.PENDING, quota_limits=limits))
+
+
+def agent_resolved(agent: AgentUsed, agent_spec: Mapping[str, Any]) -> StatusPatch:
+    """status.agent and status.agentSpec in one write: a resumed run needs both or neither."""
+    return StatusPatch(AgentRunStatus(phase=Phase.PENDING, agent=agent, agent_spec=dict(agent_spec)))
+
+
+def children(bodies: Sequence[Mapping[str, Any]]) -> StatusPatch:
+    """status.children from the child runs as they are now: the whole summary, so any one write is
+    complete. Approvals awaited deeper down come up through each child's own summary."""
+    # Every field set explicitly: a merge patch keeps what an earlier summary wrote to a field left out.
+    summary = ChildrenStatus(
+        total=len(bodies), active=0, succeeded=0, failed=0, tokens=0, costUSD=None, awaiting_approval=[]
+    )
+    cost: Decimal | None = Decimal(0)
+    waiting: list[AwaitingChild] = []
+    for body in sorted(bodies, key=lambda b: str((b.get("metadata") or {}).get("creationTimestamp") or "")):
+        name = str((body.get("metadata") or {}).get("name") or "")
+        status = body.get("status") or {}
+        phase = status.get("phase")
+        if phase == Phase.SUCCEEDED:
+            summary.succeeded += 1
+        elif phase in (Phase.FAILED, Phase.CANCELLED):
+            summary.failed += 1
+        else:
+            summary.active += 1
+        spent = status.get("usage") or {}
+        tokens = int(spent.get("totalTokens") or 0)
+        summary.tokens += tokens
+        if spent.get("costUSD") is not None and cost is not None:
+            cost += Decimal(str(spent["costUSD"]))
+        elif tokens:
+            cost = None
+        for entry in status.get("pendingApprovals") or []:
+            waiting.append(
+                AwaitingChild(
+                    run=name, tool_use_id=str(entry.get("toolUseId")), tool=str(entry.get("toolName"))
+                )
+            )
+        for entry in (status.get("children") or {}).get("awaitingApproval") or []:
+            waiting.append(AwaitingChild.model_validate(entry))
+    summary.cost_usd = None if cost is None else f"{cost:.6f}"
+    summary.awaiting_approval = waiting
+    return StatusPatch(AgentRunStatus(children=summary))
 
 
 def running(start_time: str, *, clear_pending_approvals: bool = False) -> StatusPatch:

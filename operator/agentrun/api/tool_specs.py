@@ -1,4 +1,4 @@
-"""The tools a run may call (built-in, webhook, MCP) and how the first request may force one."""
+"""The tools a run may call (built-in, webhook, MCP, agent) and how the first request may force one."""
 
 from __future__ import annotations
 
@@ -86,16 +86,35 @@ class MCPServer(SpecModel):
     )
 
 
+class AgentToolRef(SpecModel):
+    """The Agent a child run is created from (same namespace as the run)."""
+
+    name: str = Field(description="Name of the Agent.", pattern=DNS_LABEL_PATTERN, max_length=63)
+
+
+class AgentTool(SpecModel):
+    """A sub-agent: each call creates a child AgentRun from an Agent, with the call's task, and
+    answers with the child's result (see docs/agents.md, 'Sub-agents')."""
+
+    name: ToolName = Field(description="Tool name the model sees. Must be unique within the run.")
+    agent_ref: AgentToolRef = Field(description="The Agent each call runs as a child AgentRun.")
+    description: str = Field(
+        description="What the sub-agent does and when to call it, for the model.",
+        min_length=1,
+        max_length=4096,
+    )
+
+
 class ToolSpec(SpecModel):
-    """One entry of spec.tools: exactly one of builtin, http or mcp."""
+    """One entry of spec.tools: exactly one of builtin, http, mcp or agent."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
                     "rule": "(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0)"
-                    " + (has(self.mcp) ? 1 : 0) == 1",
-                    "message": "a tool needs exactly one of builtin, http, mcp",
+                    " + (has(self.mcp) ? 1 : 0) + (has(self.agent) ? 1 : 0) == 1",
+                    "message": "a tool needs exactly one of builtin, http, mcp, agent",
                 }
             ]
         }
@@ -104,6 +123,7 @@ class ToolSpec(SpecModel):
     builtin: BuiltinTool | None = Field(default=None, description="A built-in tool.")
     http: HTTPTool | None = Field(default=None, description="A webhook tool.")
     mcp: MCPServer | None = Field(default=None, description="An MCP server's tools.")
+    agent: AgentTool | None = Field(default=None, description="A sub-agent run as a child AgentRun.")
     requires_approval: bool = Field(
         default=False,
         description="Pause the run for a human approval (spec.approvals) before each call.",
@@ -116,9 +136,9 @@ class ToolSpec(SpecModel):
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> ToolSpec:
-        kinds = [k for k in ("builtin", "http", "mcp") if getattr(self, k) is not None]
+        kinds = [k for k in ("builtin", "http", "mcp", "agent") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"a tool needs exactly one of builtin, http, mcp; got {kinds or 'none'}")
+            raise ValueError(f"a tool needs exactly one of builtin, http, mcp, agent; got {kinds or 'none'}")
         return self
 
 

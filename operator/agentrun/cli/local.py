@@ -1,6 +1,7 @@
 """`agentrun run FILE`: one AgentRun manifest, run here, no cluster.
 
-It goes through the operator's own phases (controller/agentruns/phases.py): admit, open tools, loop,
+It goes through the operator's own phases (controller/agentruns/phases.py): the Agent (an Agent
+document in the same file, for a run with spec.agentRef), admit, open tools, loop,
 and the finish phase's status, printed instead of written. Resume and the queue have no meaning
 here; Secrets are looked for once, in the cluster KUBECONFIG points at, and a missing one is an error.
 """
@@ -13,13 +14,15 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import pydantic
 import yaml
 
-from agentrun.api import API_VERSION, KIND, status_patches
+from agentrun.agents import AgentSpecConflict, resolve
+from agentrun.api import AGENT_KIND, API_VERSION, KIND, status_patches
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.status_patches import StatusPatch, now_rfc3339
@@ -54,7 +57,8 @@ class ManifestError(Exception):
     pass
 
 
-def load_manifest(path: Path) -> dict[str, Any]:
+def load_manifest(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The AgentRun document, and the file's Agents by name (for a run with spec.agentRef)."""
     try:
         documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
     except (OSError, yaml.YAMLError) as exc:
@@ -63,9 +67,36 @@ def load_manifest(path: Path) -> dict[str, Any]:
     if len(runs) != 1:
         raise ManifestError(f"{path}: expected exactly one {KIND} document, found {len(runs)}")
     manifest = runs[0]
-    if manifest.get("apiVersion") != API_VERSION:
-        raise ManifestError(f"{path}: apiVersion must be {API_VERSION}, got {manifest.get('apiVersion')!r}")
-    return manifest
+    agents: dict[str, Any] = {}
+    for document in (
+        manifest,
+        *(d for d in documents if isinstance(d, dict) and d.get("kind") == AGENT_KIND),
+    ):
+        if document.get("apiVersion") != API_VERSION:
+            raise ManifestError(
+                f"{path}: apiVersion must be {API_VERSION}, got {document.get('apiVersion')!r}"
+            )
+        if document is not manifest:
+            agents[str((document.get("metadata") or {}).get("name", ""))] = document
+    return manifest, agents
+
+
+def local_spec(manifest: Mapping[str, Any], agents: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The spec to run: with spec.agentRef, the Agent of the same file overridden by the run."""
+    raw = manifest.get("spec") or {}
+    ref = raw.get("agentRef") if isinstance(raw, Mapping) else None
+    if not isinstance(ref, Mapping):
+        return raw
+    name = str(ref.get("name", ""))
+    agent = agents.get(name)
+    if agent is None:
+        raise ManifestError(
+            f"spec.agentRef: Agent {name} is not in the file; put its Agent document in the same file"
+        )
+    try:
+        return resolve(agent.get("spec") or {}, raw, name)
+    except AgentSpecConflict as exc:
+        raise ManifestError(str(exc)) from exc
 
 
 class ProgressPrinter:
@@ -139,11 +170,16 @@ async def run_manifest(
     path: Path, *, output: str, stdout: TextIO, stderr: TextIO, namespace: str | None = None
 ) -> int:
     try:
-        manifest = load_manifest(path)
+        manifest, agents = load_manifest(path)
     except ManifestError as exc:
         print(f"error: {exc}", file=stderr)
         return EXIT_INVALID
-    spec = phases.admit(manifest.get("spec") or {})
+    try:
+        raw_spec = local_spec(manifest, agents)
+    except ManifestError as exc:
+        print(f"error: {path}: {exc}", file=stderr)
+        return EXIT_INVALID
+    spec = phases.admit(raw_spec)
     if isinstance(spec, Ending):
         print(f"error: {path}: {spec.outcome.message}", file=stderr)
         return EXIT_INVALID

@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
     crd.add_argument(
         "--kind",
-        choices=["AgentRun", "AgentRunQuota"],
+        choices=["AgentRun", "AgentRunQuota", "Agent", "AgentSchedule"],
         default="AgentRun",
         help="the kind whose CRD (or reference) to print (default: AgentRun)",
     )
@@ -77,14 +77,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     if args.command == "crd":
-        from agentrun.api.crd import crd, crd_yaml, quota_crd, quota_crd_yaml
+        from agentrun.api import crd as crds
         from agentrun.api.reference import reference_markdown
 
-        quota = args.kind == "AgentRunQuota"
-        if args.reference:
-            sys.stdout.write(reference_markdown(quota_crd() if quota else crd()))
-        else:
-            sys.stdout.write(quota_crd_yaml() if quota else crd_yaml())
+        kinds = {
+            "AgentRun": (crds.crd, crds.crd_yaml),
+            "AgentRunQuota": (crds.quota_crd, crds.quota_crd_yaml),
+            "Agent": (crds.agent_crd, crds.agent_crd_yaml),
+            "AgentSchedule": (crds.schedule_crd, crds.schedule_crd_yaml),
+        }
+        definition, as_yaml = kinds[args.kind]
+        sys.stdout.write(reference_markdown(definition()) if args.reference else as_yaml())
         return 0
     if args.command == "run":
         from agentrun.cli.local import main as run_main

@@ -1,11 +1,11 @@
 """`kubectl agentrun`: read a run's transcript and trace, cancel it, approve or deny its tool calls;
-show a namespace's AgentRunQuotas.
+show a run's tree of child runs; show a namespace's AgentRunQuotas.
 
 kubectl finds the `kubectl-agentrun` executable on PATH. It acts as the kubeconfig user, with that
 user's RBAC: reading transcripts needs `get`/`list` on the chunk Secrets (or ConfigMaps), deciding
-and cancelling need `patch` on agentruns, `quota` needs `list` on agentrunquotas. Nothing here talks
-to the operator directly; everything goes through the AgentRun (or AgentRunQuota) object, so the
-plugin works whichever operator replica runs the loop.
+and cancelling need `patch` on agentruns, `tree` needs `get`/`list` on agentruns, `quota` needs
+`list` on agentrunquotas. Nothing here talks to the operator directly; everything goes through the
+AgentRun (or AgentRunQuota) object, so the plugin works whichever operator replica runs the loop.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from agentrun.api import LABEL_PARENT_UID
 from agentrun.api.transcripts import (
     StorageKind,
     Transcript,
@@ -28,7 +29,15 @@ from agentrun.api.transcripts import (
     object_kind,
     storage_of,
 )
-from agentrun.cli.plugin_rendering import quota_row, render_quotas, render_trace, render_transcript
+from agentrun.cli.plugin_rendering import (
+    quota_row,
+    render_quotas,
+    render_trace,
+    render_transcript,
+    render_tree,
+    run_tree,
+    tree_json,
+)
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.calling import JSON_PATCH, KubeClient
 from agentrun.kube.errors import APIStatusError
@@ -118,6 +127,21 @@ async def cmd_trace(session: Session, args: argparse.Namespace) -> str:
         return f"agentrun {session.namespace}/{args.name} has no iterations recorded yet\n"
     context = transcript.state.get("context") or {}
     return render_trace(transcript.trace_rows, context.get("log") or ())
+
+
+async def cmd_tree(session: Session, args: argparse.Namespace) -> str:
+    """Children live in their parent's namespace: one LIST of every run that has a parent, whatever the
+    depth, instead of one request per node."""
+    root = await get_run(session, args.name)
+    try:
+        listing = await session.kube.list_runs(session.namespace, label_selector=LABEL_PARENT_UID)
+    except APIStatusError as exc:
+        where = f"agentruns in namespace {session.namespace}"
+        raise PluginError(explain(exc, "list", where) or f"cannot list {where}: {exc}") from exc
+    tree = run_tree(root, list(listing.get("items") or []))
+    if args.output == "json":
+        return json.dumps(tree_json(tree), indent=2) + "\n"
+    return render_tree(tree)
 
 
 async def cmd_cancel(session: Session, args: argparse.Namespace) -> str:
@@ -267,13 +291,16 @@ def parser() -> argparse.ArgumentParser:
     common = _connection_options(argparse.SUPPRESS)
     top = argparse.ArgumentParser(
         prog="kubectl agentrun",
-        description="Inspect and steer AgentRuns: transcript, trace, cancel, approve, deny; quota usage.",
+        description=(
+            "Inspect and steer AgentRuns: transcript, trace, tree, cancel, approve, deny; quota usage."
+        ),
         parents=[_connection_options(None)],
     )
     sub = top.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("transcript", "print the run's conversation: turns, tool calls with input, results, errors"),
         ("trace", "print one line per iteration: stop reason, tokens, tools with ok and duration"),
+        ("tree", "print the run and its child runs, recursively: agent, phase, stop reason, tokens, cost"),
     ):
         command = sub.add_parser(name, help=help_text, parents=[common])
         command.add_argument("name", help="AgentRun name")
@@ -308,6 +335,7 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "transcript": cmd_transcript,
     "trace": cmd_trace,
+    "tree": cmd_tree,
     "cancel": cmd_cancel,
     "approve": cmd_approve,
     "deny": cmd_deny,
@@ -319,9 +347,11 @@ async def run(args: argparse.Namespace) -> str:
     session = await connect(args.kubeconfig, args.context, args.namespace)
     try:
         # API answers are worded where they happen; this words what never got an answer (no server, TLS).
-        action = {"transcript": "read the transcript of", "trace": "read the trace of"}.get(
-            args.command, args.command
-        )
+        action = {
+            "transcript": "read the transcript of",
+            "trace": "read the trace of",
+            "tree": "read the tree of",
+        }.get(args.command, args.command)
         if args.command == "quota":
             action, subject = "list", f"agentrunquotas {_quota_scope(session, args)}"
         else:

@@ -1,18 +1,22 @@
-"""Text for `kubectl agentrun transcript|trace|quota`: pure functions of what the API server stores.
+"""Text for `kubectl agentrun transcript|trace|quota|tree`: pure functions of what the API server stores.
 
 What a person debugging a run needs at a glance: who said what, which tools were called with
 which input, what came back and which calls failed, and per iteration where tokens and time went;
 and what a namespace owner needs of its quotas: what is used against each limit, what requests in
-flight hold, and what was refused or lost.
+flight hold, and what was refused or lost; and for a run that fans out, where each child stands and what the
+whole tree spent.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from agentrun.api import LABEL_AGENT, LABEL_PARENT_UID
+from agentrun.api.status import FINISHED_PHASES
 from agentrun.api.traces import COMPACTION, TraceRow
 
 INDENT = "    "
@@ -222,4 +226,164 @@ def render_quotas(quotas: Sequence[Mapping[str, Any]], *, namespaces: bool) -> s
             f"no usage recorded yet for {', '.join(unrecorded)}: no operator has written "
             + ("their status" if len(unrecorded) > 1 else "its status")
         )
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class RunNode:
+    """One run of a tree and its children, oldest child first."""
+
+    run: Mapping[str, Any]
+    children: tuple[RunNode, ...] = ()
+
+
+def _created(run: Mapping[str, Any]) -> tuple[str, str]:
+    """RFC 3339 timestamps in UTC sort as strings; the name breaks ties within one second."""
+    metadata = _section(run.get("metadata"))
+    return str(metadata.get("creationTimestamp") or ""), str(metadata.get("name") or "")
+
+
+def run_tree(root: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> RunNode:
+    """The root and its descendants among ``runs``, linked by the parent-uid label.
+
+    Built from one listing rather than one request per node: a fan-out of hundreds of children costs
+    one LIST. A uid seen twice (labels edited by hand into a loop) is shown once.
+    """
+    by_parent: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        parent = _section(_section(run.get("metadata")).get("labels")).get(LABEL_PARENT_UID)
+        if isinstance(parent, str):
+            by_parent.setdefault(parent, []).append(run)
+    seen: set[str] = set()
+
+    def node(run: Mapping[str, Any]) -> RunNode:
+        uid = str(_section(run.get("metadata")).get("uid") or "")
+        seen.add(uid)
+        children = sorted(by_parent.get(uid, []) if uid else [], key=_created)
+        fresh = [child for child in children if _section(child.get("metadata")).get("uid") not in seen]
+        seen.update(str(_section(child.get("metadata")).get("uid")) for child in fresh)
+        return RunNode(run, tuple(node(child) for child in fresh))
+
+    return node(root)
+
+
+def _usage(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _section(_section(run.get("status")).get("usage"))
+
+
+def _tokens(run: Mapping[str, Any]) -> int:
+    value = _usage(run).get("totalTokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _decimal(value: Any) -> Decimal | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        return None
+    return amount if amount.is_finite() else None
+
+
+def _finished(run: Mapping[str, Any]) -> bool:
+    return _section(run.get("status")).get("phase") in FINISHED_PHASES
+
+
+def _node_row(node: RunNode) -> dict[str, Any]:
+    metadata, spec, status = (_section(node.run.get(key)) for key in ("metadata", "spec", "status"))
+    agent = _section(metadata.get("labels")).get(LABEL_AGENT) or _section(spec.get("agentRef")).get("name")
+    iterations = status.get("iterations")
+    return {
+        "name": metadata.get("name"),
+        "namespace": metadata.get("namespace"),
+        "uid": metadata.get("uid"),
+        "agent": agent,
+        "phase": status.get("phase"),
+        "stopReason": status.get("stopReason"),
+        "iterations": iterations if isinstance(iterations, int) and not isinstance(iterations, bool) else 0,
+        "tokens": _tokens(node.run),
+        "costUSD": _usage(node.run).get("costUSD"),
+    }
+
+
+def _nodes(node: RunNode) -> list[RunNode]:
+    return [node, *(n for child in node.children for n in _nodes(child))]
+
+
+def tree_total(root: RunNode) -> dict[str, Any]:
+    """What the whole tree spent, each token once.
+
+    A child's usage is added to its parent's when the parent records the child's result, so a
+    finished run is already in its parent's numbers: the total is the root's usage plus that of
+    every run still going (whose finished children are, in turn, in its own). Runs with tokens but
+    no price (a model missing from the price table) are named: the dollars leave them out.
+    """
+    counted = [node.run for node in _nodes(root) if node is root or not _finished(node.run)]
+    cost = Decimal(0)
+    priced = False
+    unpriced = []
+    for run in counted:
+        amount = _decimal(_usage(run).get("costUSD"))
+        if amount is not None:
+            cost, priced = cost + amount, True
+        elif _tokens(run):
+            unpriced.append(_section(run.get("metadata")).get("name"))
+    everything = _nodes(root)
+    return {
+        "runs": len(everything),
+        "active": sum(1 for node in everything if not _finished(node.run)),
+        "tokens": sum(_tokens(run) for run in counted),
+        "costUSD": str(cost) if priced else None,
+        "unpriced": unpriced,
+    }
+
+
+def tree_json(root: RunNode) -> dict[str, Any]:
+    """`-o json`: the nested runs (each with its ``children``) and the tree's total."""
+
+    def nested(node: RunNode) -> dict[str, Any]:
+        return {**_node_row(node), "children": [nested(child) for child in node.children]}
+
+    return {"run": nested(root), "total": tree_total(root)}
+
+
+def _cost(value: Any) -> str:
+    """Per-run dollars to a hundredth of a cent: a child's spend is often well below a cent."""
+    amount = _decimal(value)
+    return "-" if amount is None else f"${amount:.4f}"
+
+
+def render_tree(root: RunNode) -> str:
+    """`kubectl get` columns with the NAME cell drawn as a tree, then the tree's total."""
+    table = [["NAME", "AGENT", "PHASE", "STOP REASON", "ITERATIONS", "TOKENS", "COST"]]
+
+    def rows(node: RunNode, lead: str, branch: str) -> None:
+        row = _node_row(node)
+        table.append(
+            [
+                f"{branch}{row['name']}",
+                str(row["agent"] or "-"),
+                str(row["phase"] or "-"),
+                str(row["stopReason"] or "-"),
+                str(row["iterations"]),
+                str(row["tokens"]),
+                _cost(row["costUSD"]),
+            ]
+        )
+        for index, child in enumerate(node.children):
+            last = index == len(node.children) - 1
+            rows(child, lead + ("   " if last else "│  "), lead + ("└─ " if last else "├─ "))
+
+    rows(root, "", "")
+    total = tree_total(root)
+    cost = _cost(total["costUSD"]) if total["costUSD"] is not None else "no price"
+    if total["unpriced"]:
+        cost = f"{cost} (without {', '.join(str(n) for n in total['unpriced'])}: no price)"
+    runs = _plural(str(total["runs"]), "run")
+    lines = [
+        *_table(table),
+        "",
+        f"Total: {runs} ({total['active']} active), {total['tokens']} tokens, {cost}",
+    ]
     return "\n".join(lines) + "\n"

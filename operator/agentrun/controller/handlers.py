@@ -6,9 +6,10 @@ from typing import Any
 
 import kopf
 
-from agentrun.api import GROUP, PLURAL, QUOTA_PLURAL, VERSION
+from agentrun.api import AGENT_PLURAL, GROUP, LABEL_SCHEDULE, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, VERSION
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.quotas.control import Quotas
+from agentrun.controller.schedules.control import ScheduleController
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure
 from agentrun.kube.kubeconfig_loading import ClusterAccess
@@ -32,7 +33,11 @@ def connection_info(access: ClusterAccess, *, trust_env: bool = False) -> kopf.C
     )
 
 
-def build_registry(agentruns: AgentRunHandler, quotas: Quotas | None = None) -> kopf.OperatorRegistry:
+def build_registry(
+    agentruns: AgentRunHandler,
+    quotas: Quotas | None = None,
+    schedules: ScheduleController | None = None,
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -49,12 +54,27 @@ def build_registry(agentruns: AgentRunHandler, quotas: Quotas | None = None) -> 
     async def agentrun_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         await agentruns.observe(event.get("type"), body)
 
+    @kopf.on.event(GROUP, VERSION, AGENT_PLURAL, registry=registry)
+    async def agent_event(body: kopf.Body, **_: Any) -> None:
+        """Runs waiting for this Agent look again (they also look every secret retry interval)."""
+        agentruns.reconciler.agent_waiters.changed(body.metadata.namespace or "", body.metadata.name or "")
+
     if quotas is not None:
         # Without the AgentRunQuota CRD, Kopf logs once that it cannot serve the resource and serves
         # the rest; the quotas' own listing (controller/quotas/watching.py) finds none.
         @kopf.on.event(GROUP, VERSION, QUOTA_PLURAL, registry=registry)
         async def agentrunquota_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
             quotas.observe(event.get("type"), body)
+
+    if schedules is not None:
+        # Like the quotas: without the AgentSchedule CRD, Kopf logs once and serves the rest.
+        @kopf.on.event(GROUP, VERSION, SCHEDULE_PLURAL, registry=registry)
+        async def agentschedule_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+            schedules.observe(event.get("type"), body)
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_SCHEDULE: kopf.PRESENT}, registry=registry)
+        async def scheduled_run_event(body: kopf.Body, **_: Any) -> None:
+            schedules.run_changed(body)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_agentruns(**_: Any) -> None:

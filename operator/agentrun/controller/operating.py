@@ -17,8 +17,9 @@ from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.handlers import build_registry
 from agentrun.controller.quotas.control import Quotas
-from agentrun.controller.replicas.membership import Membership
+from agentrun.controller.replicas.detached import DetachedMembership
 from agentrun.controller.replicas.ownership import Standalone
+from agentrun.controller.schedules.control import ScheduleController
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
 from agentrun.kube.retrying import RetryPolicy
 from agentrun.metrics.observing import Metrics
@@ -88,13 +89,16 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
     heartbeat = asyncio.create_task(keep_beating(metrics, settings.heartbeat_seconds))
     # Several replicas share the runs when they have a namespace for their Leases (controller/replicas/);
-    # alone, this one owns every run.
-    membership = Membership(kube, settings, metrics) if settings.lease_namespace else None
+    # alone, this one owns every run. The membership renews from a thread of its own (replicas/detached.py):
+    # a busy event loop must not make a replica fence itself.
+    membership = DetachedMembership(settings, metrics) if settings.lease_namespace else None
     handler = AgentRunHandler(
         reconciler,
         membership if membership is not None else Standalone(),
         handoff=membership,
     )
+    # AgentSchedules: the owner of a schedule's uid creates its runs (controller/schedules/).
+    schedules = ScheduleController(kube, metrics, handler.ownership)
     # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).
     collecting = asyncio.create_task(
         quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns)
@@ -111,7 +115,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             finally:
                 await waiting.cleanup()
         await kopf.operator(
-            registry=build_registry(handler, quotas),
+            registry=build_registry(handler, quotas, schedules),
             settings=kopf_settings(),
             standalone=True,
             clusterwide=not settings.namespaces,
@@ -122,6 +126,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
         )
     finally:
         # Runs stop before the Lease goes: the others take them over only after they stopped here.
+        await schedules.close()
         await handler.close()
         for task in (heartbeat, collecting, membership_task):
             if task is None:

@@ -16,7 +16,7 @@ from typing import Any, cast
 from kubernetes_asyncio import client
 
 from agentrun import __version__
-from agentrun.api import GROUP, PLURAL, VERSION
+from agentrun.api import AGENT_PLURAL, GROUP, PLURAL, SCHEDULE_PLURAL, VERSION
 from agentrun.api.transcripts import StorageKind
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.errors import APINotFoundError, refused, translated
@@ -88,15 +88,26 @@ class KubeClient:
             )
         )
 
-    async def list_runs(self, namespace: str | None, *, limit: int = 0) -> dict[str, Any]:
+    async def create_run(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Raises APIAlreadyExistsError when a run of that name exists."""
+        return await call_json(
+            self._custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, body, _preload_content=False
+            )
+        )
+
+    async def list_runs(
+        self, namespace: str | None, *, limit: int = 0, label_selector: str | None = None
+    ) -> dict[str, Any]:
         """One page of AgentRuns in ``namespace`` (None: all namespaces; ``limit`` 0: no limit)."""
+        selected: dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
         if namespace is None:
             request = self._custom.list_cluster_custom_object(
-                GROUP, VERSION, PLURAL, limit=limit, _preload_content=False
+                GROUP, VERSION, PLURAL, limit=limit, _preload_content=False, **selected
             )
         else:
             request = self._custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, limit=limit, _preload_content=False
+                GROUP, VERSION, namespace, PLURAL, limit=limit, _preload_content=False, **selected
             )
         return await call_json(request)
 
@@ -140,6 +151,44 @@ class KubeClient:
         await call(
             self._custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, body=body, _preload_content=False
+            )
+        )
+
+    # Agents --------------------------------------------------------------------------------------
+
+    async def get_agent(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Agent, or None when there is none of that name (yet)."""
+        try:
+            return await call_json(
+                self._custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, AGENT_PLURAL, name, _preload_content=False
+                )
+            )
+        except APINotFoundError:
+            return None
+
+    # AgentSchedules ------------------------------------------------------------------------------
+
+    async def create_scheduled_run(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Creates an AgentRun (APIAlreadyExistsError when one of that name exists: already created)."""
+        return await call_json(
+            self._custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, body, _preload_content=False
+            )
+        )
+
+    async def patch_schedule_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge patch on the AgentSchedule's status subresource."""
+        await call(
+            self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                SCHEDULE_PLURAL,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
             )
         )
 

@@ -27,14 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import KubeConfigLoader
+from yarl import URL
 
 from agentrun.kube.failures import KubeconfigError
 
-__all__ = ["SERVICE_ACCOUNT", "ClusterAccess", "KubeconfigError", "load"]
+__all__ = ["SERVICE_ACCOUNT", "ClusterAccess", "KubeconfigError", "environment_proxy", "load"]
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
@@ -102,13 +105,48 @@ class ClusterAccess:
         return configuration
 
     def api_client(self) -> client.ApiClient:
-        return client.ApiClient(self.configuration())
+        """A client whose HTTP session does not consult the environment on every request.
+
+        kubernetes_asyncio's session trusts the environment, so aiohttp looks up the proxy variables
+        and ``~/.netrc`` in a worker thread for every API request (two thread hand-offs per write,
+        ~3% of the operator's CPU at 1000 runs). The proxy is resolved here once instead, as aiohttp
+        would: the kubeconfig's proxy-url, else HTTPS_PROXY/HTTP_PROXY for the server unless NO_PROXY
+        exempts it (credentials from the variable or ``~/.netrc`` stay in the proxy's URL, whence
+        aiohttp sends them).
+        """
+        configuration = self.configuration()
+        if configuration.proxy is None:
+            configuration.proxy = environment_proxy(self.server)
+        api = client.ApiClient(configuration)
+        rest = api.rest_client
+        trusting: aiohttp.ClientSession = rest.pool_manager
+        connector = trusting.connector
+        trusting.detach()  # its connector goes on in the new session; the old one is closed, unused
+        rest.pool_manager = aiohttp.ClientSession(
+            connector=connector,
+            trust_env=False,
+            # As kubernetes_asyncio's session: a watch event of a large object (etcd allows 1.5 MiB).
+            read_bufsize=2**21,
+        )
+        return api
 
     async def renewed(self) -> ClusterAccess:
         """The same source resolved again: a new exec plugin token, a re-read token file."""
         if self.service_account is not None:
             return dataclasses.replace(self, authorization=_service_account_token(Path(self.service_account)))
         return await _from_kubeconfig(tuple(Path(p) for p in self.kubeconfig), self.context)
+
+
+def environment_proxy(server: str) -> str | None:
+    """The proxy the environment names for ``server``, with its credentials (None when there is none
+    or NO_PROXY exempts the server): what aiohttp would look up for every request."""
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(server))
+    except LookupError:
+        return None
+    if auth is not None:
+        proxy = proxy.with_user(auth.login).with_password(auth.password)
+    return str(proxy)
 
 
 async def load(

@@ -10,10 +10,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentrun.api.traces import ToolTrace
+from agentrun.api.usage import TokenUsage
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import Block, Clock, Tool, ToolCall, ToolOutput
 from agentrun.loop.state import content_hash
@@ -27,6 +29,7 @@ class ToolOutcome:
     trace: ToolTrace
     fatal: bool
     result_hash: str
+    usage_by_model: Mapping[str, TokenUsage] = field(default_factory=dict)
 
 
 def error_output(error: ToolError) -> ToolOutput:
@@ -86,7 +89,7 @@ class Dispatcher:
         trace = ToolTrace(
             call.id, call.name, content_hash(dict(call.input)), duration, not output.is_error, code
         )
-        return ToolOutcome(block, trace, fatal, content_hash(output.content))
+        return ToolOutcome(block, trace, fatal, content_hash(output.content), output.usage_by_model)
 
     async def _execute(self, call: ToolCall) -> ToolOutput:
         tool = self._tools[call.name]
@@ -96,15 +99,17 @@ class Dispatcher:
             if lock is not None:
                 await stack.enter_async_context(lock)
             await stack.enter_async_context(self._semaphore)
+            limit = tool.definition.timeout_seconds
+            limit = self._timeout if limit is None else limit
             try:
-                return await asyncio.wait_for(tool.call(call), timeout=self._timeout)
+                return await asyncio.wait_for(tool.call(call), timeout=None if math.isinf(limit) else limit)
             except ToolError as exc:
                 return error_output(exc)
             except TimeoutError:
                 return error_output(
                     ToolError(
                         "timeout",
-                        f"tool {call.name} did not answer within {self._timeout:g}s",
+                        f"tool {call.name} did not answer within {limit:g}s",
                         hint="retry with a smaller request, or use another tool",
                     )
                 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from agentrun.api.stops import Outcome
@@ -116,6 +117,16 @@ class ApprovalDecided:
 
 
 @dataclass(frozen=True)
+class UsageAdopted:
+    """Usage tool calls spent elsewhere (child runs) was added to the run's own: its cost is in
+    the next Progress, yet the model requests were already counted where they were made."""
+
+    iteration: int
+    usage_by_model: Mapping[str, TokenUsage]
+    cost_usd: Decimal | None  # None: some model of it has no price
+
+
+@dataclass(frozen=True)
 class RunFinished:
     outcome: Outcome
     progress: Progress
@@ -132,5 +143,6 @@ Event = (
     | ToolCallRecovered
     | ApprovalRequested
     | ApprovalDecided
+    | UsageAdopted
     | RunFinished
 )

@@ -23,6 +23,12 @@ class ToolDefinition:
     input_schema: Mapping[str, Any]
     write_key: str | None = None
     requires_approval: bool = False
+    # Each call starts a run of its own (the agent tool kind): calls of one turn share what is left
+    # of the run's budgets (CallBudget.siblings).
+    spawns_runs: bool = False
+    # How long one call may take instead of the run's toolTimeoutSeconds; math.inf: no per-call
+    # limit (a child run is bounded by its own timeout and the parent's deadline).
+    timeout_seconds: float | None = None
 
     def as_api(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
@@ -92,6 +98,17 @@ class ModelClient(Protocol):
 
 
 @dataclass(frozen=True)
+class CallBudget:
+    """What the run has left when a call starts (None: unlimited), and how many calls of the turn
+    spawn runs: each of them may take its share, never more than the run has."""
+
+    tokens: int | None = None
+    cost_usd: Decimal | None = None
+    seconds: float | None = None
+    siblings: int = 1
+
+
+@dataclass(frozen=True)
 class ToolCall:
     """One tool_use block to execute, with the key receivers use to de-duplicate retries."""
 
@@ -100,6 +117,7 @@ class ToolCall:
     input: Mapping[str, Any]
     idempotency_key: str
     iteration: int
+    budget: CallBudget = field(default_factory=CallBudget)
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,9 @@ class ToolOutput:
     content: str
     is_error: bool = False
     structured: Mapping[str, Any] = field(default_factory=dict)
+    # Model usage the call spent elsewhere on the run's behalf (a child run's): counted in the run's
+    # usage, cost and budgets, but never again in metrics or quotas (the child's own run counts it).
+    usage_by_model: Mapping[str, TokenUsage] = field(default_factory=dict)
 
 
 class Tool(Protocol):

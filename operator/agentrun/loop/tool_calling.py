@@ -8,15 +8,18 @@ unanswered call, and the model learns from the error what to do instead.
 from __future__ import annotations
 
 import dataclasses
+import math
+from decimal import Decimal
 
 from agentrun.api.stops import StopReason
 from agentrun.api.traces import TraceRow
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context, Interrupted
+from agentrun.loop.dispatching import ToolOutcome
 from agentrun.loop.errors import ToolError
-from agentrun.loop.events import ToolCallFinished, ToolCallRecovered
+from agentrun.loop.events import ToolCallFinished, ToolCallRecovered, UsageAdopted
 from agentrun.loop.judging import judge
-from agentrun.loop.protocols import ToolCall
+from agentrun.loop.protocols import CallBudget, ToolCall
 from agentrun.loop.state import RunState
 from agentrun.loop.steps import Finish, Prepare, RunTools
 
@@ -30,6 +33,7 @@ async def run_tools(step: RunTools, ctx: Context) -> Prepare | Finish:
     blocks = state.pending_tool_uses()
     calls: list[ToolCall] = []
     rejected: dict[str, ToolError] = {}
+    budget = call_budget(ctx, [str(b.get("name", "")) for b in blocks])
     for index, block in enumerate(blocks):
         raw_input = block.get("input")
         call = ToolCall(
@@ -38,6 +42,7 @@ async def run_tools(step: RunTools, ctx: Context) -> Prepare | Finish:
             input=raw_input if isinstance(raw_input, dict) else {},
             idempotency_key=f"{cfg.run_id}:{block['id']}",
             iteration=state.iterations,
+            budget=budget,
         )
         calls.append(call)
         if step.truncated and index == len(blocks) - 1:
@@ -71,6 +76,7 @@ async def run_tools(step: RunTools, ctx: Context) -> Prepare | Finish:
         if outcome.trace.ok:
             state.succeeded_tools.add(outcome.trace.name)
     state.messages.append(ctx.user_message([o.block for o in outcomes]))
+    await adopt_usage(ctx, outcomes)
     # The model answer's row was kept in the state (and in the checkpoint) before the tools ran,
     # so a resumed run (response None) completes the same row rather than inventing one.
     head = state.in_flight or TraceRow(state.iterations, "tool_use", (), TokenUsage(), cfg.model)
@@ -104,6 +110,7 @@ async def run_recovered(step: RunTools, ctx: Context) -> Prepare | Finish:
     await ctx.observer.notify(ToolCallFinished(state.iterations, outcome.trace))
     if outcome.trace.ok:
         state.succeeded_tools.add(name)
+    await adopt_usage(ctx, outcomes)
     body = outcome.block["content"]
     done = "It was not approved, so it did not run" if denied else "It was run for you"
     note = (
@@ -123,6 +130,37 @@ async def run_recovered(step: RunTools, ctx: Context) -> Prepare | Finish:
     remember(verdict, state)
     await ctx.emit_checkpoint(trace, tools_pending=False)
     return verdict
+
+
+def call_budget(ctx: Context, names: list[str]) -> CallBudget:
+    """What the run has left for this turn's calls; the calls that spawn runs share it."""
+    cfg, state = ctx.config, ctx.state
+    tokens = None if cfg.token_budget is None else max(cfg.token_budget - state.usage.total, 0)
+    cost_usd = None
+    if cfg.cost_budget_usd is not None:
+        spent, _ = state.cost(ctx.pricer)
+        cost_usd = max(cfg.cost_budget_usd - (spent or 0), Decimal(0))
+    seconds = max(ctx.deadline - ctx.clock.monotonic(), 0.0)
+    siblings = sum(1 for n in names if n in ctx.tools and ctx.tools[n].definition.spawns_runs)
+    return CallBudget(tokens, cost_usd, None if math.isinf(seconds) else seconds, max(siblings, 1))
+
+
+async def adopt_usage(ctx: Context, outcomes: list[ToolOutcome]) -> None:
+    """Usage spent by the calls elsewhere (child runs) becomes the run's, before the checkpoint that
+    records the turn: the run's status, cost and budget checks include it from then on, and a
+    resumed run never counts it twice (it is in the checkpointed state with the results)."""
+    adopted: dict[str, TokenUsage] = {}
+    for outcome in outcomes:
+        for model, usage in outcome.usage_by_model.items():
+            adopted[model] = adopted.get(model, TokenUsage()) + usage
+    if not adopted:
+        return
+    state = ctx.state
+    for model, usage in adopted.items():
+        state.add_usage(model, usage)
+    prices = [ctx.pricer.cost(model, usage) for model, usage in adopted.items()]
+    cost = None if any(p is None for p in prices) else sum((p for p in prices if p is not None), Decimal(0))
+    await ctx.observer.notify(UsageAdopted(state.iterations, adopted, cost))
 
 
 def remember(verdict: Prepare | Finish, state: RunState) -> None:

@@ -7,6 +7,7 @@ base units (seconds, USD, tokens) and counters end in `_total` (prometheus_clien
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from agentrun.loop.events import (
     RunStarted,
     ToolCallFinished,
     ToolCallRecovered,
+    UsageAdopted,
 )
 
 ITERATION_BUCKETS = (1, 2, 3, 5, 8, 13, 20, 30, 50, 80, 130, 200)
@@ -238,6 +240,7 @@ class Metrics:
             self.approvals_decided.labels(decision)
         self._init_quota_metrics(registry)
         self._init_replica_metrics(registry)
+        self._init_schedule_metrics(registry)
         self.heartbeat = Gauge(
             "agentrun_operator_heartbeat_timestamp_seconds",
             "Unix time of the operator's last heartbeat; stale when its event loop is stuck.",
@@ -397,11 +400,39 @@ class Metrics:
             ["replica"],
             registry=registry,
         )
+        self.child_runs_created = Counter(
+            "agentrun_child_runs_created",
+            "Child AgentRuns agent tools created (a call finding its child after a restart is not counted).",
+            ["namespace", "agent"],
+            registry=registry,
+        )
+        self.child_runs_active = Gauge(
+            "agentrun_child_runs_active",
+            "Child AgentRuns agent tools of this replica are waiting for.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.runs_started_by_depth = Counter(
+            "agentrun_runs_started_by_depth",
+            "Runs whose loop started, by depth in their tree (0: a run nobody started; 1: a child; ...).",
+            ["namespace", "depth"],
+            registry=registry,
+        )
 
     def replica_seen(self, replica: str, members: int, *, fenced: bool) -> None:
         """What the membership sees after each look at its group's Leases."""
         self.replica_members.labels(replica).set(members)
         self.replica_fenced.labels(replica).set(1 if fenced else 0)
+
+    def child_created(self, namespace: str, agent: str) -> None:
+        self.child_runs_created.labels(namespace, agent).inc()
+
+    def child_waiting(self, namespace: str, delta: int) -> None:
+        """+1 when an agent tool starts waiting for its child, -1 when it stops."""
+        self.child_runs_active.labels(namespace).inc(delta)
+
+    def run_started_at_depth(self, namespace: str, depth: int) -> None:
+        self.runs_started_by_depth.labels(namespace, str(depth)).inc()
 
     def replica_owns(self, replica: str, runs: int) -> None:
         self.replica_runs_owned.labels(replica).set(runs)
@@ -411,6 +442,39 @@ class Metrics:
         if direction not in ("in", "out"):
             raise ValueError(f"handoff direction must be 'in' or 'out', not {direction!r}")
         self.replica_handoffs.labels(replica, direction).inc(count)
+
+    # Schedules -------------------------------------------------------------------------------------
+
+    #: What a schedule did with a due time (agentrun_schedule_runs_total{result}).
+    SCHEDULE_RESULTS = ("created", "skipped_forbid", "replaced", "missed_deadline", "suspended")
+
+    def _init_schedule_metrics(self, registry: CollectorRegistry) -> None:
+        self.schedule_runs = Counter(
+            "agentrun_schedule_runs",
+            "Due times of AgentSchedules, by what became of them: created, skipped_forbid, replaced "
+            "(created after cancelling the active runs), missed_deadline, suspended.",
+            ["namespace", "schedule", "result"],
+            registry=registry,
+        )
+        self.schedule_next_run = Gauge(
+            "agentrun_schedule_next_run_timestamp_seconds",
+            "When the AgentSchedule is next due (Unix seconds), as served by this replica.",
+            ["namespace", "schedule"],
+            registry=registry,
+        )
+
+    def schedule_time_handled(self, namespace: str, schedule: str, result: str) -> None:
+        if result not in self.SCHEDULE_RESULTS:
+            raise ValueError(f"schedule result must be one of {self.SCHEDULE_RESULTS}, not {result!r}")
+        self.schedule_runs.labels(namespace, schedule, result).inc()
+
+    def schedule_next(self, namespace: str, schedule: str, timestamp: float | None) -> None:
+        """None: not due (suspended, invalid) or not served here: the series goes away."""
+        if timestamp is None:
+            with contextlib.suppress(KeyError):
+                self.schedule_next_run.remove(namespace, schedule)
+        else:
+            self.schedule_next_run.labels(namespace, schedule).set(timestamp)
 
 
 class MetricsObserver:
@@ -468,6 +532,9 @@ class MetricsObserver:
                 if prompt:
                     m.prompt_tokens.labels(ns, model).inc(prompt)
                     m.prompt_cached_tokens.labels(ns, model).inc(usage.cache_read_input_tokens)
+            case UsageAdopted(cost_usd=adopted):
+                # Child runs' spend: their own observers counted it; the parent's cost only carries it.
+                self._cost_seen += adopted or Decimal(0)
             case Checkpoint(progress=progress):
                 self._count_cost(progress)
             case ModelRetryScheduled(retry_class=retry_class):

@@ -9,9 +9,12 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agentrun.api.spec_base import SecretKeyRef
+
+if TYPE_CHECKING:
+    from agentrun.tools.agent_calling import ChildRuns
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class ToolEnvironment(Protocol):
 
     def kube_connection(self) -> KubeConnection | None:
         """The cluster the Kubernetes tools read, or None when no cluster is configured."""
+        ...
+
+    def child_runs(self) -> ChildRuns | None:
+        """Where agent tools start their child runs, or None where runs cannot be created
+        (`agentrun run` on a laptop)."""
         ...
 
 

@@ -21,6 +21,7 @@ from agentrun.api.spec import AgentRunSpec
 from agentrun.api.spec_base import TOOL_NAME_PATTERN
 from agentrun.api.tool_specs import MCPServer, ToolSpec
 from agentrun.loop.protocols import Tool, ToolCall, ToolDefinition, ToolOutput
+from agentrun.tools.agent_calling import AgentTool
 from agentrun.tools.builtin.basic import Calculator, CurrentTime
 from agentrun.tools.builtin.http_fetch import FetchConfig, HTTPFetch
 from agentrun.tools.builtin.kubernetes import CLUSTER_SCOPED_CAPABLE, KUBERNETES_TOOLS, Scope
@@ -95,6 +96,8 @@ def check_tools(spec: AgentRunSpec) -> None:
                     f"(also {servers[entry.mcp.name]})"
                 )
             servers[entry.mcp.name] = where
+        elif entry.agent is not None:
+            _claim(names, entry.agent.name, where)
     _check_references(spec, set(names), mcp_prefixes)
 
 
@@ -210,6 +213,14 @@ async def open_tools(
                 stack.push_async_callback(session.close)
                 for tool in await _mcp_tools(session, entry.mcp, where, sleep, mcp_start_delays):
                     _add(tools, _declared(tool, entry), where)
+            elif entry.agent is not None:
+                children = env.child_runs()
+                if children is None:
+                    raise InvalidToolSpec(
+                        f"{where}.agent: agent tools run child AgentRuns, which only the operator can "
+                        "create (not `agentrun run`)"
+                    )
+                _add(tools, _declared(AgentTool(entry.agent, children), entry), where)
         for name in spec.required_tools:
             if name not in tools:
                 raise InvalidToolSpec(f"spec.requiredTools: {name!r} is not one of the run's tools")

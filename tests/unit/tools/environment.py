@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentrun.tools.agent_calling import ChildRuns
 from agentrun.tools.environment import KubeConnection
 
 
@@ -15,6 +16,7 @@ class StaticEnvironment:
     secrets: dict[tuple[str, str], str] = field(default_factory=dict)
     connection: KubeConnection | None = None
     reads: list[tuple[str, str]] = field(default_factory=list)
+    children: ChildRuns | None = None
 
     async def read_secret(self, name: str, key: str) -> str | None:
         self.reads.append((name, key))
@@ -22,3 +24,6 @@ class StaticEnvironment:
 
     def kube_connection(self) -> KubeConnection | None:
         return self.connection
+
+    def child_runs(self) -> ChildRuns | None:
+        return self.children

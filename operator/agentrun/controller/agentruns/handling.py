@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrun.api.status import FINISHED_PHASES
+from agentrun.controller.agentruns.children import cancel_children, delete_children
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.agentruns.status_writing import mark_observed
 from agentrun.controller.agentruns.supervising import RunSupervisor
@@ -50,10 +51,18 @@ class _Finished:
     status: Mapping[str, Any]
 
 
-def priority_of(spec: Mapping[str, Any]) -> int:
+def priority_of(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> int:
     """spec.priority (default 0); the CRD bounds it, so anything else is read as the default."""
-    value = spec.get("priority")
+    value = run_field(spec, status or {}, "priority")
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def run_field(spec: Mapping[str, Any], status: Mapping[str, Any], name: str) -> Any:
+    """A field as the run has it: its own, else its Agent's as recorded (status.agentSpec)."""
+    if name in spec:
+        return spec[name]
+    agent_spec = status.get("agentSpec") if spec.get("agentRef") else None
+    return agent_spec.get(name) if isinstance(agent_spec, Mapping) else None
 
 
 class AgentRunHandler:
@@ -76,6 +85,9 @@ class AgentRunHandler:
         self.finished: dict[str, _Finished] = {}
         self._rebalance_wanted = False
         self._rebalancing: asyncio.Task[None] | None = None
+        # Parents whose cancel or deletion was passed on to their children (by uid), and the tasks doing it.
+        self._passed_on: set[str] = set()
+        self._passing: set[asyncio.Task[None]] = set()
         self._closed = False
         self.ownership.subscribe(self._ownership_changed)
 
@@ -89,7 +101,8 @@ class AgentRunHandler:
             spec=plain(body.get("spec") or {}),
             status=plain(body.get("status") or {}),
             created=str(metadata.get("creationTimestamp") or ""),
-            priority=priority_of(body.get("spec") or {}),
+            priority=priority_of(body.get("spec") or {}, body.get("status") or {}),
+            labels=dict(metadata.get("labels") or {}),
         )
         await self.reconciler.reconcile(ref, stopping=stopping, log=run_logger)
 
@@ -99,6 +112,7 @@ class AgentRunHandler:
         uid = metadata.get("uid") or ""
         spec, status = body.get("spec") or {}, body.get("status") or {}
         finished = status.get("phase") in FINISHED_PHASES
+        self.reconciler.child_watch.observe(event_type, body)
         if event_type == "DELETED" or finished:
             self.unfinished.pop(uid, None)
         elif uid:
@@ -112,6 +126,9 @@ class AgentRunHandler:
             self.finished.pop(uid, None)
             self.reaper.forget(uid)
             self.reconciler.forget(uid)
+            self._passed_on.discard(uid)
+            if owned and status.get("children"):
+                self._pass_on(delete_children, metadata, uid)
             return
         namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
         if finished:
@@ -119,7 +136,7 @@ class AgentRunHandler:
             kept = _Finished(
                 namespace,
                 name,
-                {"ttlSecondsAfterFinished": spec.get("ttlSecondsAfterFinished")},
+                {"ttlSecondsAfterFinished": run_field(spec, status, "ttlSecondsAfterFinished")},
                 {"completionTime": status.get("completionTime")},
             )
             if self.reaper.wants(kept.spec):
@@ -137,11 +154,31 @@ class AgentRunHandler:
         if spec.get("cancel"):
             # Also before the run task registered the run: it finds the request when it starts.
             self.reconciler.request_cancel(uid)
+            if (
+                owned
+                and uid not in self._passed_on
+                and (status.get("children") or uid in self.reconciler.runs)
+            ):
+                self._passed_on.add(uid)
+                self._pass_on(cancel_children, metadata, uid)
         # spec.priority is mutable: a run waiting for a slot takes its new place in the queue.
-        self.reconciler.update_priority(uid, priority_of(spec))
+        self.reconciler.update_priority(uid, priority_of(spec, status))
         approvals = spec.get("approvals")
         if approvals:
             self.reconciler.update_approvals(uid, plain(approvals))
+
+    def _pass_on(self, action: Callable[[Any, str, str], Any], metadata: Mapping[str, Any], uid: str) -> None:
+        """A parent's cancel or deletion, passed on to its children in the background."""
+
+        async def passing() -> None:
+            try:
+                await action(self.reconciler.kube, metadata.get("namespace") or "", uid)
+            except Exception as exc:  # garbage collection, or the children's own limits, end them later
+                logger.warning("could not pass %s on to the children of %s: %s", action.__name__, uid, exc)
+
+        task = asyncio.get_running_loop().create_task(passing())
+        self._passing.add(task)
+        task.add_done_callback(self._passing.discard)
 
     def _owns(self, uid: str) -> bool:
         """A fenced replica owns nothing, whatever its last view says."""

@@ -1,6 +1,6 @@
 """The AgentRun reconciler: one run from its watch event to its terminal status.
 
-    admit → resume → wait for Secrets → quota → queue → open tools → loop → finish
+    resolve the Agent → admit → resume → wait for Secrets → quota → queue → open tools → loop → finish
 
 The phases are in phases.py; this module gives each run what its phases share (its transcript
 store, its status writer, its cancel signal, its approvals, its Events) and runs them in order.
@@ -24,8 +24,10 @@ from typing import Any
 from agentrun import logs
 from agentrun.api import status_patches
 from agentrun.api.spec import AgentRunSpec
-from agentrun.api.status import Phase
+from agentrun.api.status import AgentUsed, Phase
 from agentrun.controller.agentruns import phases
+from agentrun.controller.agentruns.agent_resolving import AgentWaiters, resolve_agent
+from agentrun.controller.agentruns.children import ChildWatch, Parent, RunChildren, depth_of
 from agentrun.controller.agentruns.observers import Fanout, LogObserver
 from agentrun.controller.agentruns.phases import Ending
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
@@ -67,6 +69,7 @@ class RunRef:
     status: Mapping[str, Any]
     created: str = ""  # metadata.creationTimestamp: the queue's order within a namespace
     priority: int = 0  # spec.priority as this event showed it; later changes reach the queue
+    labels: Mapping[str, str] = field(default_factory=dict)  # LABEL_DEPTH: where it is in a tree of runs
 
 
 @dataclass
@@ -82,6 +85,8 @@ class _Run:
     log: Log
     # spec.priority as the newest watch event shows it: it may change while the run waits for quota.
     priority: int = field(init=False)
+    # The child runs its agent tools start (and its status.children).
+    children: RunChildren | None = None
 
     def __post_init__(self) -> None:
         self.priority = self.ref.priority
@@ -103,6 +108,10 @@ class AgentRunReconciler:
     tracer: Any = None
     # The namespaces' AgentRunQuotas (controller/quotas/); None: runs are not limited by quotas.
     quotas: Quotas | None = None
+    # Runs waiting for their Agent (spec.agentRef), woken by the Agent watch.
+    agent_waiters: AgentWaiters = field(default_factory=AgentWaiters)
+    # Watch events of child runs, routed to the agent tools waiting for them.
+    child_watch: ChildWatch = field(default_factory=ChildWatch)
 
     def request_cancel(self, uid: str) -> None:
         self.cancels.setdefault(uid, asyncio.Event()).set()
@@ -165,18 +174,37 @@ class AgentRunReconciler:
                 await self._run_phases(run)
                 await self._release_quotas(ref)
         finally:
+            if run.children is not None:
+                run.children.stop()
             await writer.close()
             self.cancels.pop(ref.uid, None)
             self.runs.pop(ref.uid, None)
 
     async def _run_phases(self, run: _Run) -> None:
-        spec = phases.admit(run.ref.spec)
+        raw_spec = await self._resolve_agent(run)
+        if isinstance(raw_spec, Ending):
+            return await self._finish(run, raw_spec)
+        spec = phases.admit(raw_spec)
         if isinstance(spec, Ending):
             return await self._finish(run, spec)
+        if "priority" not in run.ref.spec:  # a run from an Agent waits with the Agent's priority
+            run.priority = spec.priority
         point = await phases.resume(run.store, run.ref.status, run.cancel)
         if isinstance(point, Ending):
             return await self._finish(run, point)
-        tool_env = RunToolEnvironment(self.kube, run.ref.namespace, run.ref.uid, spec.service_account_name)
+        run.children = RunChildren(
+            self.kube,
+            Parent(run.ref.namespace, run.ref.name, run.ref.uid, depth_of(run.ref.labels)),
+            self.child_watch,
+            self.metrics,
+            run.writer.write_fields,
+            max_depth=self.settings.max_agent_depth,
+            poll_seconds=self.settings.child_poll_seconds,
+            summary_interval=self.settings.status_interval_seconds,
+        )
+        tool_env = RunToolEnvironment(
+            self.kube, run.ref.namespace, run.ref.uid, spec.service_account_name, children=run.children
+        )
         operator_key = self.settings.anthropic_api_key
         api_key = await phases.wait_for_secrets(
             spec,
@@ -189,7 +217,7 @@ class AgentRunReconciler:
         )
         if isinstance(api_key, Ending):
             return await self._finish(run, api_key)
-        admission = await self._admit_to_quotas(run, spec, point)
+        admission = await self._admit_to_quotas(run, spec, raw_spec, point)
         if isinstance(admission, Ending):
             return await self._finish(run, admission)
         spec = admission.spec
@@ -201,17 +229,40 @@ class AgentRunReconciler:
         finally:
             self.queue.leave(ticket)
 
+    async def _resolve_agent(self, run: _Run) -> Mapping[str, Any] | Ending:
+        ref = run.ref
+
+        async def record(agent: AgentUsed, agent_spec: Mapping[str, Any]) -> None:
+            await run.writer.write(
+                status_patches.agent_resolved(agent, agent_spec),
+                Phase.PENDING,
+                "AgentResolved",
+                f"the run's spec comes from Agent {agent.name} (generation {agent.generation})",
+            )
+
+        return await resolve_agent(
+            ref.spec,
+            ref.status,
+            namespace=ref.namespace,
+            source=self.kube,
+            cancel=run.cancel,
+            announce=run.writer.pending,
+            record=record,
+            waiters=self.agent_waiters,
+            retry_seconds=self.settings.secret_retry_seconds,
+        )
+
     async def _admit_to_quotas(
-        self, run: _Run, spec: AgentRunSpec, point: ResumePoint
+        self, run: _Run, spec: AgentRunSpec, raw_spec: Mapping[str, Any], point: ResumePoint
     ) -> QuotaAdmission | Ending:
         if self.quotas is None:
             return QuotaAdmission(spec)
         ref = run.ref
         admission = await phases.admit_to_quotas(
             self.quotas.gate,
-            _candidate(ref, spec, self.prices),
+            _candidate(ref, spec, self.prices, run.priority),
             spec,
-            raw_spec=ref.spec,
+            raw_spec=raw_spec,
             status=ref.status,
             started=point.state is not None,
             cancel=run.cancel,
@@ -275,6 +326,8 @@ class AgentRunReconciler:
         tools_open = contextlib.AsyncExitStack()
         self.metrics.runs_active.inc()
         self.metrics.run_began(ref.uid, _timestamp(ref.status.get("startTime")))
+        if point.state is None:
+            self.metrics.run_started_at_depth(ref.namespace, depth_of(ref.labels))
         try:
             tools = await phases.open_run_tools(spec, tool_env, tools_open)
             if isinstance(tools, Ending):
@@ -283,6 +336,7 @@ class AgentRunReconciler:
             # pair stays together (the terminal patch is the run's last word, so it is the last write).
             observers: list[Observer] = [
                 Fanout(run.store, run.writer),
+                *([run.children] if run.children is not None else []),
                 metrics_observer,
                 run.events,
                 LogObserver(run.log),
@@ -336,7 +390,7 @@ class AgentRunReconciler:
         await run.writer.notify(finished)
 
 
-def _candidate(ref: RunRef, spec: AgentRunSpec, prices: PriceTable) -> Candidate:
+def _candidate(ref: RunRef, spec: AgentRunSpec, prices: PriceTable, priority: int) -> Candidate:
     """The run as the quota line sees it, with the least room its first request needs."""
     floor = first_request_floor(spec.model.name, spec.system_prompt, spec.task, spec.model.max_tokens, prices)
     return Candidate(
@@ -344,7 +398,7 @@ def _candidate(ref: RunRef, spec: AgentRunSpec, prices: PriceTable) -> Candidate
         ref.name,
         ref.uid,
         ref.created,
-        ref.priority,
+        priority,
         need_tokens=floor.tokens,
         need_cost_usd=floor.cost_usd or Decimal(0),
     )

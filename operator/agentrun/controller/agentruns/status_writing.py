@@ -260,6 +260,10 @@ class StatusWriter:
             )
             await self._patch(patch.merged(conditioned))
 
+    async def write_fields(self, patch: StatusPatch) -> None:
+        """A patch of fields no phase or condition depends on (status.children)."""
+        await self._patch(patch)
+
     async def _patch(self, patch: StatusPatch) -> None:
         if self.gone:
             return

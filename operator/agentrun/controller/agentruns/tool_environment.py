@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.kube.calling import KubeClient
+from agentrun.tools.agent_calling import ChildRuns
 from agentrun.tools.environment import KubeConnection, SecretMissing, SecretUse
 
 
@@ -44,6 +45,11 @@ class RunToolEnvironment:
     service_account_name: str | None
     _secrets: dict[tuple[str, str], str] = field(default_factory=dict)
     _connection: KubeConnection | None = None
+    # Set by the operator: it alone creates and watches child runs (the agent tool kind).
+    children: ChildRuns | None = None
+
+    def child_runs(self) -> ChildRuns | None:
+        return self.children
 
     async def read_secret(self, name: str, key: str) -> str | None:
         if (name, key) not in self._secrets:

@@ -315,10 +315,10 @@ class AdmissionGate:
 
     async def release(self, namespace: str, uid: str) -> None:
         """The run finished: it no longer counts against concurrentRuns anywhere."""
-        now = self._clock()
+        # Only an admission is released (reservations settle on their own), so reading the admitted
+        # list is enough; loading a whole Ledger per quota here was the costlier way to ask that.
         for obj in self._view.cached(namespace):
-            ledger = Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now)
-            if uid in ledger.uids():
+            if _admitted_in(obj, uid):
                 await self.release_in(namespace, obj["metadata"]["name"], uid)
 
     async def release_in(self, namespace: str, quota: str, uid: str) -> None:

@@ -31,7 +31,7 @@ from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIErr
 from agentrun.metrics.observing import Metrics
 from agentrun.settings import Settings
 
-__all__ = ["APPLIED_VIEW", "GROUP_LABEL", "Membership"]
+__all__ = ["APPLIED_VIEW", "GROUP_LABEL", "Membership", "Standing"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,44 @@ class _Seen:
     seen_at: float
     duration: float
     applied_view: str | None
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Everything :meth:`Membership.owns` decides by, as one immutable value.
+
+    Why a value: the membership may run on a thread of its own (controller/replicas/detached.py) while
+    the operator's event loop asks it about runs; one attribute read of a frozen value is consistent,
+    where reading the view, the barrier and the history one field at a time could mix two states.
+    """
+
+    name: str
+    members: tuple[str, ...] = ()
+    view: str = ring.view_id(())
+    joined: bool = False
+    fenced: bool = False
+    #: The last view whose barrier this replica saw pass; the members of it and of each view applied since.
+    passed: str | None = None
+    history: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def barrier_passed(self) -> bool:
+        return self.joined and self.passed == self.view
+
+    def owns(self, uid: str) -> bool:
+        """Mine under the current view, and either the barrier of this view passed or the run was mine
+        in every view applied since the last barrier that passed.
+
+        Why the second case is safe: another replica starts a run only under a view whose barrier
+        passed, and that barrier needs this replica's applied-view, so that view is one of those
+        applied here (where the run was ours), unless that replica considered us dead, which needs our
+        Lease unrenewed for a whole duration, and by then we fenced ourselves and forgot the history.
+        """
+        if not self.joined or ring.owner(uid, self.members) != self.name:
+            return False
+        if self.passed == self.view:
+            return True
+        return bool(self.history) and all(ring.owner(uid, view) == self.name for view in self.history)
 
 
 def _micro_time() -> str:
@@ -99,6 +137,7 @@ class Membership:
         self._history: list[tuple[str, ...]] = []
         self._subscribers: list[Callable[[], None]] = []
         self._next_renewal = 0.0
+        self.standing = Standing(self.name)
 
     # Ownership ------------------------------------------------------------------------------------
 
@@ -123,19 +162,8 @@ class Membership:
         return ring.owner(uid, self.members) or ""
 
     def owns(self, uid: str) -> bool:
-        """Mine under the current view, and either the barrier of this view passed or the run was mine
-        in every view applied since the last barrier that passed.
-
-        Why the second case is safe: another replica starts a run only under a view whose barrier
-        passed, and that barrier needs this replica's applied-view, so that view is one of those
-        applied here (where the run was ours), unless that replica considered us dead, which needs our
-        Lease unrenewed for a whole duration, and by then we fenced ourselves and forgot the history.
-        """
-        if not self.joined or ring.owner(uid, self.members) != self.name:
-            return False
-        if self._passed == self.view:
-            return True
-        return bool(self._history) and all(ring.owner(uid, view) == self.name for view in self._history)
+        """See :meth:`Standing.owns`: decided on the standing published by the last change."""
+        return self.standing.owns(uid)
 
     # The loop -------------------------------------------------------------------------------------
 
@@ -366,6 +394,15 @@ class Membership:
             self._passed = self.view
             self._history = [members]
             changed = True
+        self.standing = Standing(
+            name=self.name,
+            members=members,
+            view=self.view,
+            joined=self.joined,
+            fenced=self._fenced,
+            passed=self._passed,
+            history=tuple(self._history),
+        )
         self.metrics.replica_seen(self.name, len(members), fenced=self._fenced)
         if changed:
             for subscriber in list(self._subscribers):

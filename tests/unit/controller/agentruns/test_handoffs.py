@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
+from agentrun.controller.agentruns.children import ChildWatch
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.replicas.ownership import Standalone
@@ -85,6 +86,8 @@ class FakeReconciler:
     metrics: Metrics = field(default_factory=lambda: Metrics(CollectorRegistry()))
     started: list[tuple[str, int]] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
+    child_watch: ChildWatch = field(default_factory=ChildWatch)
+    runs: dict[str, Any] = field(default_factory=dict)
 
     async def reconcile(self, ref: RunRef, *, stopping: Callable[[], bool], log: Any) -> None:
         self.started.append((ref.uid, ref.status.get("iterations", 0)))

@@ -1,0 +1,59 @@
+"""Kubernetes Events on an AgentSchedule: what `kubectl describe agentschedule` shows.
+
+One Event per thing that happened to a due time (created, skipped, missed), so a schedule firing every
+minute posts at most one or two a minute. Posting never stops the schedule: a failure is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrun.api import API_VERSION, SCHEDULE_KIND
+from agentrun.controller.kube_eventing import COMPONENT, bounded
+from agentrun.kube.calling import KubeClient
+from agentrun.kube.errors import APIError
+
+logger = logging.getLogger(__name__)
+
+
+class ScheduleEvents:
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self._instance = socket.gethostname()
+        self._failed = False
+
+    async def post(self, schedule: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        metadata = schedule.get("metadata") or {}
+        namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": SCHEDULE_KIND,
+                "namespace": namespace,
+                "name": name,
+                "uid": metadata.get("uid") or "",
+            },
+            "type": kind,
+            "reason": reason,
+            "message": bounded(message),
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._instance,
+        }
+        try:
+            await self._kube.create_event(namespace, body)
+        except APIError as exc:
+            if not self._failed:
+                logger.warning("could not post a Kubernetes Event (further failures not logged): %s", exc)
+                self._failed = True

@@ -1,0 +1,158 @@
+"""The resolve_agent phase: Pending until the Agent exists, one record, and a resumed run never re-reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from agentrun.api.status import AgentUsed
+from agentrun.api.stops import StopReason
+from agentrun.controller.agentruns.agent_resolving import AgentWaiters, resolve_agent
+from agentrun.controller.agentruns.phases import Ending
+
+RUN = {"task": "t", "agentRef": {"name": "writer"}, "model": {"maxTokens": 100}}
+AGENT = {
+    "metadata": {"name": "writer", "uid": "u-1", "generation": 3},
+    "spec": {"systemPrompt": "Write.", "model": {"name": "m", "maxTokens": 200}},
+}
+
+
+class Source:
+    def __init__(self, agent: Mapping[str, Any] | None = None) -> None:
+        self.agent = agent
+        self.reads = 0
+        self.read = asyncio.Event()
+
+    async def get_agent(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        assert (namespace, name) == ("ns", "writer")
+        self.reads += 1
+        self.read.set()
+        return self.agent
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.announced: list[tuple[str, str]] = []
+        self.recorded: list[tuple[AgentUsed, Mapping[str, Any]]] = []
+        self.pending = asyncio.Event()
+
+    async def announce(self, reason: str, message: str) -> None:
+        self.announced.append((reason, message))
+        self.pending.set()
+
+    async def record(self, agent: AgentUsed, spec: Mapping[str, Any]) -> None:
+        self.recorded.append((agent, spec))
+
+
+async def test_a_run_without_agent_ref_keeps_its_own_spec_and_reads_nothing() -> None:
+    source, recorder = Source(), Recorder()
+    spec = {"task": "t"}
+    got = await resolve_agent(
+        spec,
+        {},
+        namespace="ns",
+        source=source,
+        cancel=asyncio.Event(),
+        announce=recorder.announce,
+        record=recorder.record,
+    )
+    assert got is spec and source.reads == 0
+
+
+async def test_a_found_agent_is_recorded_once_and_merged_with_the_run() -> None:
+    source, recorder = Source(AGENT), Recorder()
+    got = await resolve_agent(
+        RUN,
+        {},
+        namespace="ns",
+        source=source,
+        cancel=asyncio.Event(),
+        announce=recorder.announce,
+        record=recorder.record,
+    )
+    assert got == {"task": "t", "systemPrompt": "Write.", "model": {"name": "m", "maxTokens": 100}}
+    assert recorder.recorded == [(AgentUsed(name="writer", uid="u-1", generation=3), AGENT["spec"])]
+    assert recorder.announced == []
+
+
+async def test_a_resumed_run_uses_the_recorded_spec_and_never_reads_the_agent_again() -> None:
+    source, recorder = Source({**AGENT, "spec": {"systemPrompt": "Changed."}}), Recorder()
+    status = {"agent": {"name": "writer", "uid": "u-1", "generation": 3}, "agentSpec": AGENT["spec"]}
+    got = await resolve_agent(
+        RUN,
+        status,
+        namespace="ns",
+        source=source,
+        cancel=asyncio.Event(),
+        announce=recorder.announce,
+        record=recorder.record,
+    )
+    assert isinstance(got, Mapping) and got["systemPrompt"] == "Write."
+    assert source.reads == 0 and recorder.recorded == []
+
+
+async def test_a_missing_agent_keeps_the_run_pending_until_an_agent_event_wakes_it() -> None:
+    source, recorder, waiters = Source(), Recorder(), AgentWaiters()
+    task = asyncio.create_task(
+        resolve_agent(
+            RUN,
+            {},
+            namespace="ns",
+            source=source,
+            cancel=asyncio.Event(),
+            announce=recorder.announce,
+            record=recorder.record,
+            waiters=waiters,
+            retry_seconds=3600,
+        )
+    )
+    await asyncio.wait_for(recorder.pending.wait(), 5)
+    assert recorder.announced == [
+        ("AgentNotFound", "Agent writer not found in namespace ns; the run starts when it is created")
+    ]
+    source.read.clear()
+    waiters.changed("ns", "writer")  # the Agent does not exist yet: it looks again, announces nothing new
+    await asyncio.wait_for(source.read.wait(), 5)
+    assert source.reads == 2
+    source.agent = AGENT
+    waiters.changed("ns", "writer")
+    got = await asyncio.wait_for(task, 5)
+    assert isinstance(got, Mapping) and got["systemPrompt"] == "Write."
+    assert len(recorder.announced) == 1 and len(recorder.recorded) == 1
+
+
+async def test_cancel_while_waiting_for_the_agent_ends_the_run_cancelled() -> None:
+    cancel = asyncio.Event()
+    source, recorder = Source(), Recorder()
+    task = asyncio.create_task(
+        resolve_agent(
+            RUN,
+            {},
+            namespace="ns",
+            source=source,
+            cancel=cancel,
+            announce=recorder.announce,
+            record=recorder.record,
+            retry_seconds=3600,
+        )
+    )
+    await asyncio.wait_for(recorder.pending.wait(), 5)
+    cancel.set()
+    got = await asyncio.wait_for(task, 5)
+    assert isinstance(got, Ending) and got.outcome.stop_reason is StopReason.CANCELLED
+
+
+async def test_a_run_loosening_its_agents_limit_ends_invalid_spec_naming_the_agent() -> None:
+    source, recorder = Source(AGENT), Recorder()
+    got = await resolve_agent(
+        {**RUN, "limits": {"maxIterations": 500}},
+        {},
+        namespace="ns",
+        source=source,
+        cancel=asyncio.Event(),
+        announce=recorder.announce,
+        record=recorder.record,
+    )
+    assert isinstance(got, Ending) and got.outcome.stop_reason is StopReason.INVALID_SPEC
+    assert got.outcome.message.startswith("spec.limits.maxIterations 500 is above the Agent writer's 20")
