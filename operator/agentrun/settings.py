@@ -127,6 +127,15 @@ class Settings(BaseModel):
     lease_renew_seconds: float = Field(
         default=5.0, gt=0, description="Interval of Lease renewals; at most a third of the duration."
     )
+    handoff_grace_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description=(
+            "A run handed to another replica first goes on to its next checkpoint, for at most this "
+            "long, so the next owner asks nothing again; then it is stopped where it is. 0: at once."
+        ),
+    )
 
     @field_validator("lease_namespace", "replica_group")
     @classmethod

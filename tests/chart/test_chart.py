@@ -106,6 +106,7 @@ NAMESPACED_NEEDS = {
     ("agentrun.dev", "agentrunquotas"): {"get", "list", "watch"},
     ("agentrun.dev", "agentrunquotas/status"): {"update"},
     ("agentrun.dev", "agents"): {"get", "list", "watch"},
+    ("agentrun.dev", "agents/status"): {"patch"},
     ("agentrun.dev", "agentschedules"): {"list", "watch"},
     ("agentrun.dev", "agentschedules/status"): {"patch"},
     ("", "events"): {"create", "patch"},
@@ -244,7 +245,11 @@ def test_operator_runs_one_replica_by_default_and_rolls_a_new_pod_in_before_the_
 
 
 def test_every_replica_joins_the_release_namespace_membership_named_after_its_pod(renderer: Renderer) -> None:
-    env = env_of(renderer.render({"operator": {"leaseDurationSeconds": 30, "leaseRenewSeconds": 4}}))
+    env = env_of(
+        renderer.render(
+            {"operator": {"leaseDurationSeconds": 30, "leaseRenewSeconds": 4, "handoffGraceSeconds": 12}}
+        )
+    )
     assert env["AGENTRUN_LEASE_NAMESPACE"]["value"] == NAMESPACE
     assert env["AGENTRUN_REPLICA_GROUP"]["value"] == OPERATOR_SA, "one group per release"
     pod_name = {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -252,13 +257,16 @@ def test_every_replica_joins_the_release_namespace_membership_named_after_its_po
     assert env["POD_NAME"]["valueFrom"] == pod_name
     assert env["AGENTRUN_LEASE_DURATION_SECONDS"]["value"] == "30"
     assert env["AGENTRUN_LEASE_RENEW_SECONDS"]["value"] == "4"
+    assert env["AGENTRUN_HANDOFF_GRACE_SECONDS"]["value"] == "12"
     defaults = env_of(renderer.render())
     assert (
         defaults["AGENTRUN_LEASE_DURATION_SECONDS"]["value"],
         defaults["AGENTRUN_LEASE_RENEW_SECONDS"]["value"],
+        defaults["AGENTRUN_HANDOFF_GRACE_SECONDS"]["value"],
     ) == (
         "30",
         "5",
+        "30",
     )
 
 

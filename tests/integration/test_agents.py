@@ -61,6 +61,22 @@ async def _create_run(cluster: TestCluster, name: str, task: str, **spec: Any) -
     )
 
 
+async def _ready(cluster: TestCluster, name: str, generation: int) -> dict[str, Any]:
+    """The Agent's Ready condition once the operator judged that generation."""
+    seen: dict[str, Any] = {}
+
+    async def judged() -> bool:
+        status = (await cluster.request("GET", _agents(cluster, name))).get("status") or {}
+        ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+        if status.get("observedGeneration") == generation and ready:
+            seen.update(ready[0])
+            return True
+        return False
+
+    await until(judged, f"Agent {name} judged at generation {generation}", timeout=60)
+    return seen
+
+
 def _system_text(body: dict[str, Any]) -> str:
     system = body.get("system")
     return system if isinstance(system, str) else "".join(b.get("text", "") for b in system or [])
@@ -198,10 +214,12 @@ async def test_kubectl_explains_the_agent_and_prints_its_and_the_runs_columns(
     await _create_agent(cluster, "reviewer", **AGENT_SPEC)
     await _create_run(cluster, "listed", "[scenario:agent-plain] listed", agentRef={"name": "reviewer"})
     await wait_finished(cluster, "listed")
+    await _ready(cluster, "reviewer", 1)
     code, out = await cluster.kubectl("get", "agt")
     assert code == 0, out
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "MODEL", "AGE"] and row.split()[:2] == ["reviewer", "claude-haiku-4-5"]
+    assert header.split() == ["NAME", "MODEL", "READY", "AGE"]
+    assert row.split()[:3] == ["reviewer", "claude-haiku-4-5", "True"]
     code, out = await cluster.kubectl("get", "agentrun", "listed")
     assert code == 0 and "AGENT" not in out, out
     code, out = await cluster.kubectl("get", "agentrun", "listed", "-o", "wide")
@@ -233,3 +251,45 @@ async def test_a_run_from_an_agent_with_a_time_to_live_is_deleted_after_it_finis
         return await cluster.get_run("ephemeral") is None
 
     await until(deleted, "the Agent's ttlSecondsAfterFinished to delete the run", timeout=60)
+
+
+async def test_a_valid_agent_is_ready_at_its_generation(
+    cluster: TestCluster, operator: OperatorProcess
+) -> None:
+    created = await _create_agent(cluster, "fine", **AGENT_SPEC)
+    ready = await _ready(cluster, "fine", created["metadata"]["generation"])
+    assert (ready["status"], ready["reason"]) == ("True", "Valid")
+    assert ready["observedGeneration"] == created["metadata"]["generation"]
+    assert ready["lastTransitionTime"]
+
+
+async def test_an_agent_with_a_bad_tool_config_is_not_ready_until_it_is_fixed(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    bad_tools = [{"builtin": {"name": "kubernetes_get", "config": {"bogus": 1}}}]
+    created = await _create_agent(cluster, "broken", **{**AGENT_SPEC, "tools": bad_tools})
+    generation = created["metadata"]["generation"]
+    ready = await _ready(cluster, "broken", generation)
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    problem = "spec.tools[0].builtin.config: kubernetes_get: unknown keys ['bogus']"
+    assert ready["message"].startswith(problem), ready["message"]
+
+    # A run of it still resolves, and ends InvalidSpec naming the Agent and its generation.
+    await _create_run(cluster, "of-broken", "[scenario:agent-plain] broken", agentRef={"name": "broken"})
+    status = (await wait_finished(cluster, "of-broken"))["status"]
+    assert (status["phase"], status["stopReason"]) == ("Failed", "InvalidSpec")
+    assert status["message"].startswith(f"Agent broken generation {generation}: {problem}"), status["message"]
+    assert model.requests_for("[scenario:agent-plain] broken") == []
+
+    await cluster.request(
+        "PATCH",
+        _agents(cluster, "broken"),
+        json={"spec": {"tools": [{"builtin": {"name": "calculator"}}]}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    ready = await _ready(cluster, "broken", generation + 1)
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
+        "True",
+        "Valid",
+        generation + 1,
+    )

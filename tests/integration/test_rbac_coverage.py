@@ -313,6 +313,13 @@ async def runs_from_an_agent(work: Workload) -> None:
     await work.cluster.request("POST", f"{RUNS_API}/namespaces/{namespace}/agents", json=agent)
     await work.apply(namespace, "from-agent", "[rbac:answer] agent", agentRef={"name": "answerer"})
     assert (await work.finished(namespace, "from-agent"))["phase"] == "Succeeded"
+    # The Agent's validation verdict goes to its status subresource.
+    deadline = time.monotonic() + 30
+    while "conditions" not in (
+        await work.cluster.request("GET", f"{RUNS_API}/namespaces/{namespace}/agents/answerer")
+    ).get("status", {}):
+        assert time.monotonic() < deadline, "the Agent's status was never written"
+        await asyncio.sleep(0.2)
 
 
 async def runs_on_a_schedule(work: Workload) -> None:

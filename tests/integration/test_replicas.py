@@ -80,6 +80,14 @@ async def until_mid_run(group: ReplicaGroup, model: FakeMessagesAPI, tag: str, r
         await asyncio.sleep(0.05)
 
 
+async def until_asked(group: ReplicaGroup, model: FakeMessagesAPI, tag: str, replica: str) -> None:
+    """Until ``replica`` asked the model for a step of one of the runs."""
+    deadline = time.monotonic() + 60
+    while not any(group.replica_of(r) == replica for r in model.requests_for(tag)):
+        assert time.monotonic() < deadline, f"{replica} never asked the model for a step"
+        await asyncio.sleep(0.05)
+
+
 def by_run(requests: list[RecordedRequest]) -> dict[str, list[RecordedRequest]]:
     found: dict[str, list[RecordedRequest]] = defaultdict(list)
     for request in sorted(requests, key=lambda r: r.arrived_at):
@@ -205,8 +213,11 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
             await create_webhook_runs(cluster, "scale", tag, hook, runs, max_iterations=SCALE_STEPS + 2)
             await asyncio.gather(group.start("r1"), group.start("r2"))
             await group.wait_for_members(3)
-            await asyncio.sleep(1.5)
-            # SIGTERM: their runs stop, their Leases are deleted, r0 takes the runs back.
+            # Until the runs r0 handed over (each at its next checkpoint) are under way on r1 and r2.
+            await asyncio.gather(*(until_asked(group, model, tag, name) for name in ("r1", "r2")))
+            await asyncio.sleep(1.0)
+            # SIGTERM: their runs stop at their next checkpoints, their Leases are deleted, r0 takes the
+            # runs back.
             await asyncio.gather(group.stop("r1"), group.stop("r2"))
             await group.wait_for_members(1)
             found = await _wait_all_finished(cluster, runs, timeout=180)
@@ -226,12 +237,13 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
         assert [row.iteration for row in transcript.trace_rows] == list(range(1, SCALE_STEPS + 2)), name
         keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
         assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, SCALE_STEPS + 1)}, name
-        # A handoff stops a run mid-request at worst: the next owner asks that one step (or makes that one
-        # tool call, with the same Idempotency-Key) again; nothing completed is ever asked again.
-        owners = [group.replica_of(r) for r in requests[uid]]
-        handoffs = sum(1 for a, b in itertools.pairwise(owners) if a != b)
+        # A handoff lets the old owner finish the step in flight (its answer or its tool results are
+        # checkpointed) before the new owner resumes: no model request and no tool call is made twice.
         steps = Counter(r.step for r in requests[uid])
-        assert max(keys.values()) <= 1 + handoffs and max(steps.values()) <= 1 + handoffs, (name, keys, steps)
+        assert set(keys.values()) == {1}, (name, keys)
+        assert sorted(steps) == list(range(SCALE_STEPS + 1)) and set(steps.values()) == {1}, (name, steps)
+        positions = Counter(len(r.body["messages"]) for r in requests[uid])
+        assert set(positions.values()) == {1}, (name, "a conversation position asked twice", positions)
 
 
 @pytest.mark.timeout(300)

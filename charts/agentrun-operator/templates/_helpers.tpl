@@ -112,10 +112,14 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
   resources: ["agentrunquotas/status"]
   verbs: ["update"]
 # Agents are read (a run with spec.agentRef records its Agent's spec once) and watched (runs waiting
-# for their Agent start when it is created); the operator never writes them.
+# for their Agent start when it is created); only their status (the validation verdict) is written,
+# as merge patches.
 - apiGroups: ["agentrun.dev"]
   resources: ["agents"]
   verbs: ["get", "list", "watch"]
+- apiGroups: ["agentrun.dev"]
+  resources: ["agents/status"]
+  verbs: ["patch"]
 # AgentSchedules are listed and watched (Kopf); only their status is written, as merge patches.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentschedules"]

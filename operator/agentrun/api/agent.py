@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from agentrun.api.spec import RunDefinition
+from agentrun.api.status import Condition
 
 
 class AgentSpec(RunDefinition):
@@ -21,4 +22,11 @@ class AgentStatus(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
-    observed_generation: int | None = Field(default=None, description="Spec generation last seen.")
+    observed_generation: int | None = Field(default=None, description="Spec generation last validated.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "Ready: True (reason Valid) when a run of the Agent would be admitted as it stands; False "
+            "(reason InvalidSpec) names every field a run of it would be refused for."
+        ),
+    )

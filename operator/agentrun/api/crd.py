@@ -310,6 +310,7 @@ def agent_crd() -> dict[str, Any]:
         short_names=AGENT_SHORT_NAMES,
         columns=[
             {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+            {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
         root=_root(

@@ -8,6 +8,7 @@ import kopf
 
 from agentrun.api import AGENT_PLURAL, GROUP, LABEL_SCHEDULE, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, VERSION
 from agentrun.controller.agentruns.handling import AgentRunHandler
+from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.quotas.control import Quotas
 from agentrun.controller.schedules.control import ScheduleController
 from agentrun.kube import kubeconfig_loading
@@ -37,6 +38,7 @@ def build_registry(
     agentruns: AgentRunHandler,
     quotas: Quotas | None = None,
     schedules: ScheduleController | None = None,
+    agents: AgentValidator | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -55,9 +57,12 @@ def build_registry(
         await agentruns.observe(event.get("type"), body)
 
     @kopf.on.event(GROUP, VERSION, AGENT_PLURAL, registry=registry)
-    async def agent_event(body: kopf.Body, **_: Any) -> None:
-        """Runs waiting for this Agent look again (they also look every secret retry interval)."""
+    async def agent_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        """Runs waiting for this Agent look again (they also look every secret retry interval); the
+        Agent's owner replica writes its verdict (status.conditions Ready) when the spec changed."""
         agentruns.reconciler.agent_waiters.changed(body.metadata.namespace or "", body.metadata.name or "")
+        if agents is not None:
+            await agents.observe(event.get("type"), body)
 
     if quotas is not None:
         # Without the AgentRunQuota CRD, Kopf logs once that it cannot serve the resource and serves

@@ -7,8 +7,11 @@ agent loop can retry or ask for approvals many times and Events are stored in et
   never carry tool input or output, only names, counts and our own wording;
 * a repeat of the same event (same type, reason and key) bumps `count` on the existing Event
   instead of creating a new one, as client-go's event correlator does;
-* a token bucket per run caps posts (BURST at once, one more every REFILL_SECONDS); the start and
+* a token bucket per run caps posts (BURST at once, one more every REFILL_SECONDS); a resume and
   the terminal event always go out, and the terminal one says how many were dropped.
+
+A run's start is not an Event: its status already says it (startTime, the Running phase and
+condition), and Events are kept for what needs a person's attention or marks an end.
 
 Posting never fails a run: an API error is logged once and the loop goes on.
 """
@@ -159,12 +162,12 @@ class RunEvents:
 
     async def notify(self, event: Event) -> None:
         match event:
-            case RunStarted(resumed=resumed, progress=progress):
-                if resumed:
-                    message = f"resumed from its checkpoint after {progress.iterations} iterations"
-                    await self.record("Normal", "Resumed", message, always=True)
-                else:
-                    await self.record("Normal", "Started", "the agent loop started", always=True)
+            case RunStarted(resumed=True, progress=progress):
+                # A fresh start is no Event: status.startTime and the Running phase say it, and an
+                # Event per run is 0.2 API writes per iteration of a 5-iteration run. A resume is
+                # rare and worth a person's notice (a restart or a handoff happened).
+                message = f"resumed from its checkpoint after {progress.iterations} iterations"
+                await self.record("Normal", "Resumed", message, always=True)
             case ModelRetryScheduled(retry_class=retry_class, attempt=attempt, message=message):
                 await self.record(
                     "Warning",

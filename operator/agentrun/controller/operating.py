@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
+from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.handlers import build_registry
 from agentrun.controller.quotas.control import Quotas
 from agentrun.controller.replicas.detached import DetachedMembership
@@ -99,6 +100,8 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     )
     # AgentSchedules: the owner of a schedule's uid creates its runs (controller/schedules/).
     schedules = ScheduleController(kube, metrics, handler.ownership)
+    # Agents: the owner of an Agent's uid validates it and writes its Ready condition (controller/agents/).
+    agents = AgentValidator(kube, handler.ownership)
     # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).
     collecting = asyncio.create_task(
         quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns)
@@ -115,7 +118,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             finally:
                 await waiting.cleanup()
         await kopf.operator(
-            registry=build_registry(handler, quotas, schedules),
+            registry=build_registry(handler, quotas, schedules, agents),
             settings=kopf_settings(),
             standalone=True,
             clusterwide=not settings.namespaces,
@@ -127,6 +130,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
     finally:
         # Runs stop before the Lease goes: the others take them over only after they stopped here.
         await schedules.close()
+        await agents.close()
         await handler.close()
         for task in (heartbeat, collecting, membership_task):
             if task is None:

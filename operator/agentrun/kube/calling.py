@@ -167,6 +167,21 @@ class KubeClient:
         except APINotFoundError:
             return None
 
+    async def patch_agent_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge patch on the Agent's status subresource (its validation: controller/agents/)."""
+        await call(
+            self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                AGENT_PLURAL,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        )
+
     # AgentSchedules ------------------------------------------------------------------------------
 
     async def create_scheduled_run(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -89,3 +89,11 @@ class ToolError(Exception):
             "hint": self.hint,
             "recoverable": self.recoverable,
         }
+
+
+class HandedOff(Exception):
+    """The run stopped at a checkpoint because it was asked to yield (another replica takes it over):
+    it has not ended, so whoever runs the loop writes no outcome for it."""
+
+    def __init__(self) -> None:
+        super().__init__("the run stopped at a checkpoint to be resumed elsewhere")

@@ -132,6 +132,14 @@ class RunFinished:
     progress: Progress
 
 
+@dataclass(frozen=True)
+class RunYielded:
+    """The run stopped at a checkpoint for another replica to resume (`yield_at_checkpoint`): it did
+    not end, so nothing terminal follows; what a writer still holds back must be written now."""
+
+    progress: Progress
+
+
 Event = (
     RunStarted
     | ModelRequestFinished
@@ -145,4 +153,5 @@ Event = (
     | ApprovalDecided
     | UsageAdopted
     | RunFinished
+    | RunYielded
 )

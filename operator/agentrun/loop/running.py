@@ -16,7 +16,8 @@ from agentrun.loop.compacting import compact
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.context import CancelSignal, Context, Interrupted
 from agentrun.loop.dispatching import Dispatcher
-from agentrun.loop.events import RunFinished, RunStarted
+from agentrun.loop.errors import HandedOff
+from agentrun.loop.events import RunFinished, RunStarted, RunYielded
 from agentrun.loop.limiting import prepare
 from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
 from agentrun.loop.requesting import call_model
@@ -42,6 +43,12 @@ async def advance(step: Step, ctx: Context) -> Step | Finish:
             assert_never(step)
 
 
+def at_checkpoint(step: Step, state: RunState) -> bool:
+    """Whether the run could resume from what it has told its observers, with nothing in flight: not
+    with an answer received but not yet recorded (Handle), nor with messages not yet checkpointed."""
+    return not isinstance(step, Handle) and not state.unpersisted()
+
+
 async def run_loop(
     config: LoopConfig,
     *,
@@ -55,12 +62,18 @@ async def run_loop(
     elapsed_before: float = 0.0,
     approvals: Approvals | None = None,
     allowance: Allowance | None = None,
+    yield_at_checkpoint: CancelSignal | None = None,
 ) -> Outcome:
     """Run (or resume, given a restored state) one agent loop to a terminal Outcome.
 
     Never raises for anything the model or tools do; only cancellation of the calling task
     (operator shutdown, object deletion) propagates, leaving the last checkpoint to resume from.
     `allowance` holds every model request to the namespace's quotas (None: no quotas).
+
+    Once `yield_at_checkpoint` is set the loop goes on only to its next checkpoint (the model
+    answer in flight recorded, or the tool results recorded), tells its observers (RunYielded) and
+    raises HandedOff: the next owner resumes from there and asks nothing again. Unlike `cancel`,
+    this is not an end of the run.
     """
     resumed = state is not None
     state = state if state is not None else RunState.fresh(config.task)
@@ -95,6 +108,9 @@ async def run_loop(
         await ctx.emit_checkpoint(None, tools_pending=False)
     step: Step | Finish = RunTools(response=None, truncated=False) if state.pending_tool_uses() else Prepare()
     while not isinstance(step, Finish):
+        if yield_at_checkpoint is not None and yield_at_checkpoint.is_set() and at_checkpoint(step, state):
+            await observer.notify(RunYielded(progress=state.progress(pricer)))
+            raise HandedOff()
         try:
             step = await advance(step, ctx)
         except Interrupted as exc:

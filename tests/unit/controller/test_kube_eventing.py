@@ -49,17 +49,17 @@ def _retry(attempt: int, retry_class: str = "rate_limited", message: str = "429 
     return ModelRetryScheduled(1, retry_class, attempt, 1.0, message)
 
 
-async def test_start_and_terminal_outcome_are_events_on_the_run(
+async def test_a_fresh_start_posts_no_event_and_the_terminal_outcome_is_an_event_on_the_run(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
     events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
     await events.notify(RunStarted(resumed=False, progress=Progress(0, 0, TokenUsage(), None)))
+    assert await _events(core) == []
     await events.notify(RunFinished(Outcome(StopReason.END_TURN, "the model finished its answer"), PROGRESS))
-    started, finished = await _events(core)
-    assert (started.type, started.reason, started.message) == ("Normal", "Started", "the agent loop started")
+    [finished] = await _events(core)
     assert (finished.type, finished.reason) == ("Normal", "EndTurn")
     assert finished.message == "the model finished its answer (3 iterations, 120 tokens, $0.001200)"
-    for event in (started, finished):
+    for event in (finished,):
         ref = event.involved_object
         assert (ref.api_version, ref.kind, ref.namespace, ref.name, ref.uid) == (
             "agentrun.dev/v1alpha1",
@@ -70,6 +70,16 @@ async def test_start_and_terminal_outcome_are_events_on_the_run(
         )
         assert event.source.component == "agentrun-operator"
         assert event.count == 1
+
+
+async def test_a_resumed_run_is_an_event_that_says_how_far_it_had_come(
+    api_client: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
+    await events.notify(RunStarted(resumed=True, progress=PROGRESS))
+    [resumed] = await _events(core)
+    assert (resumed.type, resumed.reason) == ("Normal", "Resumed")
+    assert resumed.message == "resumed from its checkpoint after 3 iterations"
 
 
 async def test_a_failed_run_ends_with_a_warning_named_after_its_stop_reason(
@@ -156,10 +166,10 @@ async def test_a_failing_events_api_never_fails_the_run(cluster: Any, api_client
 
     sink = Broken()
     events = RunEvents(sink, RUN)
-    await events.notify(RunStarted(resumed=False, progress=PROGRESS))
+    await events.notify(RunStarted(resumed=True, progress=PROGRESS))
     await events.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), PROGRESS))
     # Both Events were attempted, both refused, and neither refusal escaped into the run.
-    assert sink.attempts == ["Started", "EndTurn"]
+    assert sink.attempts == ["Resumed", "EndTurn"]
 
 
 def test_messages_are_scrubbed_of_credentials_and_bounded() -> None:

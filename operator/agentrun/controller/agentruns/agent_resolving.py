@@ -19,7 +19,7 @@ from agentrun.agents import AgentSpecConflict, resolve
 from agentrun.api.status import AgentUsed
 from agentrun.api.stops import StopReason
 from agentrun.api.traces import Progress
-from agentrun.controller.agentruns.phases import Ending
+from agentrun.controller.agentruns.phases import Ending, admit
 from agentrun.controller.agentruns.resuming import NO_PROGRESS
 
 __all__ = ["AgentSource", "AgentWaiters", "agent_not_found", "resolve_agent"]
@@ -78,7 +78,8 @@ async def resolve_agent(
     """The spec the run executes: its own without agentRef, else its Agent's overridden by it.
 
     A run that asks for more than its Agent allows ends InvalidSpec naming the field, both values
-    and the Agent; a cancel while waiting for the Agent ends it Cancelled.
+    and the Agent; an effective spec the run's admission refuses ends it InvalidSpec with the Agent and
+    its generation first; a cancel while waiting for the Agent ends it Cancelled.
     """
     ref = raw_spec.get("agentRef")
     if not isinstance(ref, Mapping):
@@ -87,6 +88,7 @@ async def resolve_agent(
     recorded = status.get("agentSpec")
     if isinstance(recorded, Mapping):
         agent_spec: Mapping[str, Any] = recorded
+        generation = (status.get("agent") or {}).get("generation")
     else:
         found = await _wait_for_agent(
             name,
@@ -103,14 +105,22 @@ async def resolve_agent(
             )
         metadata = found.get("metadata") or {}
         agent_spec = found.get("spec") or {}
+        generation = metadata.get("generation")
         await record(
             AgentUsed(name=name, uid=str(metadata.get("uid", "")), generation=metadata.get("generation")),
             agent_spec,
         )
     try:
-        return resolve(agent_spec, raw_spec, name)
+        effective = resolve(agent_spec, raw_spec, name)
     except AgentSpecConflict as exc:
         return Ending.of(StopReason.INVALID_SPEC, str(exc), progress=progress)
+    # Admitted here too (the reconciler admits again, cheaply) so that a refusal names the Agent and the
+    # generation it comes from: the fields at fault are most often the Agent's, not the run's.
+    admitted = admit(effective)
+    if isinstance(admitted, Ending):
+        message = f"Agent {name} generation {generation}: {admitted.outcome.message}"
+        return Ending.of(StopReason.INVALID_SPEC, message, progress=progress)
+    return effective
 
 
 async def _wait_for_agent(

@@ -7,8 +7,9 @@ finished run gets its TTL deletion scheduled and a later spec change marked obse
 With several replicas (controller/replicas/) only the owner of a run does any of that: the handler keeps
 the newest body of every unfinished run it sees, whoever owns it, so that when ownership moves here it
 can start the run at once, without waiting for a watch event that may never come; and when ownership
-moves away it stops the run and waits for its task to end before it tells the membership the new view
-is applied (the handoff barrier).
+moves away it lets the run go on to its next checkpoint (AGENTRUN_HANDOFF_GRACE_SECONDS at most; a
+fenced replica stops at once), waits for its task to end and only then tells the membership the new
+view is applied (the handoff barrier).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class AgentRunHandler:
         self.handoff = handoff
         self.metrics = reconciler.metrics
         self.replica = reconciler.settings.replica_name
+        self.grace = reconciler.settings.handoff_grace_seconds
         # The newest body of every unfinished run seen (by uid), owned here or not.
         self.unfinished: dict[str, Mapping[str, Any]] = {}
         # Finished runs with a TTL (by uid): whoever owns one deletes it when its time is up.
@@ -91,7 +93,9 @@ class AgentRunHandler:
         self._closed = False
         self.ownership.subscribe(self._ownership_changed)
 
-    async def _execute(self, body: Mapping[str, Any], stopping: Callable[[], bool]) -> None:
+    async def _execute(
+        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
+    ) -> None:
         metadata = body.get("metadata") or {}
         ref = RunRef(
             namespace=metadata.get("namespace") or "",
@@ -104,7 +108,7 @@ class AgentRunHandler:
             priority=priority_of(body.get("spec") or {}, body.get("status") or {}),
             labels=dict(metadata.get("labels") or {}),
         )
-        await self.reconciler.reconcile(ref, stopping=stopping, log=run_logger)
+        await self.reconciler.reconcile(ref, stopping=stopping, log=run_logger, yielding=yielding)
 
     async def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event (None: from the initial listing)."""
@@ -186,6 +190,10 @@ class AgentRunHandler:
 
     def _ownership_changed(self) -> None:
         """The membership's callback (any view, barrier or fence change): applied in one task, in order."""
+        if self.ownership.fenced:
+            # At once, not behind a handoff that may be letting runs reach their checkpoints.
+            for uid in self.supervisor.executing():
+                self.supervisor.stop(uid)
         if self._closed:
             return
         self._rebalance_wanted = True
@@ -216,7 +224,10 @@ class AgentRunHandler:
                 logger.warning("cut off from the API server: stopping all %d runs executing here", len(lost))
             else:
                 logger.info("handing %d run(s) over to other replicas", len(lost))
-            await self.supervisor.halt(lost)
+            if self.ownership.fenced:
+                await self.supervisor.halt(lost)  # cut off: its Lease may expire soon, stop now
+            else:
+                await self.supervisor.handoff(lost, self.grace, at_once=self._not_looping)
             self.metrics.replica_handoff(self.replica, "out", len(lost))
         executing = self.supervisor.executing()
         gained = [uid for uid in self.unfinished if uid not in executing and self._owns(uid)]
@@ -235,11 +246,17 @@ class AgentRunHandler:
         if self.handoff is not None and view is not None and self.handoff.view == view:
             await self.handoff.applied(view)
 
+    def _not_looping(self, uid: str) -> bool:
+        return not self.reconciler.looping(uid)
+
     async def close(self) -> None:
-        """Operator shutdown: runs stop writing at once; a restart resumes them from the transcript."""
+        """Operator shutdown: with replicas, the runs go on to their next checkpoint (for at most the
+        handoff grace) so the replicas that take them over repeat nothing; alone, or fenced, they
+        stop writing at once. Either way whoever runs them next resumes them from the transcript."""
         self._closed = True
         if self._rebalancing is not None:
             self._rebalancing.cancel()
             await asyncio.gather(self._rebalancing, return_exceptions=True)
-        await self.supervisor.close()
+        handing_over = self.handoff is not None and not self.ownership.fenced
+        await self.supervisor.close(self.grace if handing_over else 0.0, at_once=self._not_looping)
         await self.reaper.close()

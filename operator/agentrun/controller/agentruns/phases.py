@@ -295,8 +295,10 @@ async def run_agent_loop(
     approval_timeout_seconds: float | None = None,
     context_windows: Sequence[tuple[str, int]] = (),
     allowance: Allowance | None = None,
+    yield_at_checkpoint: asyncio.Event | None = None,
 ) -> Outcome:
-    """The loop itself (agentrun.loop): it ends with RunFinished, which the observers write."""
+    """The loop itself (agentrun.loop): it ends with RunFinished, which the observers write, or
+    raises HandedOff when `yield_at_checkpoint` stopped it at a checkpoint for another replica."""
     config = (
         LoopConfig.from_spec(spec, run_id=run_id, context_windows=context_windows)
         if approval_timeout_seconds is None
@@ -319,4 +321,5 @@ async def run_agent_loop(
         state=resume_from.state if resume_from is not None else None,
         elapsed_before=resume_from.elapsed_before if resume_from is not None else 0.0,
         allowance=allowance,
+        yield_at_checkpoint=yield_at_checkpoint,
     )

@@ -43,6 +43,7 @@ from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import RetryPolicy
 from agentrun.loop.clocks import SystemClock
+from agentrun.loop.errors import HandedOff
 from agentrun.loop.events import RunFinished
 from agentrun.loop.protocols import Observer
 from agentrun.loop.reserving import first_request_floor
@@ -87,6 +88,10 @@ class _Run:
     priority: int = field(init=False)
     # The child runs its agent tools start (and its status.children).
     children: RunChildren | None = None
+    # Set by a handoff to another replica: the loop stops at its next checkpoint (HandedOff).
+    yielding: asyncio.Event | None = None
+    # In its loop: a handoff lets it reach a checkpoint; before that, it has nothing to finish.
+    looping: bool = False
 
     def __post_init__(self) -> None:
         self.priority = self.ref.priority
@@ -129,13 +134,28 @@ class AgentRunReconciler:
                 self.quotas.gate.reprioritise(run.ref.namespace, uid, priority)
         self.queue.reprioritise(uid, priority)
 
+    def looping(self, uid: str) -> bool:
+        """Whether the run is in its loop here (a handoff lets it reach its next checkpoint)."""
+        run = self.runs.get(uid)
+        return run is not None and run.looping
+
     def update_approvals(self, uid: str, entries: list[Any]) -> None:
         """A new version of spec.approvals; only runs executing here care."""
         run = self.runs.get(uid)
         if run is not None:
             run.approvals.update(entries)
 
-    async def reconcile(self, ref: RunRef, *, stopping: Callable[[], bool], log: Log) -> None:
+    async def reconcile(
+        self,
+        ref: RunRef,
+        *,
+        stopping: Callable[[], bool],
+        log: Log,
+        yielding: asyncio.Event | None = None,
+    ) -> None:
+        """Run it to its end. Raises HandedOff when `yielding` stopped its loop at a checkpoint for
+        another replica: the run has not ended, so nothing terminal is written and its quota
+        admission is kept."""
         retry = RetryPolicy.from_settings(self.settings)
         store = TranscriptStore(
             self.kube,
@@ -167,6 +187,7 @@ class AgentRunReconciler:
             SpecApprovals(ref.spec.get("approvals") or []),
             RunEvents(KubeEventSink(self.kube), InvolvedRun(ref.namespace, ref.name, ref.uid)),
             log,
+            yielding=yielding,
         )
         self.runs[ref.uid] = run
         try:
@@ -355,6 +376,7 @@ class AgentRunReconciler:
             if self.quotas is not None:
                 allowance = self.quotas.allowance(ref.namespace, ref.name, ref.uid)
                 await allowance.start()
+            run.looping = True
             await phases.run_agent_loop(
                 spec,
                 run_id=ref.uid,
@@ -369,8 +391,13 @@ class AgentRunReconciler:
                 approval_timeout_seconds=self.settings.approval_timeout_seconds,
                 context_windows=self.settings.context_windows,
                 allowance=allowance,
+                yield_at_checkpoint=run.yielding,
             )
+        except HandedOff:
+            run.log.info("stopped at a checkpoint: another replica resumes the run from there")
+            raise
         finally:
+            run.looping = False
             await tools_open.aclose()
             metrics_observer.release_approvals()
             if tracing is not None:

@@ -11,6 +11,11 @@ A task that ends by itself is remembered until the object is deleted: a watch ev
 shows the run unfinished (sent before our terminal status patch) must not start it again. A task
 that fails with an unexpected error is started again after a backoff; it resumes from its
 transcript like after an operator restart.
+
+A run handed to another replica is not cut off mid-step when that can be helped (`handoff`): it is
+asked to yield at its next checkpoint, so the next owner asks the model nothing this replica already
+asked, and is cancelled only if that takes longer than a grace period. A yielded run has not ended:
+it may be started here again when its ownership comes back.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentrun.api.status import FINISHED_PHASES
+from agentrun.loop.errors import HandedOff
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +37,18 @@ MAX_RETRY_SECONDS = 60.0
 
 
 class Execute(Protocol):
-    def __call__(self, body: Mapping[str, Any], stopping: Callable[[], bool]) -> Awaitable[None]: ...
+    def __call__(
+        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
+    ) -> Awaitable[None]:
+        """Run it to its end; raise HandedOff when `yielding` stopped it at a checkpoint."""
+        ...
 
 
 @dataclass
 class _Task:
     body: Mapping[str, Any]  # the newest seen: a restarted attempt starts from the current status
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    yielding: asyncio.Event = field(default_factory=asyncio.Event)  # stop at the next checkpoint
     task: asyncio.Task[None] | None = None
 
 
@@ -48,8 +59,10 @@ class RunSupervisor:
         *,
         first_retry_seconds: float = FIRST_RETRY_SECONDS,
         max_retry_seconds: float = MAX_RETRY_SECONDS,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self._execute = execute
+        self._sleep = sleep
         self._first_retry = first_retry_seconds
         self._max_retry = max_retry_seconds
         self._running: dict[str, _Task] = {}
@@ -114,28 +127,66 @@ class RunSupervisor:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def close(self) -> None:
-        """Operator shutdown: runs stop writing at once; a restart resumes them from the transcript."""
-        self._closed = True
-        entries = list(self._running.values())
-        for entry in entries:
-            entry.stopped.set()
-            if entry.task is not None:
-                entry.task.cancel()
-        tasks = [entry.task for entry in entries if entry.task is not None]
+    async def handoff(
+        self, uids: Collection[str], grace: float, *, at_once: Callable[[str], bool] = lambda uid: False
+    ) -> None:
+        """Stop these runs at their next checkpoint, or where they are after `grace` seconds, and wait
+        until their tasks have ended, so they write nothing more (then `halt`'s promise holds).
+
+        `at_once(uid)`: a run with no step under way (not in its loop yet: waiting for a Secret, a
+        quota or a slot) is stopped at once; it has nothing to finish.
+        """
+        yielding: list[tuple[str, asyncio.Task[None]]] = []
+        tasks = []
+        for uid in uids:
+            entry = self._running.get(uid)
+            if entry is None or entry.task is None:
+                continue
+            tasks.append(entry.task)
+            if grace > 0 and not at_once(uid):
+                entry.yielding.set()
+                yielding.append((uid, entry.task))
+            else:
+                self.stop(uid)
+        if yielding:
+            waiting = {task for _, task in yielding}
+            timer = asyncio.ensure_future(self._sleep(grace))
+            try:
+                while waiting and not timer.done():
+                    done, _ = await asyncio.wait({*waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
+                    waiting -= done
+            finally:
+                timer.cancel()
+            late = [uid for uid, task in yielding if not task.done()]
+            if late:
+                logger.warning(
+                    "%d run(s) did not reach a checkpoint within %gs: stopping them where they are",
+                    len(late),
+                    grace,
+                )
+            for uid in late:
+                self.stop(uid)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self, grace: float = 0.0, *, at_once: Callable[[str], bool] = lambda uid: False) -> None:
+        """Operator shutdown: runs stop writing (at their next checkpoint, given a grace, else at once);
+        a restart, or another replica, resumes them from the transcript."""
+        self._closed = True
+        await self.handoff(list(self._running), grace, at_once=at_once)
 
     async def _supervise(self, uid: str, entry: _Task) -> None:
         delay = self._first_retry
         try:
             while not entry.stopped.is_set():
                 try:
-                    await self._execute(entry.body, entry.stopped.is_set)
+                    await self._execute(entry.body, entry.stopped.is_set, entry.yielding)
                 except asyncio.CancelledError:
                     raise
+                except HandedOff:
+                    return  # not ended: it may come back here
                 except Exception:
-                    if entry.stopped.is_set():
+                    if entry.stopped.is_set() or entry.yielding.is_set():
                         return
                     logger.exception(
                         "the run %s failed unexpectedly; starting it again from its transcript in %.0fs",

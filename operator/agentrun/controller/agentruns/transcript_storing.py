@@ -7,7 +7,8 @@ checks that keep two writers from interleaving.
 When the store writes (see docs/durable-runs.md): a model answer that requests tools is written
 before any tool runs, together with anything deferred; tool results are deferred to the next write
 unless the tool phase took `flush_after_seconds` or longer; a checkpoint ending in a user message
-(continuation, re-prompt, nudge) is written at once; the run's end is written with its outcome. In
+(continuation, re-prompt, nudge) is written at once; the run's end is written with its outcome, and
+what is deferred is written when the run yields to another replica. In
 steady state that is one transcript write per iteration, and its size depends on that iteration only.
 """
 
@@ -42,7 +43,7 @@ from agentrun.api.transcripts import (
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIConflictError, APIError
 from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetriesStopped, RetryPolicy, retried
-from agentrun.loop.events import Checkpoint, Event, RunFinished
+from agentrun.loop.events import Checkpoint, Event, RunFinished, RunYielded
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,9 @@ class TranscriptStore:
                     self._tools_since = self._monotonic()
             case RunFinished(outcome=outcome):
                 await self._write(outcome)
+            case RunYielded():
+                # Another replica resumes the run from what is written: deferred tool results too.
+                await self._write(None)
             case _:
                 pass
 

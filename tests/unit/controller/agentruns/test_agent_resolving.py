@@ -156,3 +156,42 @@ async def test_a_run_loosening_its_agents_limit_ends_invalid_spec_naming_the_age
     )
     assert isinstance(got, Ending) and got.outcome.stop_reason is StopReason.INVALID_SPEC
     assert got.outcome.message.startswith("spec.limits.maxIterations 500 is above the Agent writer's 20")
+
+
+async def test_a_run_from_an_agent_its_admission_refuses_ends_invalid_spec_naming_agent_and_generation() -> (
+    None
+):
+    broken = {**AGENT, "spec": {**AGENT["spec"], "requiredTools": ["nope"]}}
+    source, recorder = Source(broken), Recorder()
+    got = await resolve_agent(
+        RUN,
+        {},
+        namespace="ns",
+        source=source,
+        cancel=asyncio.Event(),
+        announce=recorder.announce,
+        record=recorder.record,
+    )
+    assert isinstance(got, Ending)
+    assert got.outcome.stop_reason is StopReason.INVALID_SPEC
+    assert got.outcome.message == (
+        "Agent writer generation 3: spec.requiredTools: 'nope' is not one of the run's tools"
+    )
+
+
+async def test_a_resumed_run_names_the_generation_it_recorded_when_refused() -> None:
+    status = {
+        "agent": {"name": "writer", "uid": "u-1", "generation": 7},
+        "agentSpec": {"model": {"name": ""}},
+    }
+    got = await resolve_agent(
+        RUN,
+        status,
+        namespace="ns",
+        source=Source(),
+        cancel=asyncio.Event(),
+        announce=Recorder().announce,
+        record=Recorder().record,
+    )
+    assert isinstance(got, Ending)
+    assert got.outcome.message.startswith("Agent writer generation 7: spec.model.name")

@@ -15,6 +15,7 @@ from agentrun.controller.agentruns.children import ChildWatch
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.replicas.ownership import Standalone
+from agentrun.loop.errors import HandedOff
 from agentrun.metrics.observing import Metrics
 from agentrun.settings import Settings
 
@@ -89,14 +90,39 @@ class FakeReconciler:
     child_watch: ChildWatch = field(default_factory=ChildWatch)
     runs: dict[str, Any] = field(default_factory=dict)
 
-    async def reconcile(self, ref: RunRef, *, stopping: Callable[[], bool], log: Any) -> None:
+    # Runs in their loop: each goes on to its checkpoint (when the test sets `checkpoint`) once asked
+    # to yield; the others are waiting before their loop and have nothing to finish.
+    in_loop: set[str] = field(default_factory=set)
+    checkpoint: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: list[str] = field(default_factory=list)
+    yielded: list[str] = field(default_factory=list)
+
+    async def reconcile(
+        self,
+        ref: RunRef,
+        *,
+        stopping: Callable[[], bool],
+        log: Any,
+        yielding: asyncio.Event | None = None,
+    ) -> None:
         self.started.append((ref.uid, ref.status.get("iterations", 0)))
         self.active.add(ref.uid)
         try:
+            if ref.uid in self.in_loop and yielding is not None:
+                await yielding.wait()
+                await self.checkpoint.wait()  # the step in flight is recorded
+                self.yielded.append(ref.uid)
+                raise HandedOff()
             await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(ref.uid)
+            raise
         finally:
             await asyncio.shield(asyncio.sleep(0.05))  # winding down: the task has not ended yet
             self.active.discard(ref.uid)
+
+    def looping(self, uid: str) -> bool:
+        return uid in self.in_loop
 
     def forget(self, uid: str) -> None: ...
     def request_cancel(self, uid: str) -> None: ...
@@ -248,3 +274,91 @@ async def test_standalone_owns_every_run_and_never_reports_a_view() -> None:
     assert reconciler.started == [("a", 0)]
     await handler.close()
     assert reconciler.active == set()
+
+
+async def test_a_run_handed_over_in_its_loop_reaches_its_checkpoint_before_the_view_is_reported_applied() -> (
+    None
+):
+    reconciler, ownership = FakeReconciler(in_loop={"a"}), FakeOwnership(owned={"a", "b"})
+    handoff = FakeHandoff()
+    handler = handler_of(reconciler, ownership, handoff)
+    for uid in ("a", "b"):
+        await handler.observe(None, run_body(uid))
+    await settle()
+
+    handoff.view = "v2"
+    ownership.change(owned=set())
+    await settle(0.3)
+    # b was not in its loop: stopped at once. a finishes its step first; the view waits for it.
+    assert reconciler.cancelled == ["b"]
+    assert handoff.applied_views == [] and handler.supervisor.executing() == {"a"}
+
+    reconciler.checkpoint.set()
+    await settle(0.3)
+    assert reconciler.yielded == ["a"] and reconciler.cancelled == ["b"], "a was cut off mid-step"
+    assert handoff.applied_views == [("v2", set())]
+
+    # Yielded is not ended: when the run comes back here, it is started again.
+    handoff.view = "v3"
+    ownership.change(owned={"a"})
+    await settle()
+    assert [uid for uid, _ in reconciler.started] == ["a", "b", "a"]
+    await handler.close()
+
+
+async def test_a_run_that_does_not_reach_its_checkpoint_within_the_grace_is_stopped_where_it_is() -> None:
+    reconciler = FakeReconciler(
+        in_loop={"a"}, settings=Settings(replica_name=REPLICA, handoff_grace_seconds=0.3)
+    )
+    ownership, handoff = FakeOwnership(owned={"a"}), FakeHandoff()
+    handler = handler_of(reconciler, ownership, handoff)
+    await handler.observe(None, run_body("a"))
+    await settle()
+
+    handoff.view = "v2"
+    ownership.change(owned=set())
+    await settle(0.15)
+    assert reconciler.cancelled == [] and handoff.applied_views == []
+    await settle(0.5)
+    assert reconciler.cancelled == ["a"] and reconciler.yielded == []
+    assert handoff.applied_views == [("v2", set())]
+    await handler.close()
+
+
+async def test_a_replica_fenced_while_its_runs_go_on_to_their_checkpoints_stops_them_at_once() -> None:
+    reconciler, ownership = FakeReconciler(in_loop={"a"}), FakeOwnership(owned={"a"})
+    handoff = FakeHandoff()
+    handler = handler_of(reconciler, ownership, handoff)
+    await handler.observe(None, run_body("a"))
+    await settle()
+    handoff.view = "v2"
+    ownership.change(owned=set())
+    await settle(0.1)
+    assert reconciler.cancelled == []  # going on to its checkpoint (the grace is 30 s)
+
+    ownership.change(fenced=True)
+    await settle()
+    assert reconciler.cancelled == ["a"] and handler.supervisor.executing() == set()
+    await handler.close()
+
+
+async def test_a_shutdown_with_replicas_lets_runs_reach_their_checkpoints_and_alone_stops_them_at_once() -> (
+    None
+):
+    reconciler, ownership = FakeReconciler(in_loop={"a"}), FakeOwnership(owned={"a"})
+    handler = handler_of(reconciler, ownership, FakeHandoff())
+    await handler.observe(None, run_body("a"))
+    await settle()
+    closing = asyncio.create_task(handler.close())
+    await settle(0.1)
+    assert not closing.done() and reconciler.cancelled == []
+    reconciler.checkpoint.set()
+    await asyncio.wait_for(closing, 2)
+    assert reconciler.yielded == ["a"] and reconciler.cancelled == []
+
+    alone, standalone = FakeReconciler(in_loop={"a"}), FakeOwnership(owned={"a"})
+    handler = handler_of(alone, standalone)
+    await handler.observe(None, run_body("a"))
+    await settle()
+    await asyncio.wait_for(handler.close(), 2)
+    assert alone.cancelled == ["a"] and alone.yielded == []

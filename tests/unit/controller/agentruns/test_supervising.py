@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentrun.controller.agentruns.supervising import RunSupervisor
+from agentrun.loop.errors import HandedOff
 
 
 def run_body(uid: str, phase: str | None = None, **metadata: Any) -> dict[str, Any]:
@@ -27,7 +28,9 @@ class Executions:
         self.release = asyncio.Event()
         self.failures = 0
 
-    async def __call__(self, body: Mapping[str, Any], stopping: Callable[[], bool]) -> None:
+    async def __call__(
+        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
+    ) -> None:
         uid = body["metadata"]["uid"]
         self.started.append((uid, body))
         self.stopping[uid] = stopping
@@ -138,3 +141,102 @@ async def test_shutdown_stops_every_run_and_starts_no_new_one() -> None:
     supervisor.observe("ADDED", run_body("c"))
     await settle()
     assert [uid for uid, _ in executions.started] == ["a", "b"]
+
+
+class Checkpointing:
+    """An execution in its loop: asked to yield, it goes on until its step is recorded (`recorded`),
+    then stops at that checkpoint (HandedOff)."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+        self.recorded = asyncio.Event()
+        self.cancelled = 0
+        self.yielded = 0
+
+    async def __call__(
+        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
+    ) -> None:
+        self.starts += 1
+        try:
+            await yielding.wait()
+            await self.recorded.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.yielded += 1
+        raise HandedOff()
+
+
+class FakeGrace:
+    """The grace period's timer, in virtual time: it runs out only when the test says so."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+        self.over = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        await self.over.wait()
+
+
+async def test_a_handed_off_run_stops_at_its_checkpoint_not_mid_step_and_may_start_here_again() -> None:
+    execution, grace = Checkpointing(), FakeGrace()
+    supervisor = RunSupervisor(execution, sleep=grace.sleep)
+    supervisor.observe(None, run_body("a"))
+    await settle()
+    handing = asyncio.create_task(supervisor.handoff(["a"], 30))
+    await settle()
+    assert not handing.done(), "the handoff returned before the run reached its checkpoint"
+    assert grace.asked == [30]
+    execution.recorded.set()
+    await asyncio.wait_for(handing, 1)
+    assert (execution.yielded, execution.cancelled) == (1, 0)
+    assert supervisor.executing() == set()
+    # Not ended, unlike a run that finished: ownership that comes back starts it again.
+    supervisor.observe("MODIFIED", run_body("a", "Running"))
+    await settle()
+    assert execution.starts == 2
+    await supervisor.close()
+
+
+async def test_a_run_still_mid_step_when_the_grace_runs_out_is_cancelled_where_it_is() -> None:
+    execution, grace = Checkpointing(), FakeGrace()
+    supervisor = RunSupervisor(execution, sleep=grace.sleep)
+    supervisor.observe(None, run_body("a"))
+    await settle()
+    handing = asyncio.create_task(supervisor.handoff(["a"], 30))
+    await settle()
+    assert not handing.done() and execution.cancelled == 0
+    grace.over.set()
+    await asyncio.wait_for(handing, 1)
+    assert (execution.yielded, execution.cancelled) == (0, 1)
+    assert supervisor.executing() == set()
+
+
+async def test_a_run_with_nothing_under_way_and_a_zero_grace_are_stopped_at_once() -> None:
+    execution, grace = Checkpointing(), FakeGrace()
+    supervisor = RunSupervisor(execution, sleep=grace.sleep)
+    for uid in ("queued", "looping"):
+        supervisor.observe(None, run_body(uid))
+    await settle()
+    await asyncio.wait_for(supervisor.handoff(["queued"], 30, at_once=lambda uid: uid == "queued"), 1)
+    assert execution.cancelled == 1 and grace.asked == []
+    await asyncio.wait_for(supervisor.close(0.0), 1)
+    assert execution.cancelled == 2 and execution.yielded == 0
+
+
+async def test_an_execution_that_fails_while_yielding_is_not_started_again() -> None:
+    class FailsWhenAsked(Checkpointing):
+        async def __call__(
+            self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
+        ) -> None:
+            self.starts += 1
+            await yielding.wait()
+            raise RuntimeError("transcript unwritable")
+
+    execution, grace = FailsWhenAsked(), FakeGrace()
+    supervisor = RunSupervisor(execution, sleep=grace.sleep, first_retry_seconds=0)
+    supervisor.observe(None, run_body("a"))
+    await settle()
+    await asyncio.wait_for(supervisor.handoff(["a"], 30), 1)
+    assert execution.starts == 1 and supervisor.executing() == set()

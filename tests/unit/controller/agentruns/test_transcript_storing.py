@@ -35,7 +35,7 @@ from agentrun.controller.agentruns.transcript_storing import (
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIForbiddenError
 from agentrun.kube.retrying import RetryPolicy
-from agentrun.loop.events import Checkpoint, RunFinished
+from agentrun.loop.events import Checkpoint, RunFinished, RunYielded
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.kube_testing import eventually
 
@@ -186,6 +186,25 @@ async def test_a_slow_tool_phase_is_stored_on_its_own(cluster: KubeEmulator, kub
     transcript = await load(kube, "default", "demo", uid=run.uid)
     assert transcript.messages[-1]["role"] == "user" and not transcript.tools_pending
     assert transcript.progress is not None and transcript.progress.tool_calls == 1
+
+
+async def test_a_run_yielding_to_another_replica_stores_its_deferred_tool_results_and_no_outcome(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    run, clock = make_run(cluster), FakeClock()
+    store = store_for(kube, run, clock)
+    talk = Conversation(store, clock)
+    await talk.start()
+    await talk.model_asked_for_tools()
+    await talk.tools_answered(seconds=0.1)
+    assert store.writes == 1
+    await store.notify(RunYielded(progress(1, 1)))
+    assert store.writes == 2
+    transcript = await load(kube, "default", "demo", uid=run.uid)
+    assert [m["role"] for m in transcript.messages] == ["user", "assistant", "user"]
+    assert not transcript.tools_pending and transcript.outcome is None
+    await store.notify(RunYielded(progress(1, 1)))
+    assert store.writes == 2, "nothing left to write"
 
 
 async def test_the_run_end_is_stored_with_its_outcome(cluster: KubeEmulator, kube: KubeClient) -> None:

@@ -1,0 +1,59 @@
+"""What an Agent's status should say: its spec checked exactly as a run of it would be admitted.
+
+The check is the run's own admission (controller/agentruns/phases.py) on the Agent's spec with a task,
+i.e. the effective spec of a run that sets nothing but agentRef and task: the verdict and the message are
+the ones such a run would end with, never a second set of rules that could drift from the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agentrun.controller.agentruns.phases import Ending, admit
+
+__all__ = ["INVALID_SPEC", "VALID", "VALID_MESSAGE", "agent_status", "check"]
+
+VALID = "Valid"
+INVALID_SPEC = "InvalidSpec"
+VALID_MESSAGE = "runs of this Agent are admitted"
+#: Stands in for the task: an Agent has none, and every run of it brings its own.
+_TASK = "(the run's task)"
+
+
+def check(spec: Mapping[str, Any]) -> str | None:
+    """None when a run of the Agent would be admitted; else one line naming every field that is wrong."""
+    admitted = admit({**spec, "task": _TASK})
+    return admitted.outcome.message if isinstance(admitted, Ending) else None
+
+
+def agent_status(body: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """The status the Agent should have: observedGeneration and the Ready condition.
+
+    lastTransitionTime stays what it was while Ready keeps its status, so a rewrite for a new
+    generation with the same verdict does not pretend the Agent just became (in)valid.
+    """
+    metadata = body.get("metadata") or {}
+    generation = metadata.get("generation")
+    problem = check(body.get("spec") or {})
+    status, reason, message = (
+        ("True", VALID, VALID_MESSAGE) if problem is None else ("False", INVALID_SPEC, problem)
+    )
+    old = next(
+        (c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+        None,
+    )
+    since = old.get("lastTransitionTime") if old is not None and old.get("status") == status else None
+    return {
+        "observedGeneration": generation,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since or now,
+                "observedGeneration": generation,
+            }
+        ],
+    }
