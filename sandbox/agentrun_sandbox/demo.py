@@ -25,6 +25,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun.api import AGENT_KIND, AGENT_PLURAL, GROUP, KIND, PLURAL, QUOTA_KIND, QUOTA_PLURAL, VERSION
 from agentrun.api.crd import agent_crd, crd, quota_crd
 from agentrun.api.status import FINISHED_PHASES
+from agentrun.cli.plugin_rendering import render_tree, run_tree
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure, explained
 from agentrun.kube.kubeconfig_loading import ClusterAccess
@@ -241,12 +242,14 @@ async def _drive(
     deadline = time.monotonic() + timeout
     last = ""
     objects: list[dict[str, Any]] = []
+    everything: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         if proc.returncode is not None:
             raise KubeFailure(_operator_exit(proc.returncode, log_file))
         with explained("list", f"agentruns in namespace {NAMESPACE}", access=access):
             listing = await custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
-        objects = [o for o in listing["items"] if o["metadata"]["name"] in names]
+        everything = list(listing["items"])
+        objects = [o for o in everything if o["metadata"]["name"] in names]
         table = _table([_row(o) for o in objects])
         if table != last:
             print(table + "\n", flush=True)
@@ -263,6 +266,12 @@ async def _drive(
         status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("kopf", "conditions")}
         print(f"--- {obj['metadata']['name']} status")
         print(yaml.safe_dump(status, sort_keys=False).rstrip())
+    # A run whose agent tool started children: the tree `kubectl agentrun tree` prints.
+    for obj in objects:
+        tree = run_tree(obj, everything)
+        if tree.children:
+            print(f"--- kubectl agentrun tree {obj['metadata']['name']}")
+            print(render_tree(tree))
     with explained("get", f"agentrunquota {NAMESPACE}/demo", access=access):
         quota = await custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, QUOTA_PLURAL, "demo")
     print(f"--- agentrunquota {NAMESPACE}/demo: used/hard")
