@@ -19,6 +19,7 @@ from bench import (
     loop_overhead,
     operator_scale,
     parallel_tools,
+    real_server,
     replica_scale,
 )
 from bench.figures import Section
@@ -146,6 +147,14 @@ def _parser() -> argparse.ArgumentParser:
         help="AGENTRUN_LEASE_DURATION_SECONDS of the replicas (default: the operator's default)",
     )
     parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="run the scale benchmark (--only scale) on the real API server of this kubeconfig instead of "
+        "the emulator: CRDs applied, runs in a fresh namespace (deleted afterwards), the operator counted "
+        "through a recording TLS proxy; its section is 'Operator at scale, real API server'",
+    )
+    parser.add_argument(
         "--replica-quota",
         action="store_true",
         help="the replica benchmark with a namespace AgentRunQuota no run reaches (ledger write load)",
@@ -201,7 +210,9 @@ def _plan(args: argparse.Namespace) -> Plan:
     return plan
 
 
-async def run(selected: Sequence[str], plan: Plan, workdir: Path, seed: int) -> list[Section]:
+async def run(
+    selected: Sequence[str], plan: Plan, workdir: Path, seed: int, kubeconfig: Path | None = None
+) -> list[Section]:
     sections: list[Section] = []
     if "loop" in selected:
         section = Section("loop", "Loop overhead", _method(loop_overhead.__doc__))
@@ -216,7 +227,11 @@ async def run(selected: Sequence[str], plan: Plan, workdir: Path, seed: int) -> 
         )
         sections.append(section)
     if "scale" in selected:
-        section = Section("scale", "Operator at scale", _method(operator_scale.__doc__))
+        section = (
+            Section("scale", "Operator at scale", _method(operator_scale.__doc__))
+            if kubeconfig is None
+            else Section("scale", "Operator at scale, real API server", _method(real_server.__doc__))
+        )
         await operator_scale.measure(
             section,
             workdir,
@@ -224,6 +239,7 @@ async def run(selected: Sequence[str], plan: Plan, workdir: Path, seed: int) -> 
             repeats=plan.scale_repeats,
             latency=plan.latency,
             profile_size=plan.profile_size,
+            kubeconfig=kubeconfig,
         )
         sections.append(section)
     if "checkpoint" in selected:
@@ -273,6 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
+    if args.kubeconfig is not None and (set(selected) != {"scale"} or not args.kubeconfig.is_file()):
+        print(
+            "error: --kubeconfig needs --only scale and an existing kubeconfig file"
+            f" (got --only {','.join(selected)}, {args.kubeconfig})",
+            file=sys.stderr,
+        )
+        return 2
     plan = _plan(args)
     partial = args.quick or args.smoke or bool(args.only)
     results: Path = args.results or (
@@ -282,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     machine = describe(ROOT)
     started = time.monotonic()
-    sections = asyncio.run(run(selected, plan, workdir, args.seed))
+    sections = asyncio.run(run(selected, plan, workdir, args.seed, args.kubeconfig))
     command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     load = os.getloadavg()
     if args.merge and results.exists():

@@ -10,20 +10,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import os
 import pstats
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # no stubs in the dev group
 
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from bench import sdk_floor
-from bench.cluster import agentrun_manifest, create_runs, running_stack
+from bench.cluster import (
+    OperatorProcess,
+    ProcessSampler,
+    agentrun_manifest,
+    create_runs,
+    running_stack,
+)
 from bench.conversation import API_KEY, MODEL
 from bench.figures import Figure, Section, Target, median, percentile, progress
 from bench.profiles import cumulative, summarise
+from bench.real_server import ProxiedRequest, RealServer
 
 MARKER = "[bench:scale]"
 MODEL_REQUESTS = 5
@@ -81,6 +90,10 @@ class ScaleRun:
     """Operator requests per iteration, by kind."""
     run_lengths: list[float]
     """Per run: first model request → last answer (the last request's arrival + model latency)."""
+    load: tuple[float, float] = (0.0, 0.0)
+    """The host's 1-minute load average when the creations started and when the last run finished."""
+    write_latencies: list[float] = field(default_factory=list)
+    """Real server only: seconds from each operator write reaching the proxy to the server's answer."""
 
 
 async def one_run(
@@ -157,8 +170,128 @@ async def one_run(
     )
 
 
+def _manifests(runs: int) -> list[dict[str, Any]]:
+    return [
+        agentrun_manifest(
+            f"scale-{i:05d}",
+            f"{MARKER} run-{i:05d}: compute four small products with the calculator.",
+            model={"name": MODEL, "maxTokens": 512},
+            tools=[{"builtin": {"name": "calculator"}}],
+        )
+        for i in range(runs)
+    ]
+
+
+async def one_real_run(
+    workdir: Path,
+    runs: int,
+    latency: float,
+    label: str,
+    kubeconfig: Path,
+    *,
+    profile_path: Path | None = None,
+) -> ScaleRun:
+    """The same workload on the real API server of ``kubeconfig``, in a namespace of its own.
+
+    The operator serves only that namespace (``--namespace``) and reaches the server through the
+    recording proxy (:mod:`bench.real_server`), so its requests are counted exactly and the terminal
+    status patches are timed as the emulator times them.
+    """
+    api = FakeMessagesAPI(scripts=[scale_script()], latency_seconds=latency, demo_brain=False)
+    me = psutil.Process()
+    server = RealServer(kubeconfig, workdir)
+    async with server.connected():
+        await server.apply_crds()
+        async with (
+            server.namespace(f"realbench-scale-{os.getpid()}-{label}") as namespace,
+            server.proxy().running() as proxy,
+            api.running() as fake,
+        ):
+            operator = OperatorProcess(
+                kubeconfig=proxy.kubeconfig(namespace),
+                log_path=workdir / f"operator-{label}.log",
+                env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": fake.url},
+                args=("--max-concurrent-runs", str(max(runs, 1000)), "--namespace", namespace),
+                profile_path=profile_path,
+            )
+            await operator.start(ready_timeout=60.0)
+            assert operator.process is not None
+            sampler = ProcessSampler(operator.process.pid)
+            sampler.start()
+            try:
+                log_start, write_start = len(proxy.requests), len(proxy.write_latencies)
+                operator.start_profiling()
+                cpu_op_0, cpu_me_0 = sampler.cpu_seconds(), _cpu(me)
+                load_0 = os.getloadavg()[0]
+                started = time.time()
+                created = await server.create_runs(namespace, _manifests(runs))
+                create_burst = time.time() - started
+                deadline = time.monotonic() + 300 + runs * 0.5
+                while len(proxy.finished_at) < runs and time.monotonic() < deadline:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+                await _quiet(proxy.requests, seconds=2.0, timeout=30.0)
+                wall = time.time() - started
+                cpu_op, cpu_me = sampler.cpu_seconds() - cpu_op_0, _cpu(me) - cpu_me_0
+                load_1 = os.getloadavg()[0]
+                peak = sampler.peak_rss
+            finally:
+                await sampler.stop()
+                await operator.stop(timeout=60.0 if profile_path else 5.0)
+            if len(proxy.finished_at) < runs:
+                raise RuntimeError(
+                    f"only {len(proxy.finished_at)} of {runs} runs finished; see {operator.log_path}"
+                )
+            objects = await server.runs(namespace)
+    succeeded = sum(1 for o in objects if o.get("status", {}).get("phase") == "Succeeded")
+    iterations = sum(int(o.get("status", {}).get("iterations") or 0) for o in objects)
+    end = max(proxy.finished_at.values())
+    # Everything from the first creation until the operator fell quiet: a run's finished Event follows
+    # its terminal status patch, so cutting at the last of those would leave the last runs' Events out.
+    window = proxy.requests[log_start:]
+    arrivals: dict[str, list[float]] = collections.defaultdict(list)
+    for request in api.requests:
+        arrivals["scale-" + request.first_user_text.split("run-", 1)[1][:5]].append(request.arrived_at)
+    first_arrival = {name: times[0] for name, times in arrivals.items()}
+    kinds = collections.Counter(t.kind for t in window)
+    per_iteration = max(iterations, 1)
+    return ScaleRun(
+        runs=runs,
+        makespan=end - started,
+        create_burst=create_burst,
+        first_request_latencies=[first_arrival[n] - created[n] for n in created if n in first_arrival],
+        requests_per_iteration=len(window) / per_iteration,
+        writes_per_iteration=sum(1 for t in window if t.is_write) / per_iteration,
+        peak_rss_mib=peak / 2**20,
+        operator_cpu=cpu_op / wall,
+        cpu_ms_per_iteration=cpu_op / per_iteration * 1000,
+        bench_cpu=cpu_me / wall,
+        succeeded=succeeded,
+        turn_gaps=[b - a - latency for times in arrivals.values() for a, b in itertools.pairwise(times)],
+        breakdown={kind: count / per_iteration for kind, count in kinds.most_common()},
+        run_lengths=[times[-1] - times[0] + latency for times in arrivals.values()],
+        load=(load_0, load_1),
+        write_latencies=proxy.write_latencies[write_start:],
+    )
+
+
+async def _quiet(requests: list[ProxiedRequest], *, seconds: float, timeout: float) -> None:
+    """Until no write has reached the proxy for ``seconds`` (at most ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = next((r.at for r in reversed(requests) if r.is_write), 0.0)
+        if time.time() - last >= seconds:
+            return
+        await asyncio.sleep(0.2)
+
+
 def _report_size(
-    section: Section, runs: int, results: list[ScaleRun], *, ideal: float, targeted: bool
+    section: Section,
+    runs: int,
+    results: list[ScaleRun],
+    *,
+    ideal: float,
+    targeted: bool,
+    server_side: str = "emulator",
 ) -> None:
     """Medians over the repeats of one size; targets are judged at the largest size only."""
 
@@ -197,7 +330,7 @@ def _report_size(
     )
     fig("operator CPU (cores busy)", [r.operator_cpu for r in results], "")
     fig("operator CPU per iteration", [r.cpu_ms_per_iteration for r in results], "ms")
-    fig("bench process CPU (emulator + fake API)", [r.bench_cpu for r in results], "")
+    fig(f"bench process CPU ({server_side} + fake API)", [r.bench_cpu for r in results], "")
     fig("creation burst", [r.create_burst for r in results], "s")
     fig(
         "run length p50 (first model request → last answer)",
@@ -231,7 +364,7 @@ def _analyse(section: Section, runs: int, results: list[ScaleRun], ideal: float)
     per_iteration_ms = median([r.cpu_ms_per_iteration for r in results])
     floor = per_iteration_ms / 1000 * runs * MODEL_REQUESTS
     makespan = median([r.makespan for r in results])
-    busy = "the operator process" if op_cpu >= bench_cpu else "the benchmark process (emulator + fake API)"
+    busy = "the operator process" if op_cpu >= bench_cpu else "the benchmark process (server side + fake API)"
     section.notes.append(_writes_note(runs, results[-1]))
     section.notes.append(
         f"{runs} runs: the busier process was {busy} ({op_cpu:.2f} vs {bench_cpu:.2f} cores on average). "
@@ -254,9 +387,14 @@ async def measure(
     repeats: int,
     latency: float,
     profile_size: int | None,
+    kubeconfig: Path | None = None,
 ) -> None:
+    """``kubeconfig``: on that real API server (through the recording proxy) instead of the emulator."""
     ideal = MODEL_REQUESTS * latency
     largest = max(sizes)
+    if kubeconfig is not None:
+        await _measure_real(section, workdir, kubeconfig, sizes, repeats, latency, profile_size)
+        return
     for runs in sizes:
         progress(f"scale: {runs} runs × {repeats} repeats")
         results = [await one_run(workdir, runs, latency, f"scale-{runs}-{r}") for r in range(repeats)]
@@ -313,4 +451,80 @@ async def measure(
         f"Targets apply to the largest size ({largest} runs). Time to finish is measured from the first "
         "creation request to the last terminal status write, so it includes the creation burst. "
         "Requests per iteration count only the operator's requests (not the benchmark's creations)."
+    )
+
+
+async def _measure_real(
+    section: Section,
+    workdir: Path,
+    kubeconfig: Path,
+    sizes: list[int],
+    repeats: int,
+    latency: float,
+    profile_size: int | None,
+) -> None:
+    """The figures of :func:`measure` on a real server, plus the host load beside each repeat.
+
+    No bare-SDK floor here: it does not touch Kubernetes, so the emulator section measures it already.
+    """
+    ideal = MODEL_REQUESTS * latency
+    largest = max(sizes)
+    for runs in sizes:
+        progress(f"scale (real API server): {runs} runs × {repeats} repeats")
+        results = [
+            await one_real_run(workdir, runs, latency, f"{runs}-{r}", kubeconfig) for r in range(repeats)
+        ]
+        _report_size(section, runs, results, ideal=ideal, targeted=runs == largest, server_side="proxy")
+        for q in (50, 99):
+            section.add(
+                Figure(
+                    f"{runs} runs: operator API write latency p{q} (proxy → server → proxy)",
+                    median([percentile(r.write_latencies, q) for r in results]),
+                    "s",
+                    repeats,
+                )
+            )
+        loads = ", ".join(f"{r.load[0]:.1f} → {r.load[1]:.1f}" for r in results)
+        section.add(
+            Figure(
+                f"{runs} runs: host load average (1 min) at start",
+                median([r.load[0] for r in results]),
+                "",
+                repeats,
+                note=f"start → end per repeat: {loads}",
+            )
+        )
+        failed = [r.runs - r.succeeded for r in results]
+        if any(failed):
+            section.notes.append(
+                f"{runs} runs: runs not Succeeded per repeat: {failed} (see the operator logs)"
+            )
+        rows = "\n".join(f"| {kind} | {value:.2f} |" for kind, value in results[-1].breakdown.items())
+        section.details.append(
+            f"**{runs} runs, operator requests per iteration by kind** (last repeat, counted by the proxy):"
+            f"\n\n| request | per iteration |\n| --- | --- |\n{rows}"
+        )
+        _analyse(section, runs, results, ideal)
+    if profile_size:
+        progress(f"scale (real API server): profiling the operator over {profile_size} runs")
+        path = workdir / f"operator-real-{profile_size}.prof"
+        await one_real_run(
+            workdir, profile_size, latency, f"profile-{profile_size}", kubeconfig, profile_path=path
+        )
+        stats = pstats.Stats(str(path))
+        section.details.append(
+            f"**Profile of the operator process against the real server** (cProfile, CPU-time clock, one "
+            f"extra untimed run of {profile_size} runs):\n\n"
+            + summarise(stats)
+            + "\n\n"
+            + cumulative(stats, HOT_PATHS)
+        )
+    section.notes.append(
+        f"Targets apply to the largest size ({largest} runs). The operator reaches the server through a "
+        "recording TLS proxy in the benchmark process, which counts its requests exactly (the server's own "
+        "counters have no per-client label, and other clients write to a shared server at the same time); "
+        "the benchmark process CPU includes that proxy. Time to finish runs from the first creation "
+        "request to the last terminal status write; requests, writes and operator CPU are counted from "
+        "the first creation until no operator write for 2 s after it (the last runs' finished Events "
+        "included)."
     )
