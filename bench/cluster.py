@@ -169,15 +169,24 @@ async def running_stack(
             args=("--max-concurrent-runs", str(max_concurrent_runs)),
             profile_path=profile_path,
         )
-        await operator.start(ready_timeout=60.0)
-        assert operator.process is not None
-        sampler = ProcessSampler(operator.process.pid)
-        sampler.start()
-        try:
+        async with running_operator(operator, stop_timeout=60.0 if profile_path else 3.0) as sampler:
             yield Stack(kube, emulator, operator, sampler)
-        finally:
-            await sampler.stop()
-            await operator.stop(timeout=60.0 if profile_path else 3.0)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(
+    operator: OperatorProcess, *, stop_timeout: float
+) -> AsyncIterator[ProcessSampler]:
+    """The operator started and sampled; stopped, sampler first, however the measurement ends."""
+    await operator.start(ready_timeout=60.0)
+    assert operator.process is not None
+    sampler = ProcessSampler(operator.process.pid)
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        await sampler.stop()
+        await operator.stop(timeout=stop_timeout)
 
 
 async def create_runs(

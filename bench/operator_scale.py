@@ -13,6 +13,7 @@ import itertools
 import os
 import pstats
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,10 @@ from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_bl
 from bench import sdk_floor
 from bench.cluster import (
     OperatorProcess,
-    ProcessSampler,
+    TimedRequest,
     agentrun_manifest,
     create_runs,
+    running_operator,
     running_stack,
 )
 from bench.conversation import API_KEY, MODEL
@@ -112,15 +114,7 @@ async def one_run(
             profile_path=profile_path,
         ) as stack,
     ):
-        manifests = [
-            agentrun_manifest(
-                f"scale-{i:05d}",
-                f"{MARKER} run-{i:05d}: compute four small products with the calculator.",
-                model={"name": MODEL, "maxTokens": 512},
-                tools=[{"builtin": {"name": "calculator"}}],
-            )
-            for i in range(runs)
-        ]
+        manifests = scale_manifests(runs)
         emulator = stack.emulator
         log_start = len(emulator.timed)
         stack.operator.start_profiling()
@@ -135,28 +129,62 @@ async def one_run(
         cpu_op, cpu_me = stack.sampler.cpu_seconds() - cpu_op_0, _cpu(me) - cpu_me_0
         peak = stack.sampler.peak_rss
         objects = emulator.list_objects("agentruns", "default")
-        succeeded = sum(1 for o in objects if o.get("status", {}).get("phase") == "Succeeded")
-        iterations = sum(int(o.get("status", {}).get("iterations") or 0) for o in objects)
         if len(emulator.finished_at) < runs:
             raise RuntimeError(
                 f"only {len(emulator.finished_at)} of {runs} runs finished; see {stack.operator.log_path}"
             )
-        makespan = max(emulator.finished_at.values()) - started
         end = max(emulator.finished_at.values())
         window = [t for t in emulator.timed[log_start:] if not t.from_bench and t.at <= end]
-        arrivals: dict[str, list[float]] = collections.defaultdict(list)
-        for request in api.requests:
-            arrivals["scale-" + request.first_user_text.split("run-", 1)[1][:5]].append(request.arrived_at)
-        first_arrival = {name: times[0] for name, times in arrivals.items()}
-        gaps = [b - a - latency for times in arrivals.values() for a, b in itertools.pairwise(times)]
-        latencies = [first_arrival[name] - created[name] for name in created if name in first_arrival]
-        kinds = collections.Counter(t.kind for t in window)
+    return _scale_run(
+        runs,
+        objects,
+        window,
+        api,
+        latency=latency,
+        started=started,
+        end=end,
+        create_burst=create_burst,
+        created=created,
+        peak=peak,
+        cpu_op=cpu_op,
+        cpu_me=cpu_me,
+        wall=wall,
+    )
+
+
+def _scale_run(
+    runs: int,
+    objects: list[dict[str, Any]],
+    window: Sequence[TimedRequest | ProxiedRequest],
+    api: FakeMessagesAPI,
+    *,
+    latency: float,
+    started: float,
+    end: float,
+    create_burst: float,
+    created: dict[str, float],
+    peak: int,
+    cpu_op: float,
+    cpu_me: float,
+    wall: float,
+    load: tuple[float, float] = (0.0, 0.0),
+    write_latencies: list[float] | None = None,
+) -> ScaleRun:
+    """The figures of one repeat from what either server recorded: the runs' objects, the operator's
+    requests in the measured window, and the model requests the fake API saw."""
+    succeeded = sum(1 for o in objects if o.get("status", {}).get("phase") == "Succeeded")
+    iterations = sum(int(o.get("status", {}).get("iterations") or 0) for o in objects)
+    arrivals: dict[str, list[float]] = collections.defaultdict(list)
+    for request in api.requests:
+        arrivals["scale-" + request.first_user_text.split("run-", 1)[1][:5]].append(request.arrived_at)
+    first_arrival = {name: times[0] for name, times in arrivals.items()}
+    kinds = collections.Counter(t.kind for t in window)
     per_iteration = max(iterations, 1)
     return ScaleRun(
         runs=runs,
-        makespan=makespan,
+        makespan=end - started,
         create_burst=create_burst,
-        first_request_latencies=latencies,
+        first_request_latencies=[first_arrival[n] - created[n] for n in created if n in first_arrival],
         requests_per_iteration=len(window) / per_iteration,
         writes_per_iteration=sum(1 for t in window if t.is_write) / per_iteration,
         peak_rss_mib=peak / 2**20,
@@ -164,16 +192,20 @@ async def one_run(
         cpu_ms_per_iteration=cpu_op / per_iteration * 1000,
         bench_cpu=cpu_me / wall,
         succeeded=succeeded,
-        turn_gaps=gaps,
+        turn_gaps=[b - a - latency for times in arrivals.values() for a, b in itertools.pairwise(times)],
         breakdown={kind: count / per_iteration for kind, count in kinds.most_common()},
         run_lengths=[times[-1] - times[0] + latency for times in arrivals.values()],
+        load=load,
+        write_latencies=write_latencies if write_latencies is not None else [],
     )
 
 
-def _manifests(runs: int) -> list[dict[str, Any]]:
+def scale_manifests(runs: int, prefix: str = "scale") -> list[dict[str, Any]]:
+    """The runs of the scale workload: named ``<prefix>-00000`` on; the fake model tells them apart by
+    the ``run-00000`` in the task."""
     return [
         agentrun_manifest(
-            f"scale-{i:05d}",
+            f"{prefix}-{i:05d}",
             f"{MARKER} run-{i:05d}: compute four small products with the calculator.",
             model={"name": MODEL, "maxTokens": 512},
             tools=[{"builtin": {"name": "calculator"}}],
@@ -214,17 +246,13 @@ async def one_real_run(
                 args=("--max-concurrent-runs", str(max(runs, 1000)), "--namespace", namespace),
                 profile_path=profile_path,
             )
-            await operator.start(ready_timeout=60.0)
-            assert operator.process is not None
-            sampler = ProcessSampler(operator.process.pid)
-            sampler.start()
-            try:
+            async with running_operator(operator, stop_timeout=60.0 if profile_path else 5.0) as sampler:
                 log_start, write_start = len(proxy.requests), len(proxy.write_latencies)
                 operator.start_profiling()
                 cpu_op_0, cpu_me_0 = sampler.cpu_seconds(), _cpu(me)
                 load_0 = os.getloadavg()[0]
                 started = time.time()
-                created = await server.create_runs(namespace, _manifests(runs))
+                created = await server.create_runs(namespace, scale_manifests(runs))
                 create_burst = time.time() - started
                 deadline = time.monotonic() + 300 + runs * 0.5
                 while len(proxy.finished_at) < runs and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -234,41 +262,27 @@ async def one_real_run(
                 cpu_op, cpu_me = sampler.cpu_seconds() - cpu_op_0, _cpu(me) - cpu_me_0
                 load_1 = os.getloadavg()[0]
                 peak = sampler.peak_rss
-            finally:
-                await sampler.stop()
-                await operator.stop(timeout=60.0 if profile_path else 5.0)
             if len(proxy.finished_at) < runs:
                 raise RuntimeError(
                     f"only {len(proxy.finished_at)} of {runs} runs finished; see {operator.log_path}"
                 )
             objects = await server.runs(namespace)
-    succeeded = sum(1 for o in objects if o.get("status", {}).get("phase") == "Succeeded")
-    iterations = sum(int(o.get("status", {}).get("iterations") or 0) for o in objects)
-    end = max(proxy.finished_at.values())
     # Everything from the first creation until the operator fell quiet: a run's finished Event follows
     # its terminal status patch, so cutting at the last of those would leave the last runs' Events out.
-    window = proxy.requests[log_start:]
-    arrivals: dict[str, list[float]] = collections.defaultdict(list)
-    for request in api.requests:
-        arrivals["scale-" + request.first_user_text.split("run-", 1)[1][:5]].append(request.arrived_at)
-    first_arrival = {name: times[0] for name, times in arrivals.items()}
-    kinds = collections.Counter(t.kind for t in window)
-    per_iteration = max(iterations, 1)
-    return ScaleRun(
-        runs=runs,
-        makespan=end - started,
+    return _scale_run(
+        runs,
+        objects,
+        proxy.requests[log_start:],
+        api,
+        latency=latency,
+        started=started,
+        end=max(proxy.finished_at.values()),
         create_burst=create_burst,
-        first_request_latencies=[first_arrival[n] - created[n] for n in created if n in first_arrival],
-        requests_per_iteration=len(window) / per_iteration,
-        writes_per_iteration=sum(1 for t in window if t.is_write) / per_iteration,
-        peak_rss_mib=peak / 2**20,
-        operator_cpu=cpu_op / wall,
-        cpu_ms_per_iteration=cpu_op / per_iteration * 1000,
-        bench_cpu=cpu_me / wall,
-        succeeded=succeeded,
-        turn_gaps=[b - a - latency for times in arrivals.values() for a, b in itertools.pairwise(times)],
-        breakdown={kind: count / per_iteration for kind, count in kinds.most_common()},
-        run_lengths=[times[-1] - times[0] + latency for times in arrivals.values()],
+        created=created,
+        peak=peak,
+        cpu_op=cpu_op,
+        cpu_me=cpu_me,
+        wall=wall,
         load=(load_0, load_1),
         write_latencies=proxy.write_latencies[write_start:],
     )
@@ -374,6 +388,26 @@ def _analyse(section: Section, runs: int, results: list[ScaleRun], ideal: float)
     )
 
 
+def _report_outcome(
+    section: Section, runs: int, results: list[ScaleRun], ideal: float, *, last_repeat: str
+) -> None:
+    """What every size reports on either server: runs that failed, requests by kind, the bottleneck."""
+    failed = [r.runs - r.succeeded for r in results]
+    if any(failed):
+        section.notes.append(f"{runs} runs: runs not Succeeded per repeat: {failed} (see the operator logs)")
+    rows = "\n".join(f"| {kind} | {value:.2f} |" for kind, value in results[-1].breakdown.items())
+    section.details.append(
+        f"**{runs} runs, operator requests per iteration by kind** ({last_repeat}):\n\n"
+        f"| request | per iteration |\n| --- | --- |\n{rows}"
+    )
+    _analyse(section, runs, results, ideal)
+
+
+def _profile(path: Path, heading: str) -> str:
+    stats = pstats.Stats(str(path))
+    return f"{heading}:\n\n" + summarise(stats) + "\n\n" + cumulative(stats, HOT_PATHS)
+
+
 def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -423,29 +457,17 @@ async def measure(
                 repeats,
             )
         )
-        failed = [r.runs - r.succeeded for r in results]
-        if any(failed):
-            section.notes.append(
-                f"{runs} runs: runs not Succeeded per repeat: {failed} (see the operator logs)"
-            )
-        last = results[-1]
-        rows = "\n".join(f"| {kind} | {value:.2f} |" for kind, value in last.breakdown.items())
-        section.details.append(
-            f"**{runs} runs, operator requests per iteration by kind** (last repeat):\n\n"
-            f"| request | per iteration |\n| --- | --- |\n{rows}"
-        )
-        _analyse(section, runs, results, ideal)
+        _report_outcome(section, runs, results, ideal, last_repeat="last repeat")
     if profile_size:
         progress(f"scale: profiling the operator over {profile_size} runs")
         path = workdir / f"operator-{profile_size}.prof"
         await one_run(workdir, profile_size, latency, f"profile-{profile_size}", profile_path=path)
-        stats = pstats.Stats(str(path))
         section.details.append(
-            f"**Profile of the operator process** (cProfile with a CPU-time clock, one extra untimed run of "
-            f"{profile_size} runs, from the first creation to the operator's exit; startup left out):\n\n"
-            + summarise(stats)
-            + "\n\n"
-            + cumulative(stats, HOT_PATHS)
+            _profile(
+                path,
+                f"**Profile of the operator process** (cProfile with a CPU-time clock, one extra untimed run "
+                f"of {profile_size} runs, from the first creation to the operator's exit; startup left out)",
+            )
         )
     section.notes.append(
         f"Targets apply to the largest size ({largest} runs). Time to finish is measured from the first "
@@ -494,30 +516,19 @@ async def _measure_real(
                 note=f"start → end per repeat: {loads}",
             )
         )
-        failed = [r.runs - r.succeeded for r in results]
-        if any(failed):
-            section.notes.append(
-                f"{runs} runs: runs not Succeeded per repeat: {failed} (see the operator logs)"
-            )
-        rows = "\n".join(f"| {kind} | {value:.2f} |" for kind, value in results[-1].breakdown.items())
-        section.details.append(
-            f"**{runs} runs, operator requests per iteration by kind** (last repeat, counted by the proxy):"
-            f"\n\n| request | per iteration |\n| --- | --- |\n{rows}"
-        )
-        _analyse(section, runs, results, ideal)
+        _report_outcome(section, runs, results, ideal, last_repeat="last repeat, counted by the proxy")
     if profile_size:
         progress(f"scale (real API server): profiling the operator over {profile_size} runs")
         path = workdir / f"operator-real-{profile_size}.prof"
         await one_real_run(
             workdir, profile_size, latency, f"profile-{profile_size}", kubeconfig, profile_path=path
         )
-        stats = pstats.Stats(str(path))
         section.details.append(
-            f"**Profile of the operator process against the real server** (cProfile, CPU-time clock, one "
-            f"extra untimed run of {profile_size} runs):\n\n"
-            + summarise(stats)
-            + "\n\n"
-            + cumulative(stats, HOT_PATHS)
+            _profile(
+                path,
+                f"**Profile of the operator process against the real server** (cProfile, CPU-time clock, one "
+                f"extra untimed run of {profile_size} runs)",
+            )
         )
     section.notes.append(
         f"Targets apply to the largest size ({largest} runs). The operator reaches the server through a "

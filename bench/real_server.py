@@ -162,14 +162,10 @@ class RecordingProxy:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[RecordingProxy]:
         key = self.workdir / "proxy.key"
-        openssl = await asyncio.create_subprocess_exec(
+        await _command(
             *_SELF_SIGNED, "-keyout", str(key), "-out", str(self.cert_path),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
+            failure="openssl could not make the proxy's certificate",
         )  # fmt: skip
-        _, err = await openssl.communicate()
-        if openssl.returncode != 0:
-            raise RuntimeError(f"openssl could not make the proxy's certificate: {err.decode().strip()}")
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(self.cert_path, key)
         connector = aiohttp.TCPConnector(ssl=self.upstream_tls or False, limit=0)
@@ -222,6 +218,16 @@ class RecordingProxy:
             return response
 
 
+async def _command(*args: str, failure: str) -> None:
+    """Runs a setup command; its output matters only when it fails, as the reason."""
+    process = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"{failure}: {out.decode().strip()}")
+
+
 @dataclass
 class RealServer:
     """The benchmark's own admin access to the server of a kubeconfig: namespaces, CRDs, runs."""
@@ -254,15 +260,11 @@ class RealServer:
             return await response.json(content_type=None) if response.status < 300 else None
 
     async def apply_crds(self) -> None:
-        process = await asyncio.create_subprocess_exec(
+        await _command(
             "kubectl", "--kubeconfig", str(self.kubeconfig), "apply", "--server-side", "--force-conflicts",
             "-f", str(CRDS),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            failure=f"kubectl apply -f {CRDS} failed",
         )  # fmt: skip
-        out, _ = await process.communicate()
-        if process.returncode != 0:
-            raise RuntimeError(f"kubectl apply -f {CRDS} failed: {out.decode()}")
 
     @contextlib.asynccontextmanager
     async def namespace(self, name: str) -> AsyncIterator[str]:

@@ -37,12 +37,11 @@ from bench.cluster import (
     OperatorProcess,
     ProcessSampler,
     RecordingEmulator,
-    agentrun_manifest,
     create_runs,
 )
-from bench.conversation import API_KEY, MODEL
+from bench.conversation import API_KEY
 from bench.figures import Figure, Section, Target, median, percentile, progress
-from bench.operator_scale import MARKER, MODEL_REQUESTS, scale_script
+from bench.operator_scale import MODEL_REQUESTS, scale_manifests, scale_script
 
 NAMESPACE = "default"
 """Where the runs and the replicas' Leases live (the chart puts the Leases in the release namespace)."""
@@ -249,15 +248,7 @@ async def one_run(
             progress(
                 f"replicas: {label}: membership did not settle in {SETTLE_SECONDS:g} s; creating runs anyway"
             )
-        manifests = [
-            agentrun_manifest(
-                f"replicas-{i:05d}",
-                f"{MARKER} run-{i:05d}: compute four small products with the calculator.",
-                model={"name": MODEL, "maxTokens": 512},
-                tools=[{"builtin": {"name": "calculator"}}],
-            )
-            for i in range(runs)
-        ]
+        manifests = scale_manifests(runs, "replicas")
         cpu_me.start()
         log_start = len(emulator.timed)
         cpu_0 = {m.name: m.sampler.cpu_seconds() for m in members}

@@ -28,6 +28,7 @@ from tests.support.builders import agentrun
 from tests.support.clusters import RUNS_API, TestCluster
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
+from tests.support.schedules import install_schedule_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "agentrun-operator"
@@ -37,7 +38,6 @@ MODEL = {"name": "claude-haiku-4-5"}
 #: Room for the whole workload: the quota counts it and limits nothing.
 QUOTA = "obs-budget"
 QUOTA_HARD = {"concurrentRuns": 10, "runs": 100, "tokens": 10_000_000, "costUSD": 100}
-SCHEDULE_CRD = ROOT / "crds" / "agentschedules.agentrun.dev.yaml"
 AGENT = "obs-researcher"
 
 
@@ -104,7 +104,7 @@ async def _operator(
         "AGENTRUN_HEARTBEAT_SECONDS": "0.2",
     }
     await install_quota_crd(cluster)
-    await _install_schedule_crd(cluster)
+    await install_schedule_crd(cluster)
     async with cluster.operator(tmp_path / "operator.log", env, args) as process:
         yield process
 
@@ -142,19 +142,6 @@ async def _run_workload(cluster: TestCluster) -> dict[str, dict[str, Any]]:
     phases = {name: obj["status"]["phase"] for name, obj in finished.items()}
     assert phases == {name: phase for name, (_, phase) in WORKLOAD.items()}
     return finished
-
-
-async def _install_schedule_crd(cluster: TestCluster) -> None:
-    """Served before the operator starts, as the quota CRD (a real server's is shared: not deleted)."""
-    if cluster.emulator is not None:
-        cluster.emulator.load_crd(SCHEDULE_CRD)
-        return
-    code, out = await cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(SCHEDULE_CRD))
-    assert code == 0, out
-    code, out = await cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/agentschedules.agentrun.dev", "--timeout=60s"
-    )
-    assert code == 0, out
 
 
 async def _run_agents_and_schedule(cluster: TestCluster) -> None:

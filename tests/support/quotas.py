@@ -5,25 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from tests.support.clusters import ROOT, RUNS_API, TestCluster
+from tests.support.crds import install_crd
 
 QUOTA_CRD = ROOT / "crds" / "agentrunquotas.agentrun.dev.yaml"
 
 
 async def install_quota_crd(cluster: TestCluster) -> None:
-    """The AgentRunQuota CRD, served before the operator starts (Kopf resolves its resources then).
-
-    On a real server it is applied, not deleted afterwards: the CRD is shared by every test there,
-    and deleting it would delete other tests' quotas.
-    """
-    if cluster.emulator is not None:
-        cluster.emulator.load_crd(QUOTA_CRD)
-        return
-    code, out = await cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(QUOTA_CRD))
-    assert code == 0, out
-    code, out = await cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/agentrunquotas.agentrun.dev", "--timeout=60s"
-    )
-    assert code == 0, out
+    await install_crd(cluster, QUOTA_CRD)
 
 
 def quota(name: str, *, namespace: str, **spec: Any) -> dict[str, Any]:

@@ -5,23 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from tests.support.clusters import ROOT, RUNS_API, TestCluster
+from tests.support.crds import install_crd
 
 SCHEDULE_CRD = ROOT / "crds" / "agentschedules.agentrun.dev.yaml"
 LABEL_SCHEDULE = "agentrun.dev/schedule"
 
 
 async def install_schedule_crd(cluster: TestCluster) -> None:
-    """Served before the operator starts (Kopf resolves its resources then); never deleted on a real
-    server, where other tests' schedules may use it."""
-    if cluster.emulator is not None:
-        cluster.emulator.load_crd(SCHEDULE_CRD)
-        return
-    code, out = await cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(SCHEDULE_CRD))
-    assert code == 0, out
-    code, out = await cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/agentschedules.agentrun.dev", "--timeout=60s"
-    )
-    assert code == 0, out
+    await install_crd(cluster, SCHEDULE_CRD)
 
 
 def schedules_path(cluster: TestCluster, name: str = "") -> str:

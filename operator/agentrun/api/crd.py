@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -196,27 +198,132 @@ def quota_status_schema() -> dict[str, Any]:
     return _schema_of(AgentRunQuotaStatus)
 
 
-def _definition(
-    *,
-    kind: str,
-    plural: str,
-    singular: str,
-    short_names: tuple[str, ...],
-    columns: list[dict[str, Any]],
-    root: dict[str, Any],
-) -> dict[str, Any]:
+def schedule_spec_schema() -> dict[str, Any]:
+    schema = _schema_of(AgentScheduleSpec)
+    # runSpec is copied into each run as written: defaults stored here would look declared by the run
+    # (and a default limit above the Agent's would break tighten-only).
+    _described_defaults(schema["properties"]["runSpec"])
+    return schema
+
+
+def schedule_status_schema() -> dict[str, Any]:
+    return _schema_of(AgentScheduleStatus)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What tells one kind's CRD from another's; everything else about a CRD is the same for all."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    columns: tuple[dict[str, Any], ...]
+    description: str
+    spec: Callable[[], dict[str, Any]]
+    spec_description: str
+    status: Callable[[], dict[str, Any]]
+    status_description: str
+
+
+_AGENTRUN = _Kind(
+    kind=KIND,
+    plural=PLURAL,
+    singular=SINGULAR,
+    short_names=SHORT_NAMES,
+    columns=(
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Stop Reason", "type": "string", "jsonPath": ".status.stopReason"},
+        {"name": "Iterations", "type": "integer", "jsonPath": ".status.iterations"},
+        {"name": "Tokens", "type": "integer", "jsonPath": ".status.usage.totalTokens"},
+        {"name": "Cost", "type": "string", "jsonPath": ".status.usage.costUSD"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Agent", "type": "string", "jsonPath": ".spec.agentRef.name", "priority": 1},
+    ),
+    description="AgentRun runs one LLM agent loop (Anthropic tool use) to completion within declared limits "
+    "and budgets.",
+    spec=spec_schema,
+    spec_description="The desired run.",
+    status=status_schema,
+    status_description="What happened (operator-owned).",
+)
+
+_QUOTA = _Kind(
+    kind=QUOTA_KIND,
+    plural=QUOTA_PLURAL,
+    singular=QUOTA_SINGULAR,
+    short_names=QUOTA_SHORT_NAMES,
+    columns=(
+        {"name": "Window", "type": "string", "jsonPath": ".spec.window"},
+        {"name": "Concurrent", "type": "string", "jsonPath": ".status.summary.concurrentRuns"},
+        {"name": "Runs", "type": "string", "jsonPath": ".status.summary.runs"},
+        {"name": "Tokens", "type": "string", "jsonPath": ".status.summary.tokens"},
+        {"name": "Cost", "type": "string", "jsonPath": ".status.summary.costUSD"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ),
+    description="AgentRunQuota limits the AgentRuns of its namespace: concurrent runs, and runs, tokens and "
+    "US dollars per window, checked before every model request; and the largest limits one run "
+    "may declare. Every quota of a namespace applies.",
+    spec=quota_spec_schema,
+    spec_description="The limits.",
+    status=quota_status_schema,
+    status_description="The ledger of use against the limits (operator-owned).",
+)
+
+_AGENT = _Kind(
+    kind=AGENT_KIND,
+    plural=AGENT_PLURAL,
+    singular=AGENT_SINGULAR,
+    short_names=AGENT_SHORT_NAMES,
+    columns=(
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ),
+    description="Agent is an AgentRun's definition without its task: system prompt, model, tools, limits. "
+    "AgentRuns run it with spec.agentRef and may only narrow its limits.",
+    spec=agent_spec_schema,
+    spec_description="What every run of this Agent does.",
+    status=agent_status_schema,
+    status_description="What the operator saw (operator-owned).",
+)
+
+_SCHEDULE = _Kind(
+    kind=SCHEDULE_KIND,
+    plural=SCHEDULE_PLURAL,
+    singular=SCHEDULE_SINGULAR,
+    short_names=SCHEDULE_SHORT_NAMES,
+    columns=(
+        {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule"},
+        {"name": "Time Zone", "type": "string", "jsonPath": ".spec.timeZone", "priority": 1},
+        {"name": "Agent", "type": "string", "jsonPath": ".spec.agentRef.name", "priority": 1},
+        {"name": "Suspend", "type": "boolean", "jsonPath": ".spec.suspend"},
+        {"name": "Last Schedule", "type": "date", "jsonPath": ".status.lastScheduleTime"},
+        {"name": "Next", "type": "string", "jsonPath": ".status.nextScheduleTime"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ),
+    description="AgentSchedule creates AgentRuns of an Agent on a cron schedule, as a CronJob creates Jobs: "
+    "a concurrency policy, a starting deadline for missed times, history limits and suspend.",
+    spec=schedule_spec_schema,
+    spec_description="When to create runs, and which.",
+    status=schedule_status_schema,
+    status_description="What the schedule did (operator-owned).",
+)
+
+
+def _definition(kind: _Kind) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
+        "metadata": {"name": f"{kind.plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": singular,
-                "shortNames": list(short_names),
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": list(kind.short_names),
                 "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
@@ -226,18 +333,18 @@ def _definition(
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                    "schema": {"openAPIV3Schema": root},
+                    "additionalPrinterColumns": copy.deepcopy(list(kind.columns)),
+                    "schema": {"openAPIV3Schema": _root(kind)},
                 }
             ],
         },
     }
 
 
-def _root(description: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+def _root(kind: _Kind) -> dict[str, Any]:
     return {
         "type": "object",
-        "description": description,
+        "description": kind.description,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "API version of the object."},
@@ -245,132 +352,47 @@ def _root(description: str, spec: dict[str, Any], status: dict[str, Any]) -> dic
             # A real API server refuses anything but `type` here ("metadata is
             # implicitly specified"), descriptions included.
             "metadata": {"type": "object"},
-            "spec": spec,
-            "status": status,
+            "spec": {**kind.spec(), "description": kind.spec_description},
+            "status": {**kind.status(), "description": kind.status_description},
         },
     }
 
 
 def crd() -> dict[str, Any]:
-    return _definition(
-        kind=KIND,
-        plural=PLURAL,
-        singular=SINGULAR,
-        short_names=SHORT_NAMES,
-        columns=[
-            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-            {"name": "Stop Reason", "type": "string", "jsonPath": ".status.stopReason"},
-            {"name": "Iterations", "type": "integer", "jsonPath": ".status.iterations"},
-            {"name": "Tokens", "type": "integer", "jsonPath": ".status.usage.totalTokens"},
-            {"name": "Cost", "type": "string", "jsonPath": ".status.usage.costUSD"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-            {"name": "Agent", "type": "string", "jsonPath": ".spec.agentRef.name", "priority": 1},
-        ],
-        root=_root(
-            "AgentRun runs one LLM agent loop (Anthropic tool use) to completion within declared limits "
-            "and budgets.",
-            {**spec_schema(), "description": "The desired run."},
-            {**status_schema(), "description": "What happened (operator-owned)."},
-        ),
-    )
+    return _definition(_AGENTRUN)
 
 
 def quota_crd() -> dict[str, Any]:
-    return _definition(
-        kind=QUOTA_KIND,
-        plural=QUOTA_PLURAL,
-        singular=QUOTA_SINGULAR,
-        short_names=QUOTA_SHORT_NAMES,
-        columns=[
-            {"name": "Window", "type": "string", "jsonPath": ".spec.window"},
-            {"name": "Concurrent", "type": "string", "jsonPath": ".status.summary.concurrentRuns"},
-            {"name": "Runs", "type": "string", "jsonPath": ".status.summary.runs"},
-            {"name": "Tokens", "type": "string", "jsonPath": ".status.summary.tokens"},
-            {"name": "Cost", "type": "string", "jsonPath": ".status.summary.costUSD"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-        ],
-        root=_root(
-            "AgentRunQuota limits the AgentRuns of its namespace: concurrent runs, and runs, tokens and "
-            "US dollars per window, checked before every model request; and the largest limits one run "
-            "may declare. Every quota of a namespace applies.",
-            {**quota_spec_schema(), "description": "The limits."},
-            {
-                **quota_status_schema(),
-                "description": "The ledger of use against the limits (operator-owned).",
-            },
-        ),
-    )
+    return _definition(_QUOTA)
 
 
 def agent_crd() -> dict[str, Any]:
-    return _definition(
-        kind=AGENT_KIND,
-        plural=AGENT_PLURAL,
-        singular=AGENT_SINGULAR,
-        short_names=AGENT_SHORT_NAMES,
-        columns=[
-            {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
-            {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-        ],
-        root=_root(
-            "Agent is an AgentRun's definition without its task: system prompt, model, tools, limits. "
-            "AgentRuns run it with spec.agentRef and may only narrow its limits.",
-            {**agent_spec_schema(), "description": "What every run of this Agent does."},
-            {**agent_status_schema(), "description": "What the operator saw (operator-owned)."},
-        ),
-    )
-
-
-def schedule_spec_schema() -> dict[str, Any]:
-    schema = _schema_of(AgentScheduleSpec)
-    # runSpec is copied into each run as written: defaults stored here would look declared by the run
-    # (and a default limit above the Agent's would break tighten-only).
-    _described_defaults(schema["properties"]["runSpec"])
-    return schema
+    return _definition(_AGENT)
 
 
 def schedule_crd() -> dict[str, Any]:
-    return _definition(
-        kind=SCHEDULE_KIND,
-        plural=SCHEDULE_PLURAL,
-        singular=SCHEDULE_SINGULAR,
-        short_names=SCHEDULE_SHORT_NAMES,
-        columns=[
-            {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule"},
-            {"name": "Time Zone", "type": "string", "jsonPath": ".spec.timeZone", "priority": 1},
-            {"name": "Agent", "type": "string", "jsonPath": ".spec.agentRef.name", "priority": 1},
-            {"name": "Suspend", "type": "boolean", "jsonPath": ".spec.suspend"},
-            {"name": "Last Schedule", "type": "date", "jsonPath": ".status.lastScheduleTime"},
-            {"name": "Next", "type": "string", "jsonPath": ".status.nextScheduleTime"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-        ],
-        root=_root(
-            "AgentSchedule creates AgentRuns of an Agent on a cron schedule, as a CronJob creates Jobs: "
-            "a concurrency policy, a starting deadline for missed times, history limits and suspend.",
-            {**schedule_spec_schema(), "description": "When to create runs, and which."},
-            {**_schema_of(AgentScheduleStatus), "description": "What the schedule did (operator-owned)."},
-        ),
-    )
+    return _definition(_SCHEDULE)
 
 
 HEADER = "# Generated by `agentrun crd` from operator/agentrun/api; do not edit by hand.\n"
 
 
+def _yaml(document: dict[str, Any], kind: str | None = None) -> str:
+    header = HEADER if kind is None else HEADER.replace("`agentrun crd`", f"`agentrun crd --kind {kind}`")
+    return header + yaml.safe_dump(document, sort_keys=False, width=100, allow_unicode=True)
+
+
 def crd_yaml() -> str:
-    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100, allow_unicode=True)
+    return _yaml(crd())
 
 
 def quota_crd_yaml() -> str:
-    header = HEADER.replace("`agentrun crd`", "`agentrun crd --kind AgentRunQuota`")
-    return header + yaml.safe_dump(quota_crd(), sort_keys=False, width=100, allow_unicode=True)
+    return _yaml(quota_crd(), QUOTA_KIND)
 
 
 def agent_crd_yaml() -> str:
-    header = HEADER.replace("`agentrun crd`", "`agentrun crd --kind Agent`")
-    return header + yaml.safe_dump(agent_crd(), sort_keys=False, width=100, allow_unicode=True)
+    return _yaml(agent_crd(), AGENT_KIND)
 
 
 def schedule_crd_yaml() -> str:
-    header = HEADER.replace("`agentrun crd`", "`agentrun crd --kind AgentSchedule`")
-    return header + yaml.safe_dump(schedule_crd(), sort_keys=False, width=100, allow_unicode=True)
+    return _yaml(schedule_crd(), SCHEDULE_KIND)

@@ -140,6 +140,28 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def new_event(
+    *, name: str, involved: dict[str, Any], kind: str, reason: str, message: str, instance: str
+) -> dict[str, Any]:
+    """A first Event (count 1) about ``involved``, in its namespace; later repeats patch its count."""
+    stamp = _now()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": involved["namespace"]},
+        "involvedObject": involved,
+        "type": kind,
+        "reason": reason,
+        "message": message,
+        "count": 1,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
+    }
+
+
 class RunEvents:
     """Per-run event recorder; an observer of loop events."""
 
@@ -240,25 +262,17 @@ class RunEvents:
         if not (always or self._bucket.take()):
             self._suppressed += 1
             return
-        stamp = _now()
         name = f"{self._run.name}.{time.time_ns():x}"
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": self._run.namespace},
-            "involvedObject": self._run.reference(),
-            "type": kind,
-            "reason": reason,
-            "message": text,
-            "count": 1,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self._instance,
-        }
+        body = new_event(
+            name=name,
+            involved=self._run.reference(),
+            kind=kind,
+            reason=reason,
+            message=text,
+            instance=self._instance,
+        )
         if await self._call(self._sink.create(self._run.namespace, body)):
-            self._posted[(kind, reason, key)] = _Posted(name, 1, stamp, text)
+            self._posted[(kind, reason, key)] = _Posted(name, 1, body["firstTimestamp"], text)
 
     async def flush(self) -> None:
         """Counts bumped while rate-limited are written before the run's last word."""

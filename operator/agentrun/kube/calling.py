@@ -130,18 +130,7 @@ class KubeClient:
 
     async def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge patch on the status subresource (a status sent to the main object is ignored)."""
-        await call(
-            self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        await self._patch_status(PLURAL, namespace, name, status)
 
     async def delete_run(self, namespace: str, name: str, uid: str) -> None:
         """Deletes that very run (a uid precondition: never a newer run of that name), dependents after it."""
@@ -151,6 +140,20 @@ class KubeClient:
         await call(
             self._custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, body=body, _preload_content=False
+            )
+        )
+
+    async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await call(
+            self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
             )
         )
 
@@ -169,43 +172,13 @@ class KubeClient:
 
     async def patch_agent_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge patch on the Agent's status subresource (its validation: controller/agents/)."""
-        await call(
-            self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-                GROUP,
-                VERSION,
-                namespace,
-                AGENT_PLURAL,
-                name,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        await self._patch_status(AGENT_PLURAL, namespace, name, status)
 
     # AgentSchedules ------------------------------------------------------------------------------
 
-    async def create_scheduled_run(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Creates an AgentRun (APIAlreadyExistsError when one of that name exists: already created)."""
-        return await call_json(
-            self._custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, body, _preload_content=False
-            )
-        )
-
     async def patch_schedule_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge patch on the AgentSchedule's status subresource."""
-        await call(
-            self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-                GROUP,
-                VERSION,
-                namespace,
-                SCHEDULE_PLURAL,
-                name,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        await self._patch_status(SCHEDULE_PLURAL, namespace, name, status)
 
     # AgentRunQuotas ------------------------------------------------------------------------------
 

@@ -11,12 +11,18 @@ from kubernetes_asyncio import client, config
 from agentrun.kube.calling import KubeClient
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 
-CRD = Path(__file__).resolve().parents[3] / "crds" / "agentruns.agentrun.dev.yaml"
+CRDS = Path(__file__).resolve().parents[3] / "crds"
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+def served_crds() -> list[str]:
+    """The CRDs the emulator serves, by file name in crds/: a package's conftest names more."""
+    return ["agentruns.agentrun.dev.yaml"]
+
+
+@pytest.fixture
+async def cluster(served_crds: list[str]) -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator.running(crd_paths=[CRDS / name for name in served_crds]) as kube:
         yield kube
 
 

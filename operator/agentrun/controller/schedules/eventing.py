@@ -9,11 +9,10 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from agentrun.api import API_VERSION, SCHEDULE_KIND
-from agentrun.controller.kube_eventing import COMPONENT, bounded
+from agentrun.controller.kube_eventing import bounded, new_event
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIError
 
@@ -29,28 +28,20 @@ class ScheduleEvents:
     async def post(self, schedule: dict[str, Any], kind: str, reason: str, message: str) -> None:
         metadata = schedule.get("metadata") or {}
         namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
-            "involvedObject": {
+        body = new_event(
+            name=f"{name}.{time.time_ns():x}",
+            involved={
                 "apiVersion": API_VERSION,
                 "kind": SCHEDULE_KIND,
                 "namespace": namespace,
                 "name": name,
                 "uid": metadata.get("uid") or "",
             },
-            "type": kind,
-            "reason": reason,
-            "message": bounded(message),
-            "count": 1,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self._instance,
-        }
+            kind=kind,
+            reason=reason,
+            message=bounded(message),
+            instance=self._instance,
+        )
         try:
             await self._kube.create_event(namespace, body)
         except APIError as exc:

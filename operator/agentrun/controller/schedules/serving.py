@@ -259,6 +259,14 @@ class ScheduleServer:
             if any(ref.get("uid") == uid for ref in (item.get("metadata") or {}).get("ownerReferences") or [])
         ]
 
+    async def _no_run(
+        self, schedule: dict[str, Any], result: str, kind: str, reason: str, message: str
+    ) -> None:
+        """A due time that gets no run is always both counted and told on the schedule."""
+        metadata = schedule["metadata"]
+        self.metrics.schedule_time_handled(metadata["namespace"], metadata["name"], result)
+        await self.events.post(schedule, kind, reason, message)
+
     async def _act(
         self, schedule: dict[str, Any], spec: AgentScheduleSpec, owed: Due, active: list[str]
     ) -> dict[str, Any] | None:
@@ -267,9 +275,9 @@ class ScheduleServer:
         namespace, name = metadata["namespace"], metadata["name"]
         if owed.start is None:
             assert owed.late is not None
-            self.metrics.schedule_time_handled(namespace, name, "missed_deadline")
-            await self.events.post(
+            await self._no_run(
                 schedule,
+                "missed_deadline",
                 "Warning",
                 "MissedSchedule",
                 f"the run for {rfc3339(owed.late)} was not created: it is more than "
@@ -282,9 +290,9 @@ class ScheduleServer:
             return None
         decision = admit(Concurrency(spec.concurrency_policy), active)
         if isinstance(decision, Skip):
-            self.metrics.schedule_time_handled(namespace, name, "skipped_forbid")
-            await self.events.post(
+            await self._no_run(
                 schedule,
+                "skipped_forbid",
                 "Normal",
                 "Skipped",
                 f"no run for {rfc3339(scheduled)}: {', '.join(decision.active)} still running "
@@ -298,7 +306,7 @@ class ScheduleServer:
         body = self._run_body(schedule, spec, scheduled)
         run = body["metadata"]["name"]
         try:
-            created = await self.kube.create_scheduled_run(namespace, body)
+            created = await self.kube.create_run(namespace, body)
         except APIAlreadyExistsError:
             logger.info("AgentSchedule %s/%s: run %s exists already", namespace, name, run)
             return None

@@ -19,10 +19,8 @@ QuotaFactory = Callable[..., Awaitable[dict[str, Any]]]
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[EmulatedCluster]:
-    paths = [CRDS / "agentruns.agentrun.dev.yaml", CRDS / "agentrunquotas.agentrun.dev.yaml"]
-    async with EmulatedCluster.running(crd_paths=paths) as kube:
-        yield kube
+def served_crds() -> list[str]:
+    return ["agentruns.agentrun.dev.yaml", "agentrunquotas.agentrun.dev.yaml"]
 
 
 @contextlib.asynccontextmanager
