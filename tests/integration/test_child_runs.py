@@ -250,6 +250,10 @@ async def test_an_operator_killed_while_children_run_resumes_waiting_without_a_s
     from_children = sum(c["status"]["usage"]["inputTokens"] for c in children)
     assert from_children == 300 + 400 + 500
     assert status["usage"]["inputTokens"] == own["input_tokens"] + from_children == 1000 + 2000 + 1200
+    # Against the API's own log: every child answer counted is billed, and what is billed beyond that
+    # is at most one cut-off request per child (the one in flight at the kill, asked again after it).
+    children_billed = billed(model, {c["metadata"]["uid"] for c in children})["input_tokens"]
+    assert from_children <= children_billed <= 2 * from_children
     assert status["children"]["total"] == 3 and status["children"]["succeeded"] == 3
 
 
