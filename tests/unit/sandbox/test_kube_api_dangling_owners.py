@@ -42,3 +42,6 @@ async def test_an_object_with_a_living_owner_and_a_missing_one_keeps_the_living_
         return refs == [living]
 
     await eventually(stripped, what="the missing owner's reference to be removed")
+    # The living owner keeps its dependent: only the dangling reference went, not the object.
+    kept = await client.get(f"{CONFIGMAPS}/child")
+    assert kept.status == 200 and kept.body["metadata"]["ownerReferences"] == [living]
