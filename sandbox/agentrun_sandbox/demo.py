@@ -93,6 +93,11 @@ def load_examples(directory: str | None) -> list[dict[str, Any]]:
     return found if any(d["kind"] == KIND for d in found) else [dict(e) for e in EMBEDDED_EXAMPLES]
 
 
+def _crds() -> tuple[dict[str, Any], ...]:
+    """The kinds the demo uses, the same on the emulator and on a real cluster."""
+    return (crd(), quota_crd(), agent_crd())
+
+
 @contextlib.asynccontextmanager
 async def _cluster(kubeconfig: str | None) -> AsyncIterator[str]:
     if kubeconfig:
@@ -100,9 +105,9 @@ async def _cluster(kubeconfig: str | None) -> AsyncIterator[str]:
         return
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
-        for name, definition in (("crd", crd), ("quota-crd", quota_crd), ("agent-crd", agent_crd)):
-            paths.append(Path(tmp) / f"{name}.yaml")
-            paths[-1].write_text(yaml.safe_dump(definition()))
+        for manifest in _crds():
+            paths.append(Path(tmp) / f"{manifest['metadata']['name']}.yaml")
+            paths[-1].write_text(yaml.safe_dump(manifest))
         async with EmulatedCluster.running(crd_paths=paths) as kube:
             print(f"Kubernetes API emulator on {kube.url}", file=sys.stderr)
             yield str(kube.kubeconfig_path)
@@ -136,7 +141,7 @@ async def _install_crd(api: client.ApiClient, access: ClusterAccess) -> None:
     """Before the operator starts: it checks at startup that it can list AgentRuns, and serves
     AgentRunQuotas only if their CRD is there when it starts."""
     ext = client.ApiextensionsV1Api(api)
-    for manifest in (crd(), quota_crd(), agent_crd()):
+    for manifest in _crds():
         with explained(
             "create",
             f"CustomResourceDefinition {manifest['metadata']['name']}",
