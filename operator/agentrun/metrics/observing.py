@@ -240,6 +240,7 @@ class Metrics:
             self.approvals_decided.labels(decision)
         self._init_quota_metrics(registry)
         self._init_replica_metrics(registry)
+        self._init_child_metrics(registry)
         self._init_schedule_metrics(registry)
         self.heartbeat = Gauge(
             "agentrun_operator_heartbeat_timestamp_seconds",
@@ -400,6 +401,10 @@ class Metrics:
             ["replica"],
             registry=registry,
         )
+
+    # Child runs ------------------------------------------------------------------------------------
+
+    def _init_child_metrics(self, registry: CollectorRegistry) -> None:
         self.child_runs_created = Counter(
             "agentrun_child_runs_created",
             "Child AgentRuns agent tools created (a call finding its child after a restart is not counted).",
