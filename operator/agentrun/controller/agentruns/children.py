@@ -332,6 +332,7 @@ async def delete_children(kube: KubeClient, namespace: str, parent_uid: str) -> 
         metadata = child["metadata"]
         try:
             await kube.delete_run(namespace, metadata["name"], metadata["uid"])
-        except (APINotFoundError, APIError) as exc:
-            if not isinstance(exc, APINotFoundError):
-                logger.warning("could not delete child run %s/%s: %s", namespace, metadata["name"], exc)
+        except APINotFoundError:
+            continue
+        except APIError as exc:
+            logger.warning("could not delete child run %s/%s: %s", namespace, metadata["name"], exc)

@@ -222,11 +222,9 @@ class AgentRunHandler:
         if lost:
             if self.ownership.fenced:
                 logger.warning("cut off from the API server: stopping all %d runs executing here", len(lost))
-            else:
-                logger.info("handing %d run(s) over to other replicas", len(lost))
-            if self.ownership.fenced:
                 await self.supervisor.halt(lost)  # cut off: its Lease may expire soon, stop now
             else:
+                logger.info("handing %d run(s) over to other replicas", len(lost))
                 await self.supervisor.handoff(lost, self.grace, at_once=self._not_looping)
             self.metrics.replica_handoff(self.replica, "out", len(lost))
         executing = self.supervisor.executing()

@@ -116,16 +116,7 @@ class RunSupervisor:
         A replica hands a run over only after this returns (controller/replicas/): the next owner resumes
         it from a transcript nobody else appends to. A halted run may be started again later.
         """
-        tasks = []
-        for uid in uids:
-            entry = self._running.get(uid)
-            if entry is None:
-                continue
-            self.stop(uid)
-            if entry.task is not None:
-                tasks.append(entry.task)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.handoff(uids, 0.0)
 
     async def handoff(
         self, uids: Collection[str], grace: float, *, at_once: Callable[[str], bool] = lambda uid: False
