@@ -29,7 +29,7 @@ def _condition(
 ) -> dict[str, Any]:
     old = previous.get(type_)
     # lastTransitionTime moves only when the status value itself changes.
-    since = old.get("lastTransitionTime", now) if old and old.get("status") == status else now
+    since = (old.get("lastTransitionTime") or now) if old and old.get("status") == status else now
     condition: dict[str, Any] = {
         "type": type_,
         "status": status,
@@ -40,6 +40,21 @@ def _condition(
     if generation is not None:
         condition["observedGeneration"] = generation
     return condition
+
+
+def condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    *,
+    now: str,
+    previous: Sequence[Mapping[str, Any]] = (),
+    generation: int | None = None,
+) -> dict[str, Any]:
+    """One condition kept by a run's rule: for the other kinds' own Ready (Agent, AgentSchedule)."""
+    prev = {str(c.get("type")): c for c in previous if isinstance(c, Mapping)}
+    return _condition(type_, status, reason, message, now, generation, prev)
 
 
 def conditions_for(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentrun.api.conditions import condition
 from agentrun.controller.agentruns.phases import Ending, admit
 
 __all__ = ["INVALID_SPEC", "VALID", "VALID_MESSAGE", "agent_status", "check"]
@@ -39,21 +40,6 @@ def agent_status(body: Mapping[str, Any], now: str) -> dict[str, Any]:
     status, reason, message = (
         ("True", VALID, VALID_MESSAGE) if problem is None else ("False", INVALID_SPEC, problem)
     )
-    old = next(
-        (c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-        None,
-    )
-    since = old.get("lastTransitionTime") if old is not None and old.get("status") == status else None
-    return {
-        "observedGeneration": generation,
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": status,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": since or now,
-                "observedGeneration": generation,
-            }
-        ],
-    }
+    previous = (body.get("status") or {}).get("conditions") or []
+    ready = condition("Ready", status, reason, message, now=now, previous=previous, generation=generation)
+    return {"observedGeneration": generation, "conditions": [ready]}

@@ -25,6 +25,7 @@ from agentrun.api import (
     LABEL_SCHEDULE,
     SCHEDULE_KIND,
 )
+from agentrun.api.conditions import condition
 from agentrun.api.schedule import AgentScheduleSpec
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.controller.schedules.eventing import ScheduleEvents
@@ -86,20 +87,6 @@ def parse_time(value: object) -> dt.datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
-def _condition(
-    type_: str, status: str, reason: str, message: str, now: str, old: list[Mapping[str, Any]]
-) -> dict[str, Any]:
-    previous = next((c for c in old if c.get("type") == type_), None)
-    since = (previous or {}).get("lastTransitionTime") if (previous or {}).get("status") == status else None
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since or now,
-    }
-
-
 def _records(runs: Sequence[Mapping[str, Any]]) -> list[RunRecord]:
     records = []
     for run in runs:
@@ -159,7 +146,7 @@ class ScheduleServer:
             said = [c.get("message") for c in conditions if c.get("type") == "Ready"]
             if said != [valid]:
                 await self.events.post(schedule, "Warning", INVALID_SPEC, valid)
-            ready = _condition("Ready", "False", INVALID_SPEC, valid, stamp, conditions)
+            ready = condition("Ready", "False", INVALID_SPEC, valid, now=stamp, previous=conditions)
             await self._write(
                 schedule,
                 {
@@ -186,8 +173,9 @@ class ScheduleServer:
                 active_names.append((created.get("metadata") or {}).get("name") or "")
             last_handled = self.handled[uid] = owed.handled
 
+        records = _records(runs)
         for doomed in to_prune(
-            _records(runs),
+            records,
             successful=spec.successful_runs_history_limit,
             failed=spec.failed_runs_history_limit,
         ):
@@ -199,7 +187,7 @@ class ScheduleServer:
             except (APINotFoundError, APIConflictError):
                 pass
 
-        succeeded = [r.scheduled for r in _records(runs) if r.succeeded and r.scheduled]
+        succeeded = [r.scheduled for r in records if r.succeeded and r.scheduled]
         last_success = max(
             [*succeeded, *([status["lastSuccessfulTime"]] if status.get("lastSuccessfulTime") else [])],
             default=None,
@@ -207,12 +195,19 @@ class ScheduleServer:
 
         next_time = None if spec.suspend else owed.next_time
         if spec.suspend:
-            ready = _condition(
-                "Ready", "True", "Suspended", "spec.suspend is true: no runs are created", stamp, conditions
+            ready = condition(
+                "Ready",
+                "True",
+                "Suspended",
+                "spec.suspend is true: no runs are created",
+                now=stamp,
+                previous=conditions,
             )
         else:
             when = rfc3339(next_time) if next_time else "never"
-            ready = _condition("Ready", "True", "Scheduled", f"next run at {when}", stamp, conditions)
+            ready = condition(
+                "Ready", "True", "Scheduled", f"next run at {when}", now=stamp, previous=conditions
+            )
         new_conditions = [ready]
         if owed.too_many_missed:
             message = (
@@ -221,7 +216,9 @@ class ScheduleServer:
             )
             await self.events.post(schedule, "Warning", "TooManyMissedTimes", message)
             new_conditions.append(
-                _condition("MissedSchedules", "True", "TooManyMissedTimes", message, stamp, conditions)
+                condition(
+                    "MissedSchedules", "True", "TooManyMissedTimes", message, now=stamp, previous=conditions
+                )
             )
         else:
             kept = next((c for c in conditions if c.get("type") == "MissedSchedules"), None)
@@ -229,7 +226,14 @@ class ScheduleServer:
                 new_conditions.append(kept)
             elif kept is not None:
                 new_conditions.append(
-                    _condition("MissedSchedules", "False", "CaughtUp", "no times missed", stamp, conditions)
+                    condition(
+                        "MissedSchedules",
+                        "False",
+                        "CaughtUp",
+                        "no times missed",
+                        now=stamp,
+                        previous=conditions,
+                    )
                 )
         await self._write(
             schedule,
