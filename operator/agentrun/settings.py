@@ -137,6 +137,24 @@ class Settings(BaseModel):
         ),
     )
 
+    loop_stall_seconds: float = Field(
+        default=30.0,
+        le=3600,
+        description=(
+            "A replica whose event loop has not run for this long stops renewing its Lease, so the "
+            "other replicas take its runs; far above the lag of a loaded loop (a few seconds)."
+        ),
+    )
+
+    @field_validator("loop_stall_seconds")
+    @classmethod
+    def _above_the_beat(cls, value: float) -> float:
+        # The event loop beats every second (controller/replicas/detached.py): a healthy loop's last
+        # beat is up to a second old, so a shorter limit would stop every renewal.
+        if not value > 1:
+            raise ValueError(f"must be more than 1 second (the event loop beats every second), not {value:g}")
+        return value
+
     @field_validator("lease_namespace", "replica_group")
     @classmethod
     def _dns_label(cls, value: str | None) -> str | None:

@@ -247,7 +247,14 @@ def test_operator_runs_one_replica_by_default_and_rolls_a_new_pod_in_before_the_
 def test_every_replica_joins_the_release_namespace_membership_named_after_its_pod(renderer: Renderer) -> None:
     env = env_of(
         renderer.render(
-            {"operator": {"leaseDurationSeconds": 30, "leaseRenewSeconds": 4, "handoffGraceSeconds": 12}}
+            {
+                "operator": {
+                    "leaseDurationSeconds": 30,
+                    "leaseRenewSeconds": 4,
+                    "handoffGraceSeconds": 12,
+                    "loopStallSeconds": 45,
+                }
+            }
         )
     )
     assert env["AGENTRUN_LEASE_NAMESPACE"]["value"] == NAMESPACE
@@ -258,14 +265,17 @@ def test_every_replica_joins_the_release_namespace_membership_named_after_its_po
     assert env["AGENTRUN_LEASE_DURATION_SECONDS"]["value"] == "30"
     assert env["AGENTRUN_LEASE_RENEW_SECONDS"]["value"] == "4"
     assert env["AGENTRUN_HANDOFF_GRACE_SECONDS"]["value"] == "12"
+    assert env["AGENTRUN_LOOP_STALL_SECONDS"]["value"] == "45"
     defaults = env_of(renderer.render())
     assert (
         defaults["AGENTRUN_LEASE_DURATION_SECONDS"]["value"],
         defaults["AGENTRUN_LEASE_RENEW_SECONDS"]["value"],
         defaults["AGENTRUN_HANDOFF_GRACE_SECONDS"]["value"],
+        defaults["AGENTRUN_LOOP_STALL_SECONDS"]["value"],
     ) == (
         "30",
         "5",
+        "30",
         "30",
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import signal
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agentrun.controller.replicas.faults import STALL_LOOP_VARIABLE
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.integration.test_durable_runs import Webhook, assert_consistent, transcript_of, webhook_manifest
@@ -32,6 +34,10 @@ FINISHED = ("Succeeded", "Failed", "Cancelled")
 FAILOVER_SLACK_SECONDS = 8.0
 #: Tool steps of a run while the group grows and shrinks: long enough to be under way throughout.
 SCALE_STEPS = 10
+#: A replica whose event loop has not run for this long stops renewing its Lease (the default is 30 s).
+LOOP_STALL_SECONDS = 2.0
+#: How long the stuck replica's event loop is blocked: well past the stall limit plus the Lease.
+STUCK_SECONDS = 25
 
 
 def share_script(tag: str) -> Script:
@@ -297,3 +303,76 @@ async def test_a_replica_cut_off_from_the_api_server_stops_calling_the_model_bef
         transcript = await transcript_of(cluster, uid)
         assert_consistent(transcript)
         assert [row.iteration for row in transcript.trace_rows] == list(range(1, 10)), name
+
+
+@pytest.mark.timeout(300)
+async def test_a_replica_whose_event_loop_is_stuck_lets_the_others_take_its_runs_and_rejoins_after(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    hook = Webhook()
+    await hook.start()
+    tag, runs = "[stuck]", 10
+    try:
+        async with (
+            FakeMessagesAPI(scripts=[steps_script(tag, 8)], latency_seconds=0.5).running() as model,
+            replica_group(cluster, model, tmp_path) as group,
+        ):
+            # A small stall limit for the replica that gets stuck only: the other keeps the default, so a
+            # loaded test machine's loop lag cannot make it let go of its Lease.
+            stuck = await group.start(
+                "stuck",
+                env={
+                    "AGENTRUN_LOOP_STALL_SECONDS": str(LOOP_STALL_SECONDS),
+                    STALL_LOOP_VARIABLE: str(STUCK_SECONDS),
+                },
+            )
+            await group.start("kept")
+            await group.wait_for_members(2)
+            await create_webhook_runs(cluster, "stuck", tag, hook, runs, max_iterations=12)
+            await until_mid_run(group, model, tag, "stuck")
+            # Its event loop blocks (a test-only hook: time.sleep on the loop); its membership thread lives.
+            assert stuck.process.process is not None
+            stuck.process.process.send_signal(signal.SIGUSR1)
+            stuck_at = time.time()
+            found = await _wait_all_finished(cluster, runs, timeout=180)
+            # Back from the stall, it renews again and rejoins as a new member.
+            await group.wait_for_members(2, timeout=STUCK_SECONDS + 60)
+            stuck_log = stuck.process.logs()
+    finally:
+        await hook.stop()
+
+    assert "the operator's event loop has not run for" in stuck_log, stuck_log[-3000:]
+    assert "fences itself" in stuck_log and "rejoins its group" in stuck_log
+    requests = by_run(model.requests_for(tag))
+    # Two replicas never asked for one run at once (a run may move back once the stuck one rejoined).
+    assert_one_step_after_another(group, requests)
+    taken_over = {
+        uid
+        for uid, asked in requests.items()
+        if group.replica_of(asked[0]) == "stuck" and any(group.replica_of(r) == "kept" for r in asked)
+    }
+    assert taken_over, "none of the stuck replica's runs was taken over"
+    for uid in taken_over:
+        trail = [(r.arrived_at, group.replica_of(r)) for r in requests[uid]]
+        first_by_kept = min(at for at, name in trail if name == "kept")
+        assert (
+            first_by_kept - stuck_at <= LOOP_STALL_SECONDS + LEASE_DURATION_SECONDS + FAILOVER_SLACK_SECONDS
+        ), f"run {uid} resumed {first_by_kept - stuck_at:.1f}s after the loop got stuck"
+        # Nothing from the stuck replica between the stall and the takeover, nor right after it resumed.
+        assert not [at for at, name in trail if name == "stuck" and stuck_at + 1 < at < first_by_kept], trail
+    for name, obj in found.items():
+        status, uid = obj["status"], obj["metadata"]["uid"]
+        assert (status["phase"], status["result"], status["iterations"]) == (
+            "Succeeded",
+            "all recorded",
+            9,
+        ), name
+        transcript = await transcript_of(cluster, uid)
+        assert_consistent(transcript)
+        assert [row.iteration for row in transcript.trace_rows] == list(range(1, 10)), name
+        keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
+        assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, 9)}, name
+        # Only the step in flight when the loop got stuck may be asked (or called) again, once.
+        assert max(keys.values()) <= (2 if uid in taken_over else 1), (name, keys)
+        steps = Counter(r.step for r in requests[uid])
+        assert max(steps.values()) <= (2 if uid in taken_over else 1), (name, steps)

@@ -145,7 +145,9 @@ class ReplicaGroup:
     replicas: dict[str, Replica] = field(default_factory=dict)
     stopped: dict[str, Replica] = field(default_factory=dict)
 
-    def _process(self, name: str, api_key: str, kubeconfig: Path | None) -> OperatorProcess:
+    def _process(
+        self, name: str, api_key: str, kubeconfig: Path | None, own_env: Mapping[str, str]
+    ) -> OperatorProcess:
         env = {
             "ANTHROPIC_API_KEY": api_key,
             "ANTHROPIC_BASE_URL": self.model.url,
@@ -155,15 +157,19 @@ class ReplicaGroup:
             "AGENTRUN_LEASE_DURATION_SECONDS": str(LEASE_DURATION_SECONDS),
             "AGENTRUN_LEASE_RENEW_SECONDS": str(LEASE_RENEW_SECONDS),
             **self.env,
+            **own_env,
         }
         log = self.workdir / f"operator-{name}.log"
         if kubeconfig is None:
             return self.cluster.operator_process(log, env)
         return self.cluster.operator_process_as(kubeconfig, log, env)
 
-    async def start(self, name: str, *, kubeconfig: Path | None = None) -> Replica:
+    async def start(
+        self, name: str, *, kubeconfig: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> Replica:
+        """``env``: settings of this replica alone, on top of the group's."""
         api_key = f"sk-ant-replica-{name}-{secrets.token_hex(8)}"
-        replica = Replica(name, api_key, self._process(name, api_key, kubeconfig))
+        replica = Replica(name, api_key, self._process(name, api_key, kubeconfig, env or {}))
         await replica.process.start(ready_timeout=60)
         if kubeconfig is not None:
             replica.process.kubeconfig = self.cluster.kubeconfig  # its evidence snapshot reads as admin

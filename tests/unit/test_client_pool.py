@@ -83,3 +83,48 @@ async def test_runs_talk_to_the_messages_api_over_the_sdks_aiohttp_transport_by_
     finally:
         await pool.close()
     assert (response.content, response.request_id) == ([{"type": "text", "text": "pong"}], "req_pool")
+
+
+async def test_pooled_clients_send_no_trace_context_of_the_sdks_own_spans() -> None:
+    """The operator traces model requests itself; the SDK's spans (to the global provider, a no-op in the
+    operator) would cost CPU on every request and put trace headers on requests to the Messages API."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    seen: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("traceparent"))
+        return web.json_response(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-haiku-4-5",
+                "content": [{"type": "text", "text": "pong"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            }
+        )
+
+    request = ModelRequest(
+        model="claude-haiku-4-5", max_tokens=16, messages=[{"role": "user", "content": "ping"}]
+    )
+    pool = ClientPool(shards=1)
+    span = TracerProvider().get_tracer("test").start_span("reconcile")
+    try:
+        async with serving(handler) as url:
+            with trace.use_span(span, end_on_exit=True):
+                await pool.model(api_key="sk-ant-pool", base_url=url).complete(request)
+                # The SDK's default, for contrast: it does propagate the active span's context.
+                plain = anthropic.AsyncAnthropic(api_key="sk-ant-plain", base_url=url, max_retries=0)
+                try:
+                    await plain.messages.create(model="claude-haiku-4-5", max_tokens=16, messages=[])
+                finally:
+                    await plain.close()
+    finally:
+        await pool.close()
+    pooled, default = seen
+    assert pooled is None
+    assert default is not None and format(span.get_span_context().trace_id, "032x") in default

@@ -16,6 +16,8 @@ from agentrun.api.status import Phase
 
 RESULT_LIMIT = 32 * 1024
 AWAITING_APPROVAL = "AwaitingApproval"
+#: Ready=False of an Agent or AgentSchedule whose spec the operator refuses (a run's stop reason too).
+INVALID_SPEC = "InvalidSpec"
 
 
 def _condition(

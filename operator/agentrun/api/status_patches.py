@@ -11,7 +11,6 @@ it sets plus the names of the fields it clears.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,10 +37,6 @@ from agentrun.api.stops import Outcome
 from agentrun.api.traces import Progress
 
 PENDING_INPUT_LIMIT = 4096
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

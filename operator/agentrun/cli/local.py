@@ -25,8 +25,9 @@ from agentrun.agents import AgentSpecConflict, resolve
 from agentrun.api import AGENT_KIND, API_VERSION, KIND, status_patches
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus
-from agentrun.api.status_patches import StatusPatch, now_rfc3339
+from agentrun.api.status_patches import StatusPatch
 from agentrun.api.stops import StopReason
+from agentrun.api.times import now_rfc3339
 from agentrun.controller.agentruns import phases
 from agentrun.controller.agentruns.observers import Fanout
 from agentrun.controller.agentruns.phases import Ending

@@ -25,10 +25,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from agentrun.api import GROUP, VERSION
+from agentrun.api.times import now_rfc3339
 from agentrun.kube.calling import KubeClient
 from agentrun.loop.events import (
     ApprovalDecided,
@@ -136,15 +136,11 @@ class TokenBucket:
         return False
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def new_event(
     *, name: str, involved: dict[str, Any], kind: str, reason: str, message: str, instance: str
 ) -> dict[str, Any]:
     """A first Event (count 1) about ``involved``, in its namespace; later repeats patch its count."""
-    stamp = _now()
+    stamp = now_rfc3339()
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -281,7 +277,7 @@ class RunEvents:
                 await self._bump(posted)
 
     async def _bump(self, posted: _Posted) -> None:
-        body = {"count": posted.count, "message": posted.message, "lastTimestamp": _now()}
+        body = {"count": posted.count, "message": posted.message, "lastTimestamp": now_rfc3339()}
         if await self._call(self._sink.patch(self._run.namespace, posted.name, body)):
             posted.dirty = False
 

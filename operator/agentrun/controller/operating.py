@@ -19,6 +19,7 @@ from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.handlers import build_registry
 from agentrun.controller.quotas.control import Quotas
 from agentrun.controller.replicas.detached import DetachedMembership
+from agentrun.controller.replicas.faults import install_loop_stall
 from agentrun.controller.replicas.ownership import Standalone
 from agentrun.controller.schedules.control import ScheduleController
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
@@ -107,6 +108,8 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
         quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns)
     )
     membership_task = asyncio.create_task(membership.run()) if membership is not None else None
+    # Tests only (unset: nothing installed): SIGUSR1 blocks this event loop, a stuck operator's fault.
+    stall_injection = install_loop_stall()
     try:
         if not crd_served:
             stop = stop_flag or asyncio.Event()
@@ -128,6 +131,8 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
             **kopf_kwargs,
         )
     finally:
+        if stall_injection is not None:
+            stall_injection()
         # Runs stop before the Lease goes: the others take them over only after they stopped here.
         await schedules.close()
         await agents.close()

@@ -401,6 +401,13 @@ class Metrics:
             ["replica"],
             registry=registry,
         )
+        self.replica_loop_lag = Gauge(
+            "agentrun_replica_event_loop_lag_seconds",
+            "How late the operator's event loop ran its last one-second beat, or for how long it has "
+            "not run it (past AGENTRUN_LOOP_STALL_SECONDS the replica stops renewing its Lease).",
+            ["replica"],
+            registry=registry,
+        )
 
     # Child runs ------------------------------------------------------------------------------------
 
@@ -438,6 +445,9 @@ class Metrics:
 
     def run_started_at_depth(self, namespace: str, depth: int) -> None:
         self.runs_started_by_depth.labels(namespace, str(depth)).inc()
+
+    def replica_loop_lagged(self, replica: str, seconds: float) -> None:
+        self.replica_loop_lag.labels(replica).set(seconds)
 
     def replica_owns(self, replica: str, runs: int) -> None:
         self.replica_runs_owned.labels(replica).set(runs)

@@ -63,20 +63,3 @@ def utc(at: dt.datetime) -> dt.datetime:
 def to_second(at: dt.datetime) -> dt.datetime:
     """The instant as stored (RFC 3339 to the second), so that a time survives a status round trip."""
     return utc(at).replace(microsecond=0)
-
-
-def rfc3339(at: dt.datetime) -> str:
-    return utc(at).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(raw: object) -> dt.datetime | None:
-    """An RFC 3339 instant (a time without offset is taken as UTC), or None."""
-    if not isinstance(raw, str):
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(raw.strip())
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.astimezone(dt.UTC)

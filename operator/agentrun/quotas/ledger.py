@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from agentrun.api.times import rfc3339
 from agentrun.quotas import messages
 from agentrun.quotas.definitions import (
     PER_RUN_FIELDS,
@@ -28,7 +29,7 @@ from agentrun.quotas.definitions import (
     QuotaDefinition,
     QuotaSpecError,
 )
-from agentrun.quotas.formats import cents_text, decimal_text, rfc3339, to_second, utc
+from agentrun.quotas.formats import cents_text, decimal_text, to_second, utc
 from agentrun.quotas.loading import load_state
 from agentrun.quotas.outcomes import Admitted, Blocked, Reserved
 from agentrun.quotas.records import (

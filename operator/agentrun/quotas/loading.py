@@ -22,8 +22,9 @@ import datetime as dt
 from collections.abc import Container, Mapping
 from typing import Any
 
+from agentrun.api.times import parse_time
 from agentrun.quotas.definitions import Hard, QuotaDefinition
-from agentrun.quotas.formats import parse_count, parse_decimal, parse_time, to_second, utc
+from agentrun.quotas.formats import parse_count, parse_decimal, to_second, utc
 from agentrun.quotas.records import (
     ZERO,
     AdmittedRun,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
-from agentrun.quotas.formats import decimal_text, rfc3339
+from agentrun.api.times import rfc3339
+from agentrun.quotas.formats import decimal_text
 from agentrun.quotas.windows import Window, describe
 
 NEVER = "only when the quota is raised"

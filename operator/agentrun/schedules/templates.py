@@ -10,7 +10,9 @@ import datetime as dt
 import re
 from collections.abc import Mapping
 
-__all__ = ["PLACEHOLDERS", "TemplateError", "render", "rfc3339", "run_name", "unknown_placeholders"]
+from agentrun.api.times import rfc3339
+
+__all__ = ["PLACEHOLDERS", "TemplateError", "render", "run_name", "unknown_placeholders"]
 
 PLACEHOLDERS = ("scheduledTime", "scheduleName", "namespace")
 NAME_PREFIX_CHARS = 42
@@ -19,10 +21,6 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 
 class TemplateError(ValueError):
     """A one-line explanation of what is wrong with spec.task."""
-
-
-def rfc3339(instant: dt.datetime) -> str:
-    return instant.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def run_name(schedule: str, scheduled: dt.datetime) -> str:

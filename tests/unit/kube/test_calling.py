@@ -149,3 +149,66 @@ async def test_a_connection_cut_before_the_answer_is_a_transport_error(serve: Se
     with pytest.raises(APITransportError) as cut_off:
         await kube.list_objects("secret", "ns", label_selector="a=b")
     assert cut_off.value.retryable
+
+
+async def test_the_writes_of_every_iteration_carry_credentials_user_agent_content_type_and_body(
+    serve: Serve,
+) -> None:
+    """The transcript chunk, status patch and Event go past the generated API methods: what reaches the
+    server must be what those methods would send."""
+    seen: list[tuple[str, str, dict[str, str], object]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        headers = {
+            name: request.headers.get(name, "") for name in ("Authorization", "User-Agent", "Content-Type")
+        }
+        seen.append((request.method, request.raw_path, headers, json.loads(await request.read())))
+        return web.json_response({})
+
+    kube = await serve(record)
+    kube.api_client.configuration.api_key["BearerToken"] = "Bearer t0ken"  # as kubeconfig_loading sets it
+    kube.api_client.user_agent = "agentrun-test/1"
+    await kube.create_object("secret", "team-a", {"metadata": {"name": "run-transcript-0"}})
+    await kube.create_object("configmap", "team-a", {"metadata": {"name": "run-transcript-1"}})
+    await kube.patch_run_status("team-a", "run.1", {"phase": "Running", "note": "ü"})
+    await kube.create_event("team-a", {"reason": "Finished"})
+    await kube.patch_event("team-a", "run.17f", {"count": 2})
+    json_headers = {
+        "Authorization": "Bearer t0ken",
+        "User-Agent": "agentrun-test/1",
+        "Content-Type": "application/json",
+    }
+    merge_headers = {**json_headers, "Content-Type": "application/merge-patch+json"}
+    assert seen == [
+        (
+            "POST",
+            "/api/v1/namespaces/team-a/secrets",
+            json_headers,
+            {"metadata": {"name": "run-transcript-0"}},
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/team-a/configmaps",
+            json_headers,
+            {"metadata": {"name": "run-transcript-1"}},
+        ),
+        (
+            "PATCH",
+            "/apis/agentrun.dev/v1alpha1/namespaces/team-a/agentruns/run.1/status",
+            merge_headers,
+            {"status": {"phase": "Running", "note": "ü"}},
+        ),
+        ("POST", "/api/v1/namespaces/team-a/events", json_headers, {"reason": "Finished"}),
+        ("PATCH", "/api/v1/namespaces/team-a/events/run.17f", merge_headers, {"count": 2}),
+    ]
+
+
+async def test_a_refused_write_of_an_iteration_is_the_typed_error(serve: Serve) -> None:
+    async def refuse(request: web.Request) -> web.Response:
+        return status_answer(403, "Forbidden", "secrets is forbidden: cannot create")
+
+    kube = await serve(refuse)
+    with pytest.raises(APIForbiddenError):
+        await kube.create_object("secret", "ns", {"metadata": {"name": "x"}})
+    with pytest.raises(APIForbiddenError):
+        await kube.patch_run_status("ns", "run", {"phase": "Running"})

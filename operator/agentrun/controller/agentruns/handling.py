@@ -9,7 +9,9 @@ the newest body of every unfinished run it sees, whoever owns it, so that when o
 can start the run at once, without waiting for a watch event that may never come; and when ownership
 moves away it lets the run go on to its next checkpoint (AGENTRUN_HANDOFF_GRACE_SECONDS at most; a
 fenced replica stops at once), waits for its task to end and only then tells the membership the new
-view is applied (the handoff barrier).
+view is applied (the handoff barrier). Each execution also checks, before every model request, tool
+call and write, that this replica's membership has not lapsed since it started (``Held``): a fence
+reaches this event loop as a callback, and a step of the run may be ahead of it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.agentruns.status_writing import mark_observed
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.agentruns.ttl_reaping import TTLReaper
-from agentrun.controller.replicas.ownership import Ownership, Standalone
+from agentrun.controller.replicas.ownership import Held, Ownership, Standalone
 from agentrun.controller.snapshots import plain
 
 run_logger = logging.getLogger("agentrun.run")
@@ -90,6 +92,8 @@ class AgentRunHandler:
         # Parents whose cancel or deletion was passed on to their children (by uid), and the tasks doing it.
         self._passed_on: set[str] = set()
         self._passing: set[asyncio.Task[None]] = set()
+        # What each execution checks before its steps (by uid); only with replicas.
+        self._holds: dict[str, Held] = {}
         self._closed = False
         self.ownership.subscribe(self._ownership_changed)
 
@@ -108,7 +112,17 @@ class AgentRunHandler:
             priority=priority_of(body.get("spec") or {}, body.get("status") or {}),
             labels=dict(metadata.get("labels") or {}),
         )
-        await self.reconciler.reconcile(ref, stopping=stopping, log=run_logger, yielding=yielding)
+        if self.handoff is None:  # alone: every run is this replica's for good
+            await self.reconciler.reconcile(ref, stopping=stopping, log=run_logger, yielding=yielding)
+            return
+        held = self._holds[ref.uid] = Held(self.ownership, ref.uid, lambda: self.supervisor.stop(ref.uid))
+        try:
+            await self.reconciler.reconcile(
+                ref, stopping=stopping, log=run_logger, yielding=yielding, held=held
+            )
+        finally:
+            if self._holds.get(ref.uid) is held:
+                del self._holds[ref.uid]
 
     async def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event (None: from the initial listing)."""
@@ -194,6 +208,14 @@ class AgentRunHandler:
             # At once, not behind a handoff that may be letting runs reach their checkpoints.
             for uid in self.supervisor.executing():
                 self.supervisor.stop(uid)
+        else:
+            # Fenced and back already (its event loop was stuck meanwhile): the others may have resumed
+            # the runs it started before, so these stop at once too.
+            lapsed = [held.uid for held in list(self._holds.values()) if not held()]
+            if lapsed:
+                logger.warning(
+                    "this replica fenced itself and rejoined: stopping the %d run(s) it had", len(lapsed)
+                )
         if self._closed:
             return
         self._rebalance_wanted = True
@@ -221,8 +243,9 @@ class AgentRunHandler:
         lost = sorted(uid for uid in self.supervisor.executing() if not self._owns(uid))
         if lost:
             if self.ownership.fenced:
-                logger.warning("cut off from the API server: stopping all %d runs executing here", len(lost))
-                await self.supervisor.halt(lost)  # cut off: its Lease may expire soon, stop now
+                # Cut off from the API server, or its event loop was stuck: its Lease may expire soon.
+                logger.warning("fenced: stopping all %d runs executing here", len(lost))
+                await self.supervisor.halt(lost)
             else:
                 logger.info("handing %d run(s) over to other replicas", len(lost))
                 await self.supervisor.handoff(lost, self.grace, at_once=self._not_looping)

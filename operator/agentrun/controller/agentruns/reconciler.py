@@ -28,6 +28,7 @@ from agentrun.api.status import AgentUsed, Phase
 from agentrun.controller.agentruns import phases
 from agentrun.controller.agentruns.agent_resolving import AgentWaiters, resolve_agent
 from agentrun.controller.agentruns.children import ChildWatch, Parent, RunChildren, depth_of
+from agentrun.controller.agentruns.holding import HeldModel, held_tools
 from agentrun.controller.agentruns.observers import Fanout, LogObserver
 from agentrun.controller.agentruns.phases import Ending
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
@@ -45,7 +46,7 @@ from agentrun.kube.retrying import RetryPolicy
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.errors import HandedOff
 from agentrun.loop.events import RunFinished
-from agentrun.loop.protocols import Observer
+from agentrun.loop.protocols import ModelClient, Observer
 from agentrun.loop.reserving import first_request_floor
 from agentrun.metrics.observing import Metrics, MetricsObserver
 from agentrun.model.anthropic_calling import ClientPool
@@ -92,6 +93,9 @@ class _Run:
     yielding: asyncio.Event | None = None
     # In its loop: a handoff lets it reach a checkpoint; before that, it has nothing to finish.
     looping: bool = False
+    # With replicas: whether this replica still holds the run, asked before each model request and
+    # tool call (and, through `stopping`, each write); it stops the run when it says no.
+    held: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         self.priority = self.ref.priority
@@ -152,10 +156,14 @@ class AgentRunReconciler:
         stopping: Callable[[], bool],
         log: Log,
         yielding: asyncio.Event | None = None,
+        held: Callable[[], bool] | None = None,
     ) -> None:
         """Run it to its end. Raises HandedOff when `yielding` stopped its loop at a checkpoint for
         another replica: the run has not ended, so nothing terminal is written and its quota
-        admission is kept."""
+        admission is kept. `held()` (replicas): False once this replica may no longer write for the
+        run; it has stopped the run by then, and nothing more is sent or written."""
+        if held is not None:
+            stopping = _or_not_held(stopping, held)
         retry = RetryPolicy.from_settings(self.settings)
         store = TranscriptStore(
             self.kube,
@@ -188,6 +196,7 @@ class AgentRunReconciler:
             RunEvents(KubeEventSink(self.kube), InvolvedRun(ref.namespace, ref.name, ref.uid)),
             log,
             yielding=yielding,
+            held=held,
         )
         self.runs[ref.uid] = run
         try:
@@ -367,11 +376,13 @@ class AgentRunReconciler:
                     self.tracer, namespace=ref.namespace, name=ref.name, uid=ref.uid, model=spec.model.name
                 )
                 observers.append(tracing)
-            model = self.clients.model(
+            model: ModelClient = self.clients.model(
                 api_key=api_key,
                 base_url=spec.model.base_url or self.settings.anthropic_base_url,
                 shard_key=ref.uid,
             )
+            if run.held is not None:
+                model, tools = HeldModel(model, run.held), held_tools(tools, run.held)
             allowance: RunAllowance | None = None
             if self.quotas is not None:
                 allowance = self.quotas.allowance(ref.namespace, ref.name, ref.uid)
@@ -429,6 +440,11 @@ def _candidate(ref: RunRef, spec: AgentRunSpec, prices: PriceTable, priority: in
         need_tokens=floor.tokens,
         need_cost_usd=floor.cost_usd or Decimal(0),
     )
+
+
+def _or_not_held(stopping: Callable[[], bool], held: Callable[[], bool]) -> Callable[[], bool]:
+    """The writes' check: the run is being stopped, or this replica no longer holds it."""
+    return lambda: stopping() or not held()
 
 
 def _timestamp(value: Any) -> float | None:

@@ -25,7 +25,8 @@ from typing import Any
 
 from agentrun.api import status_patches
 from agentrun.api.status import PendingApproval, Phase, TranscriptRef
-from agentrun.api.status_patches import StatusPatch, now_rfc3339
+from agentrun.api.status_patches import StatusPatch
+from agentrun.api.times import now_rfc3339
 from agentrun.api.traces import Progress
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIError, APIGoneError, APINotFoundError

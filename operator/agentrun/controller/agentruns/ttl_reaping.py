@@ -17,21 +17,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from agentrun.api.times import parse_time
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIConflictError, APIError, APIGoneError, APINotFoundError
 
 logger = logging.getLogger(__name__)
 RETRY_SECONDS = 5.0
-
-
-def parse_time(value: Any) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def ttl_of(spec: Mapping[str, Any], default: int | None) -> int | None:

@@ -10,13 +10,14 @@ event, and that event must not cause another write.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
+from agentrun.api.times import now_rfc3339
 from agentrun.controller.agents.validating import agent_status
 from agentrun.controller.replicas.ownership import Ownership, Standalone
+from agentrun.controller.status_memory import WrittenStatus
 from agentrun.kube.errors import APIError, APINotFoundError
 
 __all__ = ["AgentStatusTarget", "AgentValidator"]
@@ -34,17 +35,13 @@ class AgentStatusTarget(Protocol):
     async def patch_agent_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class AgentValidator:
     def __init__(
         self,
         kube: AgentStatusTarget,
         ownership: Ownership | None = None,
         *,
-        clock: Callable[[], str] = _now,
+        clock: Callable[[], str] = now_rfc3339,
         retry_seconds: float = RETRY_SECONDS,
     ) -> None:
         self.kube = kube
@@ -53,8 +50,7 @@ class AgentValidator:
         self.retry_seconds = retry_seconds
         #: The latest body seen, by uid: what a replica that becomes the owner validates.
         self.agents: dict[str, Mapping[str, Any]] = {}
-        #: What this process wrote last, by uid: newer than a body whose watch event is still on its way.
-        self.written: dict[str, dict[str, Any]] = {}
+        self.written = WrittenStatus()
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[object]] = set()
         self.ownership.subscribe(self._rebalance)
@@ -67,7 +63,7 @@ class AgentValidator:
             return
         if event_type == "DELETED" or metadata.get("deletionTimestamp"):
             self.agents.pop(uid, None)
-            self.written.pop(uid, None)
+            self.written.forget(uid)
             return
         self.agents[uid] = body
         if self._owns(uid):
@@ -80,7 +76,7 @@ class AgentValidator:
             if body is None or not self._owns(uid):
                 return True
             metadata = body.get("metadata") or {}
-            current = {**(body.get("status") or {}), **self.written.get(uid, {})}
+            current = self.written.current(body)
             wanted = agent_status({**body, "status": current}, self.clock())
             if all(current.get(key) == wanted[key] for key in _KEYS):
                 return True
@@ -99,7 +95,7 @@ class AgentValidator:
                 )
                 self._spawn(self._retry(uid))
                 return False
-            self.written[uid] = wanted
+            self.written.wrote(uid, wanted)
             ready = wanted["conditions"][0]
             logger.info(
                 "Agent %s/%s generation %s: Ready %s (%s)",

@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.api.conditions import condition
+from agentrun.api.conditions import INVALID_SPEC, condition
 from agentrun.controller.agentruns.phases import Ending, admit
 
 __all__ = ["INVALID_SPEC", "VALID", "VALID_MESSAGE", "agent_status", "check"]
 
 VALID = "Valid"
-INVALID_SPEC = "InvalidSpec"
 VALID_MESSAGE = "runs of this Agent are admitted"
 #: Stands in for the task: an Agent has none, and every run of it brings its own.
 _TASK = "(the run's task)"

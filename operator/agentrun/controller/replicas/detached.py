@@ -12,6 +12,12 @@ watchdog runs on that thread too.
 The operator's loop only reads the membership's :class:`~.membership.Standing` (one immutable value,
 consistent across threads), hears of each change through ``call_soon_threadsafe``, and hands
 :meth:`applied` and :meth:`leave` over to the membership's loop, waiting for their outcome.
+
+The other side of that trade: a replica whose event loop is stuck for good (a blocking call that never
+returns, a deadlock) would keep renewing while none of its runs moves. So the operator's loop beats
+every second (a timer, no per-run work), and the membership renews only while the last beat is younger
+than ``AGENTRUN_LOOP_STALL_SECONDS`` (membership.py); stuck longer, the replica lets its Lease lapse,
+fences, and its runs go to the others.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ T = TypeVar("T")
 
 #: How soon a client that could not be built (an unreadable kubeconfig) is built again.
 CONNECT_RETRY_SECONDS = 1.0
+#: How often the operator's event loop proves it runs (membership.py renews only while it does).
+BEAT_SECONDS = 1.0
 
 
 class DetachedMembership:
@@ -69,6 +77,9 @@ class DetachedMembership:
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._stop: asyncio.Event | None = None
         self._closed = False
+        #: The clock's time of the operator loop's last beat (written there, read on the thread).
+        self._beat_at: float | None = None
+        self._beating: asyncio.TimerHandle | None = None
 
     # Ownership and handoff, for the operator's loop -----------------------------------------------
 
@@ -95,6 +106,10 @@ class DetachedMembership:
     def owner(self, uid: str) -> str:
         return ring.owner(uid, self.standing.members) or ""
 
+    @property
+    def tenure(self) -> int | None:
+        return self.standing.tenure
+
     def subscribe(self, changed: Callable[[], None]) -> None:
         """``changed()`` is called on the loop that called :meth:`run`, after every change."""
         self._subscribers.append(changed)
@@ -104,6 +119,7 @@ class DetachedMembership:
         :meth:`leave`, which ends it)."""
         if self._thread is None:
             self._main = asyncio.get_running_loop()
+            self._beat()
             self._thread = threading.Thread(
                 target=self._serve, name=f"agentrun membership {self.name}", daemon=True
             )
@@ -132,10 +148,31 @@ class DetachedMembership:
                 await self._on_thread(inner.leave())
         finally:
             self._closed = True
+            if self._beating is not None:
+                self._beating.cancel()
             loop, stop = self._loop, self._stop
             if loop is not None and stop is not None:
                 loop.call_soon_threadsafe(stop.set)
             await asyncio.to_thread(self._thread.join)
+
+    def _beat(self) -> None:
+        """On the operator's loop, every second: the proof that it runs, and how late it ran."""
+        now = self._clock()
+        if self._beat_at is not None:
+            self._metrics.replica_loop_lagged(self.name, max(0.0, now - self._beat_at - BEAT_SECONDS))
+        self._beat_at = now
+        if self._main is not None and not self._closed:
+            self._beating = self._main.call_later(BEAT_SECONDS, self._beat)
+
+    def _loop_age(self) -> float:
+        """On the membership's thread: seconds since the operator's loop last beat."""
+        beat = self._beat_at
+        if beat is None:
+            return 0.0
+        age = self._clock() - beat
+        if age > 2 * BEAT_SECONDS:  # not beating: while it lasts, the lag shows how long
+            self._metrics.replica_loop_lagged(self.name, age - BEAT_SECONDS)
+        return age
 
     async def _on_thread(self, work: Coroutine[Any, Any, T]) -> T:
         loop = self._loop
@@ -165,7 +202,9 @@ class DetachedMembership:
             self._started.set_result(None)
             return
         try:
-            inner = Membership(kube, self._settings, self._metrics, clock=self._clock)
+            inner = Membership(
+                kube, self._settings, self._metrics, clock=self._clock, loop_age=self._loop_age
+            )
             inner.subscribe(self._changed_on_thread)
             self._inner = inner
             self._started.set_result(None)

@@ -11,6 +11,12 @@ The handoff barrier: under view V a replica stops the runs it no longer owns, th
 member's Lease shows V, so its old owner has stopped before the new owner resumes it. A run that was
 this replica's in every view it applied since the last barrier it saw pass keeps running meanwhile:
 no one else can have started it (see :meth:`Membership.owns`).
+
+A replica whose event loop is stuck (a blocking call that never returns, a deadlock) would go on
+renewing from its membership thread (detached.py) while none of its runs moves. So the membership is
+told how long ago that loop last ran (``loop_age``) and does not renew while that is longer than
+``AGENTRUN_LOOP_STALL_SECONDS``: the fence watchdog then fences it on time and the others take its
+runs once its Lease expires, as if it had been cut off.
 """
 
 from __future__ import annotations
@@ -74,10 +80,21 @@ class Standing:
     #: The last view whose barrier this replica saw pass; the members of it and of each view applied since.
     passed: str | None = None
     history: tuple[tuple[str, ...], ...] = ()
+    #: How many times this replica fenced itself (or found its Lease deleted) so far.
+    term: int = 0
 
     @property
     def barrier_passed(self) -> bool:
         return self.joined and self.passed == self.view
+
+    @property
+    def tenure(self) -> int | None:
+        """The same value from a join to the next fence; None while not a member.
+
+        Why: a run started under one tenure may have been taken over by another replica once it
+        ended, even if this replica is a member again by the time the run takes its next step.
+        """
+        return self.term if self.joined else None
 
     def owns(self, uid: str) -> bool:
         """Mine under the current view, and either the barrier of this view passed or the run was mine
@@ -109,7 +126,9 @@ class Membership:
         metrics: Metrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        loop_age: Callable[[], float] | None = None,
     ) -> None:
+        """``loop_age()``: seconds since the operator's event loop last ran (None: not watched)."""
         if settings.lease_namespace is None:
             raise ValueError("replica membership needs AGENTRUN_LEASE_NAMESPACE")
         self.kube = kube
@@ -120,6 +139,10 @@ class Membership:
         self.lease_name = ring.lease_name(self.group, self.name)
         self.duration = float(settings.lease_duration_seconds)
         self.renew_seconds = settings.lease_renew_seconds
+        self.stall_limit = settings.loop_stall_seconds
+        self._loop_age = loop_age
+        self._stalled = False
+        self._term = 0
         self.members: tuple[str, ...] = ()
         self.view = ring.view_id(())
         self._clock = clock
@@ -164,6 +187,11 @@ class Membership:
     def owns(self, uid: str) -> bool:
         """See :meth:`Standing.owns`: decided on the standing published by the last change."""
         return self.standing.owns(uid)
+
+    @property
+    def tenure(self) -> int | None:
+        """See :attr:`Standing.tenure`."""
+        return self.standing.tenure
 
     # The loop -------------------------------------------------------------------------------------
 
@@ -213,6 +241,7 @@ class Membership:
     def _fence(self, why: str) -> None:
         logger.warning("replica %s fences itself and stops its runs: %s", self.name, why)
         self._fenced = True
+        self._term += 1
         self._applying = None  # back, it is a new member: it applies its view again
         self._passed = None
         self._history = []
@@ -222,7 +251,7 @@ class Membership:
 
     async def renew(self) -> bool:
         """Writes our Lease (creating it on the first call); True if the API server took it."""
-        if self._left:
+        if self._left or self._loop_stalled():
             return False
         sent, applying = self._clock(), self._applying
         try:
@@ -257,6 +286,28 @@ class Membership:
             logger.info("replica %s renewed its Lease again and rejoins its group", self.name)
             self._fenced = False
         self._recompute()
+        return True
+
+    def _loop_stalled(self) -> bool:
+        """True while the operator's event loop has not run for longer than the stall limit: its runs
+        are stuck, so its Lease must lapse and the others take them (the watchdog fences on time)."""
+        if self._loop_age is None:
+            return False
+        age = self._loop_age()
+        if age <= self.stall_limit:
+            if self._stalled:
+                logger.info("replica %s: the operator's event loop runs again; renewing its Lease", self.name)
+                self._stalled = False
+            return False
+        if not self._stalled:
+            logger.warning(
+                "replica %s: the operator's event loop has not run for %.1fs; not renewing its Lease "
+                "so other replicas take its runs",
+                self.name,
+                age,
+            )
+            self._stalled = True
+        self.check_fence()
         return True
 
     async def _write(self, applying: str | None) -> dict[str, Any]:
@@ -402,6 +453,7 @@ class Membership:
             fenced=self._fenced,
             passed=self._passed,
             history=tuple(self._history),
+            term=self._term,
         )
         self.metrics.replica_seen(self.name, len(members), fenced=self._fenced)
         if changed:

@@ -25,10 +25,12 @@ from agentrun.api import (
     LABEL_SCHEDULE,
     SCHEDULE_KIND,
 )
-from agentrun.api.conditions import condition
+from agentrun.api.conditions import INVALID_SPEC, condition
 from agentrun.api.schedule import AgentScheduleSpec
 from agentrun.api.status import FINISHED_PHASES
+from agentrun.api.times import parse_time, rfc3339
 from agentrun.controller.schedules.eventing import ScheduleEvents
+from agentrun.controller.status_memory import WrittenStatus
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
 from agentrun.metrics.observing import Metrics
@@ -43,11 +45,9 @@ from agentrun.schedules.deciding import (
     due,
     to_prune,
 )
-from agentrun.schedules.templates import TemplateError, render, rfc3339, run_name
+from agentrun.schedules.templates import TemplateError, render, run_name
 
 logger = logging.getLogger(__name__)
-
-INVALID_SPEC = "InvalidSpec"
 
 
 @dataclass(frozen=True)
@@ -75,16 +75,6 @@ def check(spec: Mapping[str, Any]) -> Valid | str:
     except TemplateError as exc:
         return str(exc)
     return Valid(parsed, cron, tz)
-
-
-def parse_time(value: object) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
 def _records(runs: Sequence[Mapping[str, Any]]) -> list[RunRecord]:
@@ -119,8 +109,7 @@ class ScheduleServer:
         self.metrics = metrics
         self.clock = clock
         self.events = ScheduleEvents(kube)
-        # What this process wrote last, by uid: newer than a body whose watch event is still on its way.
-        self.written: dict[str, dict[str, Any]] = {}
+        self.written = WrittenStatus()
         # The latest time this process handled, by uid: a pass on a body older than that write must not
         # act on the time again. (A newer lastScheduleTime written by anyone else is taken as it is.)
         self.handled: dict[str, dt.datetime] = {}
@@ -134,7 +123,7 @@ class ScheduleServer:
             metadata.get("name") or "",
             metadata.get("uid") or "",
         )
-        status: dict[str, Any] = {**(schedule.get("status") or {}), **self.written.get(uid, {})}
+        status = self.written.current(schedule)
         stored = parse_time((schedule.get("status") or {}).get("lastScheduleTime"))
         mine = self.handled.get(uid)
         last_handled = max(stored, mine) if stored is not None and mine is not None else stored or mine
@@ -357,7 +346,7 @@ class ScheduleServer:
         """The one status writer of schedules: a merge patch, sent only when something changed."""
         metadata = schedule.get("metadata") or {}
         uid = metadata.get("uid") or ""
-        current = {**(schedule.get("status") or {}), **self.written.get(uid, {})}
+        current = self.written.current(schedule)
         # Never a null over a value someone else wrote (e.g. lastScheduleTime set by hand).
         status = {k: v for k, v in status.items() if v is not None or k == "nextScheduleTime"}
         if all(current.get(k) == v for k, v in status.items()):
@@ -368,10 +357,10 @@ class ScheduleServer:
             )
         except APINotFoundError:
             return
-        self.written[uid] = {**self.written.get(uid, {}), **status}
+        self.written.wrote(uid, status)
 
     def forget(self, uid: str) -> None:
-        self.written.pop(uid, None)
+        self.written.forget(uid)
         self.handled.pop(uid, None)
 
 

@@ -37,10 +37,15 @@ class FakeOwnership:
     def __init__(self, owned: set[str]) -> None:
         self.owned = owned
         self.fenced = False
+        self.term = 0
         self._changed: list[Callable[[], None]] = []
 
     def owns(self, uid: str) -> bool:
         return uid in self.owned
+
+    @property
+    def tenure(self) -> int | None:
+        return None if self.fenced else self.term
 
     def subscribe(self, changed: Callable[[], None]) -> None:
         self._changed.append(changed)
@@ -49,6 +54,7 @@ class FakeOwnership:
         if owned is not None:
             self.owned = owned
         if fenced is not None:
+            self.term += fenced and not self.fenced
             self.fenced = fenced
         for changed in self._changed:
             changed()
@@ -96,6 +102,7 @@ class FakeReconciler:
     checkpoint: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: list[str] = field(default_factory=list)
     yielded: list[str] = field(default_factory=list)
+    holds: dict[str, Callable[[], bool] | None] = field(default_factory=dict)
 
     async def reconcile(
         self,
@@ -104,7 +111,9 @@ class FakeReconciler:
         stopping: Callable[[], bool],
         log: Any,
         yielding: asyncio.Event | None = None,
+        held: Callable[[], bool] | None = None,
     ) -> None:
+        self.holds[ref.uid] = held
         self.started.append((ref.uid, ref.status.get("iterations", 0)))
         self.active.add(ref.uid)
         try:
@@ -362,3 +371,44 @@ async def test_a_shutdown_with_replicas_lets_runs_reach_their_checkpoints_and_al
     await settle()
     await asyncio.wait_for(handler.close(), 2)
     assert alone.cancelled == ["a"] and alone.yielded == []
+
+
+async def test_a_run_started_before_its_replicas_membership_lapsed_is_no_longer_held_and_is_stopped() -> None:
+    reconciler, ownership = FakeReconciler(in_loop={"a"}), FakeOwnership(owned={"a"})
+    handler = handler_of(reconciler, ownership, FakeHandoff())
+    await handler.observe(None, run_body("a"))
+    await settle()
+    held = reconciler.holds["a"]
+    assert held is not None and held()
+    # The membership thread fenced and rejoined; this loop has not heard of it yet.
+    ownership.term += 1
+    assert not held()
+    await settle()
+    assert reconciler.cancelled == ["a"] and handler.supervisor.executing() == set()
+    await handler.close()
+
+
+async def test_a_replica_that_rejoined_before_hearing_of_its_fence_stops_its_runs_at_once() -> None:
+    reconciler, ownership = FakeReconciler(in_loop={"a"}), FakeOwnership(owned={"a"})
+    handoff = FakeHandoff()
+    handler = handler_of(reconciler, ownership, handoff)
+    await handler.observe(None, run_body("a"))
+    await settle()
+    # Fenced and back as a new member by the time the change is heard: not fenced, owns nothing yet. The
+    # others may have resumed the run meanwhile, so it must not go on to its checkpoint (grace 30 s).
+    ownership.term += 1
+    handoff.view = "v2"
+    ownership.change(owned=set())
+    await settle()
+    assert reconciler.cancelled == ["a"] and reconciler.yielded == []
+    assert handoff.applied_views == [("v2", set())]
+    await handler.close()
+
+
+async def test_alone_a_run_has_no_hold_to_check() -> None:
+    reconciler = FakeReconciler()
+    handler = AgentRunHandler(cast(AgentRunReconciler, reconciler), Standalone())
+    await handler.observe(None, run_body("a"))
+    await settle()
+    assert reconciler.holds == {"a": None}
+    await handler.close()

@@ -20,7 +20,7 @@ def _status_patch_calls() -> dict[Path, int]:
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if name in {"patch_run_status", "patch_namespaced_custom_object_status"}:
+                if name in {"patch_run_status", "_patch_status", "patch_namespaced_custom_object_status"}:
                     found[path] = found.get(path, 0) + 1
     return found
 

@@ -10,10 +10,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from agentrun.controller.replicas.detached import DetachedMembership
@@ -69,15 +71,24 @@ def in_group(cluster: KubeEmulator, group: str) -> list[dict[str, object]]:
     return [lease for lease in leases if (lease["metadata"].get("labels") or {}).get(GROUP_LABEL) == group]
 
 
-def detached(cluster: KubeEmulator, name: str, group: str = "detached") -> DetachedMembership:
+def detached(
+    cluster: KubeEmulator,
+    name: str,
+    group: str = "detached",
+    *,
+    loop_stall_seconds: float = 30.0,
+    metrics: Metrics | None = None,
+) -> DetachedMembership:
     settings = Settings(
         lease_namespace="default",
         replica_name=name,
         replica_group=group,
         lease_duration_seconds=DURATION,
         lease_renew_seconds=RENEW,
+        loop_stall_seconds=loop_stall_seconds,
     )
-    return DetachedMembership(settings, Metrics(CollectorRegistry()), connect=connecting(cluster))
+    metrics = metrics if metrics is not None else Metrics(CollectorRegistry())
+    return DetachedMembership(settings, metrics, connect=connecting(cluster))
 
 
 @contextlib.asynccontextmanager
@@ -141,3 +152,34 @@ async def test_leaving_deletes_the_lease_and_ends_the_membership_thread() -> Non
             assert len(in_group(cluster, group)) == 1
         assert in_group(cluster, group) == []
         assert not [t for t in threading.enumerate() if t.name == "agentrun membership op-a"]
+
+
+async def test_a_detached_member_whose_event_loop_is_stuck_lets_its_lease_lapse_and_rejoins_when_it_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stall = 1.5
+    with emulator_on_a_thread() as cluster:
+        metrics = Metrics(CollectorRegistry())
+        one = detached(cluster, "op-a", f"stuck-{next(_groups)}", loop_stall_seconds=stall, metrics=metrics)
+        async with serving(one) as heard:
+            tenure = one.tenure
+            assert tenure is not None and one.owns("uid-1")
+            # Past the stall limit, then past the fence's deadline (2 s after the last renewal).
+            block_the_loop(stall + DURATION - RENEW - 1 + 1.5)
+            # Decided on the membership's own thread, before this loop ran anything again.
+            assert one.fenced and one.tenure is None and not one.owns("uid-1")
+            lag = metrics.registry.get_sample_value(
+                "agentrun_replica_event_loop_lag_seconds", {"replica": "op-a"}
+            )
+            assert lag is not None and lag > stall, lag
+            await until(lambda: True in heard, "the operator's loop hears of the fence")
+            await until(lambda: not one.fenced, "its loop runs again: it renews and rejoins")
+            assert one.tenure is not None and one.tenure != tenure
+            await until(lambda: one.standing.barrier_passed, "a new member: it applies its view again")
+    stalled = [r.getMessage() for r in caplog.records if "has not run for" in r.getMessage()]
+    assert len(stalled) == 1, stalled
+    assert re.fullmatch(
+        r"replica op-a: the operator's event loop has not run for \d+\.\ds; not renewing its Lease so "
+        r"other replicas take its runs",
+        stalled[0],
+    )

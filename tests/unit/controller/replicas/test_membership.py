@@ -12,6 +12,7 @@ import re
 import socket
 from collections.abc import Callable
 
+import pytest
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
@@ -286,7 +287,84 @@ def test_standalone_owns_every_run_and_never_changes() -> None:
 
 
 def test_membership_without_a_lease_namespace_is_refused(kube: KubeClient) -> None:
-    import pytest
-
     with pytest.raises(ValueError, match="AGENTRUN_LEASE_NAMESPACE"):
         Membership(kube, Settings(), Metrics(CollectorRegistry()))
+
+
+STALL = 30.0
+
+
+def watching(kube: KubeClient, name: str, clock: Clock, loop_age: list[float]) -> Membership:
+    """A member told how long ago the operator's event loop last ran (``loop_age[0]``)."""
+    settings = Settings(
+        lease_namespace="default",
+        replica_name=name,
+        replica_group="g",
+        lease_duration_seconds=DURATION,
+        lease_renew_seconds=RENEW,
+        loop_stall_seconds=STALL,
+    )
+    return Membership(kube, settings, Metrics(CollectorRegistry()), clock=clock, loop_age=lambda: loop_age[0])
+
+
+async def test_a_member_whose_event_loop_stalls_stops_renewing_and_fences_at_its_deadline(
+    kube: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock, age = Clock(), [0.0]
+    a, b = watching(kube, "op-a", clock, age), member(kube, "op-b", clock)
+    await tick(a, b)
+    await settle(a, b)
+    tenure, renewed_at = a.tenure, clock.now
+    assert tenure is not None and a.barrier_passed
+    version = (await kube.get_lease("default", a.lease_name))["metadata"]["resourceVersion"]
+
+    age[0] = STALL + 1.2
+    for _ in range(3):  # the renewal round retries every second; one warning says it all
+        clock.now += 1.0
+        assert not await a.renew()
+        assert not a.fenced
+    assert (await kube.get_lease("default", a.lease_name))["metadata"]["resourceVersion"] == version
+    warnings = [r.getMessage() for r in caplog.records if "has not run" in r.getMessage()]
+    assert warnings == [
+        "replica op-a: the operator's event loop has not run for 31.2s; not renewing its Lease so other "
+        "replicas take its runs"
+    ]
+    clock.now = renewed_at + DURATION - RENEW - 1 - 0.1
+    a.check_fence()
+    assert not a.fenced and a.tenure == tenure
+    clock.now += 0.2
+    assert not await a.renew()  # the round itself fences once the deadline passed
+    assert a.fenced and a.tenure is None and not any(a.owns(uid) for uid in UIDS)
+    await tick(b)
+    assert b.members == ("op-a", "op-b")  # b has not seen a's Lease expire yet: a stopped first
+
+
+async def test_a_member_whose_event_loop_runs_again_renews_and_rejoins_as_a_new_member(
+    kube: KubeClient,
+) -> None:
+    clock, age = Clock(), [0.0]
+    a = watching(kube, "op-a", clock, age)
+    await tick(a)
+    await settle(a)
+    tenure = a.tenure
+    mine = [uid for uid in UIDS if a.owns(uid)]
+    age[0] = STALL + 5
+    clock.now += DURATION
+    assert not await a.renew() and a.fenced
+    age[0] = 0.4
+    assert await a.renew()
+    assert not a.fenced and a.tenure is not None and a.tenure != tenure
+    # A new member: the barrier applies again before it runs anything.
+    assert not any(a.owns(uid) for uid in mine)
+    await settle(a)
+    assert all(a.owns(uid) for uid in mine)
+
+
+async def test_a_member_whose_event_loop_lags_below_the_stall_limit_renews(kube: KubeClient) -> None:
+    clock, age = Clock(), [STALL - 0.1]
+    a = watching(kube, "op-a", clock, age)
+    assert await a.renew()
+    version = (await kube.get_lease("default", a.lease_name))["metadata"]["resourceVersion"]
+    clock.now += RENEW
+    assert await a.renew()
+    assert (await kube.get_lease("default", a.lease_name))["metadata"]["resourceVersion"] != version

@@ -58,3 +58,16 @@ def test_names_that_are_not_dns_safe_are_refused_naming_the_variable(variable: s
 
 def test_a_lease_duration_must_be_positive() -> None:
     assert refusal(AGENTRUN_LEASE_DURATION_SECONDS="0").startswith("AGENTRUN_LEASE_DURATION_SECONDS:")
+
+
+def test_the_loop_stall_limit_defaults_to_thirty_seconds_and_must_be_positive() -> None:
+    assert Settings.from_env({}).loop_stall_seconds == 30.0
+    assert Settings.from_env({"AGENTRUN_LOOP_STALL_SECONDS": "4.5"}).loop_stall_seconds == 4.5
+    for value in ("1", "0.5", "0", "-1"):
+        assert refusal(AGENTRUN_LOOP_STALL_SECONDS=value) == (
+            "AGENTRUN_LOOP_STALL_SECONDS: must be more than 1 second (the event loop beats every second), "
+            f"not {float(value):g}"
+        )
+    assert refusal(AGENTRUN_LOOP_STALL_SECONDS="soon").startswith(
+        "AGENTRUN_LOOP_STALL_SECONDS: Input should be a valid number"
+    )
