@@ -28,7 +28,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from agentrun.api.stops import StopReason
+from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.config import LoopConfig, RetryPolicy
 from agentrun.loop.errors import FatalModelError, RetryableModelError, RetryClass, ToolError
@@ -237,7 +237,18 @@ def check_history(messages: Sequence[Mapping[str, Any]], *, trailing_allowed: bo
     return answered
 
 
-async def play(turns_: Sequence[Turn], config: Mapping[str, Any]) -> None:
+@dataclass(frozen=True)
+class Played:
+    """One run of the loop against a scripted model, and everything it left behind."""
+
+    config: LoopConfig
+    outcome: Outcome
+    model: ScriptedModel
+    recorder: Recorder
+    executed: list[str]
+
+
+async def play(turns_: Sequence[Turn], config: Mapping[str, Any]) -> Played:
     clock = FakeClock()
     executed: list[str] = []
     tools = {name: ScriptedTool(name, clock, executed) for name in TOOL_NAMES}
@@ -262,6 +273,22 @@ async def play(turns_: Sequence[Turn], config: Mapping[str, Any]) -> None:
         clock=clock,
         pricer=FlatPricer(),
         cancel=asyncio.Event(),
+    )
+    return Played(loop_config, outcome, model, recorder, executed)
+
+
+@PROPERTY_SETTINGS
+@given(turn_lists, configs)
+def test_the_loop_keeps_its_invariants_whatever_the_model_does(
+    turns_: list[Turn], config: dict[str, Any]
+) -> None:
+    played = asyncio.run(play(turns_, config))
+    loop_config, outcome, model, recorder, executed = (
+        played.config,
+        played.outcome,
+        played.model,
+        played.recorder,
+        played.executed,
     )
 
     # A terminal outcome, announced once, last.
@@ -301,11 +328,3 @@ async def play(turns_: Sequence[Turn], config: Mapping[str, Any]) -> None:
     recovered = {i for i in executed if i.startswith("text-")}
     assert set(executed) - recovered <= answered, "a tool ran for a call that was never answered"
     assert progress.tool_calls == len(executed)
-
-
-@PROPERTY_SETTINGS
-@given(turn_lists, configs)
-def test_the_loop_keeps_its_invariants_whatever_the_model_does(
-    turns_: list[Turn], config: dict[str, Any]
-) -> None:
-    asyncio.run(play(turns_, config))
