@@ -122,6 +122,37 @@ def assert_one_step_after_another(group: ReplicaGroup, requests: dict[str, list[
             )
 
 
+async def assert_succeeded_whole(cluster: TestCluster, found: dict[str, Any], iterations: int) -> None:
+    """Every run succeeded after ``iterations`` iterations, its transcript consistent and complete."""
+    for name, obj in found.items():
+        status, uid = obj["status"], obj["metadata"]["uid"]
+        outcome = (status["phase"], status["result"], status["iterations"])
+        assert outcome == ("Succeeded", "all recorded", iterations), name
+        transcript = await transcript_of(cluster, uid)
+        assert_consistent(transcript)
+        assert [row.iteration for row in transcript.trace_rows] == list(range(1, iterations + 1)), name
+
+
+def assert_done_once(
+    found: dict[str, Any],
+    hook: Webhook,
+    requests: dict[str, list[RecordedRequest]],
+    *,
+    tool_calls: int,
+    repeatable: set[str],
+) -> None:
+    """Every tool call reached the webhook and every step was asked; only a run in ``repeatable`` (its
+    step was in flight at the fault) may have made that one step or call twice (same Idempotency-Key)."""
+    for name, obj in found.items():
+        uid = obj["metadata"]["uid"]
+        keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
+        assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, tool_calls + 1)}, name
+        limit = 2 if uid in repeatable else 1
+        assert max(keys.values()) <= limit, (name, keys)
+        steps = Counter(r.step for r in requests[uid])
+        assert max(steps.values()) <= limit, (name, steps)
+
+
 async def test_two_and_three_replicas_share_the_runs_and_each_step_is_asked_exactly_once(
     cluster: TestCluster, tmp_path: Path
 ) -> None:
@@ -185,22 +216,9 @@ async def test_a_sigkilled_replicas_runs_continue_on_the_others_within_the_lease
         assert resumed - killed_at <= LEASE_DURATION_SECONDS + FAILOVER_SLACK_SECONDS, (
             f"run {uid} resumed {resumed - killed_at:.1f}s after the kill"
         )
-    for name, obj in found.items():
-        status, uid = obj["status"], obj["metadata"]["uid"]
-        assert (status["phase"], status["result"], status["iterations"]) == (
-            "Succeeded",
-            "all recorded",
-            7,
-        ), name
-        transcript = await transcript_of(cluster, uid)
-        assert_consistent(transcript)
-        assert [row.iteration for row in transcript.trace_rows] == list(range(1, 8)), name
-        keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
-        assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, 7)}, name
-        # Only the call in flight at the kill may run again (same Idempotency-Key), once.
-        assert max(keys.values()) <= (2 if uid in interrupted else 1), (name, keys)
-        steps = Counter(r.step for r in requests[uid])
-        assert max(steps.values()) <= (2 if uid in interrupted else 1), (name, steps)
+    await assert_succeeded_whole(cluster, found, 7)
+    # Only the call in flight at the kill may run again, once.
+    assert_done_once(found, hook, requests, tool_calls=6, repeatable=interrupted)
 
 
 async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothing(
@@ -234,20 +252,14 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
     assert_one_step_after_another(group, requests)
     moved = {uid for uid, asked in requests.items() if len({group.replica_of(r) for r in asked}) > 1}
     assert moved, "no run changed replicas while the group grew and shrank"
+    await assert_succeeded_whole(cluster, found, SCALE_STEPS + 1)
+    # A handoff lets the old owner finish the step in flight (its answer or its tool results are
+    # checkpointed) before the new owner resumes: no model request and no tool call is made twice.
+    assert_done_once(found, hook, requests, tool_calls=SCALE_STEPS, repeatable=set())
     for name, obj in found.items():
-        status, uid = obj["status"], obj["metadata"]["uid"]
-        outcome = (status["phase"], status["result"], status["iterations"])
-        assert outcome == ("Succeeded", "all recorded", SCALE_STEPS + 1), name
-        transcript = await transcript_of(cluster, uid)
-        assert_consistent(transcript)
-        assert [row.iteration for row in transcript.trace_rows] == list(range(1, SCALE_STEPS + 2)), name
-        keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
-        assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, SCALE_STEPS + 1)}, name
-        # A handoff lets the old owner finish the step in flight (its answer or its tool results are
-        # checkpointed) before the new owner resumes: no model request and no tool call is made twice.
+        uid = obj["metadata"]["uid"]
         steps = Counter(r.step for r in requests[uid])
-        assert set(keys.values()) == {1}, (name, keys)
-        assert sorted(steps) == list(range(SCALE_STEPS + 1)) and set(steps.values()) == {1}, (name, steps)
+        assert sorted(steps) == list(range(SCALE_STEPS + 1)), (name, steps)
         positions = Counter(len(r.body["messages"]) for r in requests[uid])
         assert set(positions.values()) == {1}, (name, "a conversation position asked twice", positions)
 
@@ -293,16 +305,7 @@ async def test_a_replica_cut_off_from_the_api_server_stops_calling_the_model_bef
     for uid in taken_over:
         first_by_kept = min(r.arrived_at for r in requests[uid] if group.replica_of(r) == "kept")
         assert first_by_kept > last_by_cut, f"run {uid}: both replicas called the model for it"
-    for name, obj in found.items():
-        status, uid = obj["status"], obj["metadata"]["uid"]
-        assert (status["phase"], status["result"], status["iterations"]) == (
-            "Succeeded",
-            "all recorded",
-            9,
-        ), name
-        transcript = await transcript_of(cluster, uid)
-        assert_consistent(transcript)
-        assert [row.iteration for row in transcript.trace_rows] == list(range(1, 10)), name
+    await assert_succeeded_whole(cluster, found, 9)
 
 
 @pytest.mark.timeout(300)
@@ -360,19 +363,6 @@ async def test_a_replica_whose_event_loop_is_stuck_lets_the_others_take_its_runs
         ), f"run {uid} resumed {first_by_kept - stuck_at:.1f}s after the loop got stuck"
         # Nothing from the stuck replica between the stall and the takeover, nor right after it resumed.
         assert not [at for at, name in trail if name == "stuck" and stuck_at + 1 < at < first_by_kept], trail
-    for name, obj in found.items():
-        status, uid = obj["status"], obj["metadata"]["uid"]
-        assert (status["phase"], status["result"], status["iterations"]) == (
-            "Succeeded",
-            "all recorded",
-            9,
-        ), name
-        transcript = await transcript_of(cluster, uid)
-        assert_consistent(transcript)
-        assert [row.iteration for row in transcript.trace_rows] == list(range(1, 10)), name
-        keys = Counter(k for k in hook.keys if k.startswith(f"{uid}:"))
-        assert set(keys) == {f"{uid}:toolu_w{i}" for i in range(1, 9)}, name
-        # Only the step in flight when the loop got stuck may be asked (or called) again, once.
-        assert max(keys.values()) <= (2 if uid in taken_over else 1), (name, keys)
-        steps = Counter(r.step for r in requests[uid])
-        assert max(steps.values()) <= (2 if uid in taken_over else 1), (name, steps)
+    await assert_succeeded_whole(cluster, found, 9)
+    # Only the step in flight when the loop got stuck may be asked (or called) again, once.
+    assert_done_once(found, hook, requests, tool_calls=8, repeatable=taken_over)

@@ -12,6 +12,18 @@ from agentrun.loop.protocols import ModelRequest
 from agentrun.model.anthropic_calling import ClientPool
 from tests.support.messages_handler import serving
 
+#: A whole non-streamed Message, as the Messages API answers.
+PONG = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-haiku-4-5",
+    "content": [{"type": "text", "text": "pong"}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 1, "output_tokens": 1},
+}
+
 
 async def test_runs_are_spread_over_shards_and_a_run_keeps_its_client() -> None:
     pool = ClientPool(shards=4, max_connections=400)
@@ -56,19 +68,7 @@ async def test_every_client_shares_one_tls_context_so_the_ca_bundle_is_loaded_on
 
 async def test_runs_talk_to_the_messages_api_over_the_sdks_aiohttp_transport_by_default() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return web.json_response(
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "model": "claude-haiku-4-5",
-                "content": [{"type": "text", "text": "pong"}],
-                "stop_reason": "end_turn",
-                "stop_sequence": None,
-                "usage": {"input_tokens": 1, "output_tokens": 1},
-            },
-            headers={"request-id": "req_pool"},
-        )
+        return web.json_response(PONG, headers={"request-id": "req_pool"})
 
     pool = ClientPool(shards=2)
     try:
@@ -95,18 +95,7 @@ async def test_pooled_clients_send_no_trace_context_of_the_sdks_own_spans() -> N
 
     async def handler(request: web.Request) -> web.StreamResponse:
         seen.append(request.headers.get("traceparent"))
-        return web.json_response(
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "model": "claude-haiku-4-5",
-                "content": [{"type": "text", "text": "pong"}],
-                "stop_reason": "end_turn",
-                "stop_sequence": None,
-                "usage": {"input_tokens": 1, "output_tokens": 1},
-            }
-        )
+        return web.json_response(PONG)
 
     request = ModelRequest(
         model="claude-haiku-4-5", max_tokens=16, messages=[{"role": "user", "content": "ping"}]
