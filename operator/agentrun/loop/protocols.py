@@ -117,6 +117,7 @@ class ToolCall:
     input: Mapping[str, Any]
     idempotency_key: str
     iteration: int
+    #: Set for the calls of a turn in which a call spawns a run (tool_calling.call_budget); else unlimited.
     budget: CallBudget = field(default_factory=CallBudget)
 
 

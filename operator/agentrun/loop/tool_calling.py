@@ -133,16 +133,22 @@ async def run_recovered(step: RunTools, ctx: Context) -> Prepare | Finish:
 
 
 def call_budget(ctx: Context, names: list[str]) -> CallBudget:
-    """What the run has left for this turn's calls; the calls that spawn runs share it."""
+    """What the run has left for this turn's calls; the calls that spawn runs share it.
+
+    Only a call that spawns a run reads it (its child's limits are carved from it), so a turn without
+    one gets the unlimited default instead of pricing the run's usage on every tool turn.
+    """
     cfg, state = ctx.config, ctx.state
+    siblings = sum(1 for n in names if n in ctx.tools and ctx.tools[n].definition.spawns_runs)
+    if not siblings:
+        return CallBudget()
     tokens = None if cfg.token_budget is None else max(cfg.token_budget - state.usage.total, 0)
     cost_usd = None
     if cfg.cost_budget_usd is not None:
         spent, _ = state.cost(ctx.pricer)
         cost_usd = max(cfg.cost_budget_usd - (spent or 0), Decimal(0))
     seconds = max(ctx.deadline - ctx.clock.monotonic(), 0.0)
-    siblings = sum(1 for n in names if n in ctx.tools and ctx.tools[n].definition.spawns_runs)
-    return CallBudget(tokens, cost_usd, None if math.isinf(seconds) else seconds, max(siblings, 1))
+    return CallBudget(tokens, cost_usd, None if math.isinf(seconds) else seconds, siblings)
 
 
 async def adopt_usage(ctx: Context, outcomes: list[ToolOutcome]) -> None:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.api.stops import StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.events import Checkpoint, UsageAdopted
-from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
+from agentrun.loop.protocols import CallBudget, ToolCall, ToolDefinition, ToolOutput
 from agentrun.metrics.observing import Metrics, MetricsObserver
 from agentrun_sandbox.messages.script import Reply, ScriptUsage, text_block, tool_use_block
 from tests.support.loop_harness import FakeTool, run_scripted
@@ -77,6 +77,18 @@ async def test_calls_that_spawn_runs_share_what_the_run_has_left_of_its_budgets(
     assert {b.cost_usd for b in budgets} == {Decimal("0.9994")}
     assert all(b.seconds is not None and 0 < b.seconds <= 600 for b in budgets)
     assert plain.calls[0].budget.siblings == 2
+
+
+async def test_a_turn_without_a_spawning_call_is_not_priced_for_its_calls() -> None:
+    """Only a call that starts a child run reads its budget; other turns leave it at the default."""
+    plain = FakeTool("lookup")
+    run = await run_scripted(
+        [Reply([tool_use_block("lookup", {}, id="toolu_1")], usage=ScriptUsage(100, 20)), _answer()],
+        tools=[plain],
+        spec={"model": {"name": "claude-sonnet-4-6"}, "limits": {"tokenBudget": 1000, "costBudgetUSD": 1}},
+    )
+    assert run.outcome.stop_reason is StopReason.END_TURN
+    assert plain.calls[0].budget == CallBudget()
 
 
 async def test_a_run_without_budgets_hands_its_calls_unlimited_tokens_and_dollars() -> None:
