@@ -48,6 +48,11 @@ METRICS = [
     "agentrun_runs_started_by_depth_total",
     "agentrun_schedule_runs_total",
     "agentrun_schedule_next_run_timestamp_seconds",
+    "agentrun_replica_members",
+    "agentrun_replica_runs_owned",
+    "agentrun_replica_handoffs_total",
+    "agentrun_replica_fenced",
+    "agentrun_replica_event_loop_lag_seconds",
 ]
 EXPECTED_ALERTS = {
     "AgentRunOperatorDown",
@@ -60,6 +65,9 @@ EXPECTED_ALERTS = {
     "AgentRunModelLatencyHigh",
     "AgentRunQuotaCostAbove80Percent",
     "AgentScheduleMissedRuns",
+    "AgentRunReplicaFenced",
+    "AgentRunReplicaEventLoopLagging",
+    "AgentRunReplicaHandoffsChurning",
 }
 
 
@@ -93,7 +101,7 @@ def test_promtool_unit_tests_of_every_alert_pass(promtool: Tool) -> None:
     assert "SUCCESS" in proc.stdout
 
 
-def test_the_rules_cover_loops_tools_model_errors_cost_stuck_runs_health_latency_quotas_schedules() -> None:
+def test_the_rules_cover_loops_errors_cost_stuck_runs_health_latency_quotas_schedules_replicas() -> None:
     assert {rule["alert"] for rule in alert_rules()} == EXPECTED_ALERTS
 
 
@@ -235,6 +243,25 @@ def test_the_agents_row_shows_children_created_and_active_runs_by_depth_and_what
     assert any(
         "agentrun_schedule_next_run_timestamp_seconds" in q and q.endswith("- time()") for q in queries
     )
+
+
+def test_the_replicas_row_shows_runs_owned_handoffs_fenced_members_and_event_loop_lag_per_replica() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Replicas")
+    end = next((i for i, p in enumerate(panels) if i > start and p["type"] == "row"), len(panels))
+    queries = [t["expr"] for p in panels[start + 1 : end] for t in p["targets"]]
+    for metric in (
+        "agentrun_replica_runs_owned",
+        "agentrun_replica_handoffs_total",
+        "agentrun_replica_fenced",
+        "agentrun_replica_members",
+        "agentrun_replica_event_loop_lag_seconds",
+    ):
+        # One line per replica: summing over replicas would hide the one that misbehaves.
+        assert any(re.search(rf"\b{metric}\b", q) and "by (replica" in q for q in queries), (
+            f"the Replicas row does not query {metric} per replica"
+        )
+    assert any("by (replica, direction)" in q and "agentrun_replica_handoffs_total" in q for q in queries)
 
 
 def test_dashboard_panels_do_not_overlap() -> None:
