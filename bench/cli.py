@@ -52,6 +52,7 @@ class Plan:
     replica_repeats: int = 1
     replica_lease_seconds: int | None = None
     replica_quota: bool = False
+    replica_kill: float | None = None
 
 
 FULL = Plan(loop_rounds=30)
@@ -150,14 +151,23 @@ def _parser() -> argparse.ArgumentParser:
         "--kubeconfig",
         type=Path,
         default=None,
-        help="run the scale benchmark (--only scale) on the real API server of this kubeconfig instead of "
-        "the emulator: CRDs applied, runs in a fresh namespace (deleted afterwards), the operator counted "
-        "through a recording TLS proxy; its section is 'Operator at scale, real API server'",
+        help="run the scale and replica benchmarks (--only scale and/or replicas) on the real API server "
+        "of this kubeconfig instead of the emulator: CRDs applied, runs in a fresh namespace (deleted "
+        "afterwards), every operator process counted through a recording TLS proxy; their sections' "
+        "titles say 'real API server'",
     )
     parser.add_argument(
         "--replica-quota",
         action="store_true",
         help="the replica benchmark with a namespace AgentRunQuota no run reaches (ledger write load)",
+    )
+    parser.add_argument(
+        "--replica-kill",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="SIGKILL one replica (replica-1) this many seconds after the runs are created and report "
+        "the failover; every --replica-counts must then be at least 2",
     )
     return parser
 
@@ -166,6 +176,16 @@ def _positive(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be finite and at least 0")
+    return value
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -205,6 +225,8 @@ def _plan(args: argparse.Namespace) -> Plan:
         plan = dataclasses.replace(plan, replica_lease_seconds=args.lease_duration)
     if args.replica_quota:
         plan = dataclasses.replace(plan, replica_quota=True)
+    if args.replica_kill is not None:
+        plan = dataclasses.replace(plan, replica_kill=args.replica_kill)
     if args.profile_size is not None:
         plan = dataclasses.replace(plan, profile_size=args.profile_size or None)
     return plan
@@ -257,7 +279,16 @@ async def run(
         await long_context.measure(section, iterations=plan.context_iterations)
         sections.append(section)
     if "replicas" in selected:
-        title = "Replicas sharing the runs" + (", with a namespace quota" if plan.replica_quota else "")
+        title = (
+            "Replicas sharing the runs"
+            + (", real API server" if kubeconfig is not None else "")
+            + (", with a namespace quota" if plan.replica_quota else "")
+            + (
+                f", one replica SIGKILLed {plan.replica_kill:g} s after creation"
+                if plan.replica_kill is not None
+                else ""
+            )
+        )
         section = Section("replicas", title, _method(replica_scale.__doc__))
         await replica_scale.measure(
             section,
@@ -268,6 +299,8 @@ async def run(
             latency=plan.latency,
             lease_seconds=plan.replica_lease_seconds,
             quota=plan.replica_quota,
+            kill_after=plan.replica_kill,
+            kubeconfig=kubeconfig,
         )
         sections.append(section)
     return sections
@@ -289,14 +322,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
-    if args.kubeconfig is not None and (set(selected) != {"scale"} or not args.kubeconfig.is_file()):
+    if args.kubeconfig is not None and (
+        not set(selected) <= {"scale", "replicas"} or not args.kubeconfig.is_file()
+    ):
         print(
-            "error: --kubeconfig needs --only scale and an existing kubeconfig file"
+            "error: --kubeconfig needs --only scale and/or replicas and an existing kubeconfig file"
             f" (got --only {','.join(selected)}, {args.kubeconfig})",
             file=sys.stderr,
         )
         return 2
     plan = _plan(args)
+    if plan.replica_kill is not None and "replicas" in selected and min(plan.replica_counts) < 2:
+        print(
+            "error: --replica-kill needs at least 2 replicas in every --replica-counts"
+            f" (got {','.join(map(str, plan.replica_counts))}): one is killed, another takes over",
+            file=sys.stderr,
+        )
+        return 2
     partial = args.quick or args.smoke or bool(args.only)
     results: Path = args.results or (
         Path(tempfile.gettempdir()) / "agentrun-bench-RESULTS.md" if partial and not args.merge else RESULTS

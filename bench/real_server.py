@@ -6,6 +6,13 @@ That count is exact: the server's own ``apiserver_request_total`` has no label n
 a shared server the controller-manager and other tenants write at the same time, so its deltas minus an
 idle rate would only estimate the operator's share. The operator still pays for TLS (to the proxy); the
 proxy adds a loopback hop to each request, which the benchmark process pays for.
+
+Several operator processes (the replica benchmark) share one proxy and are told apart by credential: each
+gets a kubeconfig of its own whose bearer token names it. The proxy reads that token as the request's
+client before it drops it and forwards the request with the benchmark's admin credentials, so the server
+sees one identity and the benchmark still knows which replica sent what. A token rather than, say, a user
+agent because it needs nothing from the operator (every Kubernetes client sends its kubeconfig's token),
+and because the emulator mode tells the replicas apart by token already.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
+import hashlib
 import json
 import ssl
 import tempfile
@@ -34,6 +43,14 @@ from bench.cluster import BENCH_USER_AGENT, WRITE_METHODS
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
 RUNS_API = "/apis/agentrun.dev/v1alpha1"
+#: The API group path of each namespaced resource the benchmarks list or create.
+APIS = {
+    "agentruns": RUNS_API,
+    "agentrunquotas": RUNS_API,
+    "secrets": "/api/v1",
+    "events": "/api/v1",
+    "leases": "/apis/coordination.k8s.io/v1",
+}
 #: Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1), plus the client's own
 #: credentials (the proxy authenticates upstream with the kubeconfig's) and lengths aiohttp recomputes.
 _NOT_FORWARDED = frozenset(
@@ -66,6 +83,10 @@ class ProxiedRequest:
     path: str
     watch: bool
     size: int
+    client: str | None = None
+    """The ``Authorization`` header the client sent (its own token, dropped before forwarding)."""
+    status: int | None = None
+    """The server's answer; None until (or unless) it came."""
 
     @property
     def is_write(self) -> bool:
@@ -100,6 +121,14 @@ def request_kind(method: str, path: str, *, watch: bool = False) -> str:
     return f"{method} {resource}"
 
 
+def run_written(method: str, path: str) -> str | None:
+    """The AgentRun a write request changes (itself or a subresource), named by its path."""
+    parts = [p for p in path.split("/") if p]
+    if method not in WRITE_METHODS or len(parts) < 7 or parts[:2] != ["apis", "agentrun.dev"]:
+        return None
+    return parts[6] if parts[3] == "namespaces" and parts[5] == "agentruns" else None
+
+
 def finished_run(method: str, path: str, body: bytes) -> str | None:
     """The run whose status this request turns terminal, if it does (what the emulator watches for)."""
     parts = [p for p in path.split("/") if p]
@@ -126,16 +155,21 @@ class RecordingProxy:
     port: int = field(default_factory=free_port)
     requests: list[ProxiedRequest] = field(default_factory=list)
     finished_at: dict[str, float] = field(default_factory=dict)
+    finished_by: dict[str, str | None] = field(default_factory=dict)
+    """Run → the client whose status patch turned it terminal."""
     write_latencies: list[float] = field(default_factory=list)
     """Seconds from each write reaching the proxy to the server's response headers."""
     _session: aiohttp.ClientSession | None = None
+    _handlers: set[asyncio.Task[Any]] = field(default_factory=set)
+    """Requests being forwarded: ended at shutdown, so none is left waiting on a closed upstream."""
 
     @property
     def cert_path(self) -> Path:
         return self.workdir / "proxy.crt"
 
-    def kubeconfig(self, namespace: str) -> Path:
-        """A kubeconfig for the operator: this proxy, its certificate as the CA, a token it drops."""
+    def kubeconfig(self, namespace: str, token: str = "dropped-by-the-proxy") -> Path:
+        """A kubeconfig for the operator: this proxy, its certificate as the CA, a token that names the
+        client in :attr:`ProxiedRequest.client` and goes no further."""
         ca = base64.b64encode(self.cert_path.read_bytes()).decode()
         config = {
             "apiVersion": "v1",
@@ -149,13 +183,14 @@ class RecordingProxy:
                     },
                 }
             ],
-            "users": [{"name": "bench", "user": {"token": "dropped-by-the-proxy"}}],
+            "users": [{"name": "bench", "user": {"token": token}}],
             "contexts": [
                 {"name": "proxy", "context": {"cluster": "proxy", "user": "bench", "namespace": namespace}}
             ],
             "current-context": "proxy",
         }
-        path = self.workdir / f"proxy-{self.port}.kubeconfig"
+        suffix = hashlib.sha256(token.encode()).hexdigest()[:8]
+        path = self.workdir / f"proxy-{self.port}-{suffix}.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         return path
 
@@ -185,23 +220,36 @@ class RecordingProxy:
         try:
             yield self
         finally:
-            await self._session.close()  # first: it ends the watches still streaming to a stopped operator
+            # The watches of stopped (or killed) operators are still streaming: end every forwarding
+            # handler first, or it waits forever on its closed upstream and is garbage-collected pending.
+            for task in self._handlers:
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+            await self._session.close()
             await runner.cleanup()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
+        if (task := asyncio.current_task()) is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
         body = await request.read()
         now = time.time()
         watch = request.query.get("watch") in ("true", "1")
         # Counted on arrival: a request the operator gives up on (its Event posts time out after 5 s)
         # still reaches the server, which still writes it.
-        self.requests.append(recorded := ProxiedRequest(now, request.method, request.path, watch, len(body)))
+        client = request.headers.get("Authorization")
+        index = len(self.requests)
+        recorded = ProxiedRequest(now, request.method, request.path, watch, len(body), client)
+        self.requests.append(recorded)
         if (name := finished_run(request.method, request.path, body)) is not None:
             self.finished_at.setdefault(name, now)
+            self.finished_by.setdefault(name, client)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         async with self._session.request(
             request.method, request.rel_url, data=body or None, headers=headers
         ) as upstream:
+            self.requests[index] = dataclasses.replace(recorded, status=upstream.status)
             if recorded.is_write:
                 self.write_latencies.append(time.time() - now)
             response = web.StreamResponse(
@@ -301,5 +349,13 @@ class RealServer:
         return created
 
     async def runs(self, namespace: str) -> list[dict[str, Any]]:
-        listed = await self.call("GET", f"{RUNS_API}/namespaces/{namespace}/agentruns")
+        return await self.list(namespace, "agentruns")
+
+    async def list(self, namespace: str, resource: str) -> list[dict[str, Any]]:
+        """Every object of a resource named in :data:`APIS` in the namespace."""
+        listed = await self.call("GET", f"{APIS[resource]}/namespaces/{namespace}/{resource}")
         return list(listed["items"])
+
+    async def create(self, namespace: str, resource: str, body: dict[str, Any]) -> None:
+        body = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
+        await self.call("POST", f"{APIS[resource]}/namespaces/{namespace}/{resource}", body)

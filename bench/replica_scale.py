@@ -2,33 +2,42 @@
 
 The same runs as the scale benchmark (5 model requests each, 1 s model latency; ideal finish 5 s after the
 first creation), served by R ``agentrun operator`` processes that share one replica group: each has
-AGENTRUN_LEASE_NAMESPACE set to the benchmark namespace, its own AGENTRUN_REPLICA_NAME, metrics port and
-bearer token, so every API request the emulator records names the replica that sent it. The runs are
-created once every replica's Lease shows the same applied view (membership settled), so the figures are
-about sharing the work, not about joining. A run counts for the replica that wrote its terminal status;
-a run whose status two replicas wrote was executed by both, and model requests beyond 5 per run are
-iterations sent again (a run stopped and resumed, e.g. after its replica fenced itself, which the
-replica's log says).
+AGENTRUN_LEASE_NAMESPACE set to the benchmark namespace, its own AGENTRUN_REPLICA_NAME, metrics port,
+bearer token and Anthropic API key, so every API request the server side records and every model request
+the fake Messages API receives names the replica that sent it. On the emulator the emulator records the
+requests; on a real API server (``--kubeconfig``) the replicas reach it through the recording TLS proxy
+of the real-server scale benchmark, which reads each replica's token before it forwards the request with
+the benchmark's own credentials, in a throwaway namespace (deleted afterwards). The runs are created once
+every replica's Lease, read through the API, shows the same applied view (membership settled), so the
+figures are about sharing the work, not about joining. A run counts for the replica that wrote its
+terminal status; a run two replicas executed at once has model requests of both in flight together.
+A model request for an iteration the run had already asked for is a repeat: of an iteration in flight
+(its answer was lost with the replica that asked, or the replica fenced itself, which its log says) or,
+never expected, of an iteration already checkpointed (the run had gone on to the next one). With
+``--replica-kill S``, one replica (not the first) is SIGKILLed S seconds after the runs were created;
+its unfinished runs (their rendezvous owner under the view before the kill) must resume elsewhere, and
+the time from the kill to each one's first model request from another replica is the failover time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import hashlib
-import importlib.util
+import dataclasses
 import json
 import math
 import os
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
+from agentrun.controller.replicas.ring import view_id
+from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from bench.cluster import (
@@ -42,9 +51,21 @@ from bench.cluster import (
 from bench.conversation import API_KEY
 from bench.figures import Figure, Section, Target, median, percentile, progress
 from bench.operator_scale import MODEL_REQUESTS, scale_manifests, scale_script
+from bench.real_server import ProxiedRequest, RealServer, RecordingProxy, run_written
+from bench.replica_figures import (
+    Kill,
+    Observed,
+    OperatorRequest,
+    ReplicaRun,
+    attribute,
+    figures,
+    model_request,
+)
 
 NAMESPACE = "default"
-"""Where the runs and the replicas' Leases live (the chart puts the Leases in the release namespace)."""
+"""Where the runs and the replicas' Leases live on the emulator (the chart puts the Leases in the release
+namespace); a real server gets a fresh namespace per repeat."""
+RUN_PREFIX = "replicas"
 GROUP_LABEL = "agentrun.dev/replica-group"
 APPLIED_VIEW = "agentrun.dev/applied-view"
 SETTLE_SECONDS = 60.0
@@ -52,6 +73,9 @@ FENCE_LOG = "fences itself and stops its runs"
 """What the membership logs when a replica stops all its runs because its Lease renewal is too old."""
 RESOURCES = ("agentruns", "secrets", "events", "leases", "agentrunquotas")
 """What a run leaves in etcd (counted and sized after the run, for the 10,000-run estimate)."""
+DEFAULT_LEASE_SECONDS = int(Settings.model_fields["lease_duration_seconds"].default)
+KILLED = 1
+"""Index of the replica ``--replica-kill`` kills: not the first, so "replica-0" always survives."""
 
 
 QUOTA_CRD = CRD.with_name("agentrunquotas.agentrun.dev.yaml")
@@ -65,94 +89,207 @@ QUOTA = {
 ledger (the write load of quotas across replicas, with none refused)."""
 
 
-def membership_available() -> bool:
-    """Whether this build has replica membership; without it every replica executes every run."""
-    try:
-        return importlib.util.find_spec("agentrun.controller.replicas.membership") is not None
-    except ModuleNotFoundError:  # not even the package
-        return False
+def settled_view(leases: list[dict[str, Any]], group: str, count: int, *, without: str | None = None) -> bool:
+    """Whether ``count`` Leases of the group all show the view of their holders as applied; ``without``:
+    leaving out a killed replica's Lease, which stays (unrenewed) until it is garbage."""
+    mine = [
+        lease
+        for lease in leases
+        if (lease["metadata"].get("labels") or {}).get(GROUP_LABEL) == group
+        and (lease.get("spec") or {}).get("holderIdentity") != without
+    ]
+    members = [str((lease.get("spec") or {}).get("holderIdentity")) for lease in mine]
+    applied = {(lease["metadata"].get("annotations") or {}).get(APPLIED_VIEW) for lease in mine}
+    return len(mine) == count and applied == {view_id(members)}
 
 
-def view_id(members: list[str]) -> str:
-    """The contract's view id: the first 12 hex digits of sha256 over the sorted live member names."""
-    return hashlib.sha256("\n".join(sorted(members)).encode()).hexdigest()[:12]
+class Server(Protocol):
+    """The API server side of one repeat, emulated or real, as the measurement sees it."""
+
+    namespace: str
+    operator_args: tuple[str, ...]
+    """Extra ``agentrun operator`` arguments (a real server: serve only the benchmark's namespace)."""
+    patience: float
+    """Seconds per run, on top of a minute, the benchmark waits for the runs before it gives up."""
+
+    def kubeconfig_for(self, token: str) -> Path: ...
+
+    def mark(self) -> int:
+        """A position in the request log: what :meth:`requests_since` counts from."""
+        ...
+
+    def requests_since(self, mark: int, replicas: Mapping[str, str]) -> list[OperatorRequest]:
+        """The replicas' requests since ``mark``; ``replicas`` maps each ``Authorization`` to a replica."""
+        ...
+
+    def finished_at(self) -> Mapping[str, float]: ...
+
+    def finished_by(self, replicas: Mapping[str, str]) -> dict[str, str]: ...
+
+    async def create(self, resource: str, body: dict[str, Any]) -> None: ...
+
+    async def create_runs(self, manifests: list[dict[str, Any]]) -> dict[str, float]: ...
+
+    async def list(self, resource: str) -> list[dict[str, Any]]: ...
 
 
-@dataclass(frozen=True)
+@dataclass
+class EmulatedServer:
+    """The emulator in this process: it records every request itself, with the bearer token."""
+
+    kube: EmulatedCluster
+    emulator: RecordingEmulator
+    namespace: str = NAMESPACE
+    operator_args: tuple[str, ...] = ()
+    patience: float = 0.2
+
+    def kubeconfig_for(self, token: str) -> Path:
+        return self.kube.kubeconfig_for(token)
+
+    def mark(self) -> int:
+        return len(self.emulator.timed)
+
+    def requests_since(self, mark: int, replicas: Mapping[str, str]) -> list[OperatorRequest]:
+        return [
+            OperatorRequest(
+                at=t.at,
+                replica=attribute(t.record.authorization, replicas),
+                kind=t.kind,
+                is_write=t.is_write,
+                status=t.record.status,
+                run=t.record.name if t.is_write and t.record.resource == "agentruns" else None,
+            )
+            for t in self.emulator.timed[mark:]
+            if not t.from_bench
+        ]
+
+    def finished_at(self) -> Mapping[str, float]:
+        return self.emulator.finished_at
+
+    def finished_by(self, replicas: Mapping[str, str]) -> dict[str, str]:
+        return {run: attribute(by, replicas) for run, by in self.emulator.finished_by.items()}
+
+    async def create(self, resource: str, body: dict[str, Any]) -> None:
+        path = f"/apis/agentrun.dev/v1alpha1/namespaces/{self.namespace}/{resource}"
+        async with (
+            aiohttp.ClientSession(headers={"User-Agent": BENCH_USER_AGENT}) as session,
+            session.post(self.kube.url + path, json=body) as response,
+        ):
+            if response.status >= 300:
+                raise RuntimeError(f"creating {path}: {await response.text()}")
+
+    async def create_runs(self, manifests: list[dict[str, Any]]) -> dict[str, float]:
+        return await create_runs(self.kube.url, manifests)
+
+    async def list(self, resource: str) -> list[dict[str, Any]]:
+        return self.emulator.list_objects(resource, self.namespace)
+
+
+@dataclass
+class ProxiedServer:
+    """A real API server, the replicas behind the recording proxy, the benchmark on its own admin session."""
+
+    server: RealServer
+    proxy: RecordingProxy
+    namespace: str
+    operator_args: tuple[str, ...] = field(init=False)
+    patience: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.operator_args = ("--namespace", self.namespace)
+
+    def kubeconfig_for(self, token: str) -> Path:
+        return self.proxy.kubeconfig(self.namespace, token)
+
+    def mark(self) -> int:
+        return len(self.proxy.requests)
+
+    def requests_since(self, mark: int, replicas: Mapping[str, str]) -> list[OperatorRequest]:
+        return [proxied(r, replicas) for r in self.proxy.requests[mark:]]
+
+    def finished_at(self) -> Mapping[str, float]:
+        return self.proxy.finished_at
+
+    def finished_by(self, replicas: Mapping[str, str]) -> dict[str, str]:
+        return {run: attribute(by, replicas) for run, by in self.proxy.finished_by.items()}
+
+    async def create(self, resource: str, body: dict[str, Any]) -> None:
+        await self.server.create(self.namespace, resource, body)
+
+    async def create_runs(self, manifests: list[dict[str, Any]]) -> dict[str, float]:
+        return await self.server.create_runs(self.namespace, manifests)
+
+    async def list(self, resource: str) -> list[dict[str, Any]]:
+        return await self.server.list(self.namespace, resource)
+
+
+def proxied(request: ProxiedRequest, replicas: Mapping[str, str]) -> OperatorRequest:
+    """A request the proxy recorded, attributed to the replica whose token it carried."""
+    return OperatorRequest(
+        at=request.at,
+        replica=attribute(request.client, replicas),
+        kind=request.kind,
+        is_write=request.is_write,
+        status=request.status,
+        run=run_written(request.method, request.path),
+    )
+
+
+Serving = Callable[[str, bool], AbstractAsyncContextManager[Server]]
+"""Label and whether a quota is wanted → the server side of one repeat."""
+
+
+def emulated() -> Serving:
+    @contextlib.asynccontextmanager
+    async def serve(label: str, quota: bool) -> AsyncIterator[Server]:
+        emulator = RecordingEmulator(strict=False)
+        crds = [CRD, QUOTA_CRD] if quota else [CRD]
+        async with EmulatedCluster.running(crd_paths=crds, emulator=emulator) as kube:
+            yield EmulatedServer(kube, emulator)
+
+    return serve
+
+
+def real(kubeconfig: Path, workdir: Path) -> Serving:
+    @contextlib.asynccontextmanager
+    async def serve(label: str, quota: bool) -> AsyncIterator[Server]:
+        server = RealServer(kubeconfig, workdir)
+        async with server.connected():
+            await server.apply_crds()
+            async with (
+                server.namespace(f"realbench-{label}-{os.getpid()}") as namespace,
+                server.proxy().running() as proxy,
+            ):
+                yield ProxiedServer(server, proxy, namespace)
+
+    return serve
+
+
+@dataclass
 class Replica:
     name: str
     token: str
+    api_key: str
     process: OperatorProcess
-    sampler: ProcessSampler
+    sampler: ProcessSampler = field(init=False)
+    killed: Kill | None = None
+    cpu_at_kill: float = 0.0
 
+    def cpu_seconds(self) -> float:
+        return self.cpu_at_kill if self.killed else self.sampler.cpu_seconds()
 
-@dataclass(frozen=True)
-class ReplicaFigures:
-    name: str
-    runs: int
-    iterations: int
-    cpu_seconds: float
-    writes: int
-    peak_rss_mib: float
-    wall: float
-
-    @property
-    def cpu_ms_per_iteration(self) -> float:
-        return self.cpu_seconds / self.iterations * 1000 if self.iterations else math.nan
-
-    @property
-    def writes_per_iteration(self) -> float:
-        return self.writes / self.iterations if self.iterations else math.nan
-
-    @property
-    def cores(self) -> float:
-        return self.cpu_seconds / self.wall
-
-
-@dataclass(frozen=True)
-class ReplicaRun:
-    replicas: int
-    runs: int
-    makespan: float
-    """First creation → last terminal status write (or → giving up, when runs were left unfinished)."""
-    finished: int
-    unfinished: dict[str, int]
-    """Phase → runs not finished when the benchmark gave up (60 s + 0.2 s per run)."""
-    fences: int
-    """Times a replica fenced itself (its Lease renewal came too late), from the operator logs."""
-    first_request_latencies: list[float]
-    iterations: int
-    cpu_seconds: float
-    writes: int
-    succeeded: int
-    written_by_two: int
-    """Runs whose status more than one replica patched."""
-    extra_requests: int
-    """Model requests beyond MODEL_REQUESTS per run: iterations sent twice."""
-    settle_seconds: float | None
-    """Start of the last replica → every Lease shows one applied view (None: membership never settled)."""
-    bench_cpu: float
-    per_replica: list[ReplicaFigures]
-    breakdown: dict[str, float]
-    """Operator writes per iteration, by kind, all replicas."""
-    conflicts: int
-    """Operator requests answered 409 Conflict (a read-modify-write lost a race: Leases, quota ledgers)."""
-    stored: dict[str, tuple[int, int]]
-    """Resource → (objects, JSON bytes) in the namespace after the runs finished."""
-
-    @property
-    def cpu_ms_per_iteration(self) -> float:
-        return self.cpu_seconds / max(self.iterations, 1) * 1000
-
-    @property
-    def writes_per_iteration(self) -> float:
-        return self.writes / max(self.iterations, 1)
+    async def kill(self, members: tuple[str, ...]) -> Kill:
+        """SIGKILL: no graceful leave, the Lease stays until it expires."""
+        self.cpu_at_kill = self.sampler.cpu_seconds()
+        self.killed = Kill(self.name, time.time(), members)
+        await self.process.stop(kill=True)
+        return self.killed
 
 
 @contextlib.asynccontextmanager
 async def running_replicas(
     workdir: Path,
-    kube: EmulatedCluster,
+    server: Server,
     *,
     count: int,
     model_url: str,
@@ -161,192 +298,169 @@ async def running_replicas(
     lease_seconds: int | None,
 ) -> AsyncIterator[list[Replica]]:
     """``count`` operator processes in one replica group, each with its own identity towards the API."""
-    group = f"bench-{label}"
-    processes: list[tuple[str, str, OperatorProcess]] = []
+    replicas: list[Replica] = []
     for index in range(count):
         name, token = f"replica-{index}", f"bench-{label}-replica-{index}"
+        api_key = f"{API_KEY}-{name}"
         process = OperatorProcess(
-            kubeconfig=kube.kubeconfig_for(token),
+            kubeconfig=server.kubeconfig_for(token),
             log_path=workdir / f"operator-{label}-{name}.log",
             env={
-                "ANTHROPIC_API_KEY": API_KEY,
+                "ANTHROPIC_API_KEY": api_key,
                 "ANTHROPIC_BASE_URL": model_url,
-                "AGENTRUN_LEASE_NAMESPACE": NAMESPACE,
-                "AGENTRUN_REPLICA_GROUP": group,
+                "AGENTRUN_LEASE_NAMESPACE": server.namespace,
+                "AGENTRUN_REPLICA_GROUP": f"bench-{label}",
                 "AGENTRUN_REPLICA_NAME": name,
                 **({"AGENTRUN_LEASE_DURATION_SECONDS": str(lease_seconds)} if lease_seconds else {}),
             },
-            args=("--max-concurrent-runs", str(max_concurrent_runs)),
+            args=("--max-concurrent-runs", str(max_concurrent_runs), *server.operator_args),
         )
-        processes.append((name, token, process))
-    replicas: list[Replica] = []
+        replicas.append(Replica(name, token, api_key, process))
+    started: list[Replica] = []
     try:
-        await asyncio.gather(*(process.start(ready_timeout=60.0) for _, _, process in processes))
-        for name, token, process in processes:
-            assert process.process is not None
-            replicas.append(Replica(name, token, process, ProcessSampler(process.process.pid)))
-            replicas[-1].sampler.start()
+        await asyncio.gather(*(r.process.start(ready_timeout=60.0) for r in replicas))
+        for replica in replicas:
+            assert replica.process.process is not None
+            replica.sampler = ProcessSampler(replica.process.process.pid)
+            replica.sampler.start()
+            started.append(replica)
         yield replicas
     finally:
-        for replica in replicas:
+        for replica in started:
             await replica.sampler.stop()
-        await asyncio.gather(*(process.stop(timeout=10.0) for _, _, process in processes))
+        await asyncio.gather(*(r.process.stop(timeout=10.0) for r in replicas))
 
 
-async def settled(emulator: RecordingEmulator, group: str, count: int, timeout: float) -> float | None:
-    """Seconds until ``count`` Leases of the group all show the view of their holders as applied."""
+async def settled(
+    server: Server, group: str, count: int, timeout: float, *, without: str | None = None
+) -> float | None:
+    """Seconds until ``count`` Leases of the group, read through the API, show one applied view."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        leases = [
-            lease
-            for lease in emulator.list_objects("leases", NAMESPACE)
-            if (lease["metadata"].get("labels") or {}).get(GROUP_LABEL) == group
-        ]
-        members = [str((lease.get("spec") or {}).get("holderIdentity")) for lease in leases]
-        applied = {(lease["metadata"].get("annotations") or {}).get(APPLIED_VIEW) for lease in leases}
-        if len(leases) == count and applied == {view_id(members)}:
+        if settled_view(await server.list("leases"), group, count, without=without):
             return time.monotonic() - started
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
     return None
 
 
 async def one_run(
     workdir: Path,
+    serving: Serving,
     replicas: int,
     runs: int,
     latency: float,
     label: str,
+    *,
     lease_seconds: int | None,
     quota: bool,
+    kill_after: float | None,
 ) -> ReplicaRun:
     api = FakeMessagesAPI(scripts=[scale_script()], latency_seconds=latency, demo_brain=False)
-    emulator = RecordingEmulator(strict=False)
     cpu_me = ProcessSampler(os.getpid())
     async with (
-        api.running() as server,
-        EmulatedCluster.running(crd_paths=[CRD, QUOTA_CRD] if quota else [CRD], emulator=emulator) as kube,
+        api.running() as fake,
+        serving(label, quota) as server,
         running_replicas(
             workdir,
-            kube,
+            server,
             count=replicas,
-            model_url=server.url,
+            model_url=fake.url,
             max_concurrent_runs=max(runs, 1000),
             label=label,
             lease_seconds=lease_seconds,
         ) as members,
     ):
         if quota:
-            await _create(
-                kube.url, f"/apis/agentrun.dev/v1alpha1/namespaces/{NAMESPACE}/agentrunquotas", QUOTA
-            )
-        settle = (
-            await settled(emulator, f"bench-{label}", replicas, SETTLE_SECONDS)
-            if membership_available()
-            else None
-        )
-        if settle is None and membership_available():
+            await server.create("agentrunquotas", QUOTA)
+        settle = await settled(server, f"bench-{label}", replicas, SETTLE_SECONDS)
+        if settle is None:
             progress(
                 f"replicas: {label}: membership did not settle in {SETTLE_SECONDS:g} s; creating runs anyway"
             )
-        manifests = scale_manifests(runs, "replicas")
         cpu_me.start()
-        log_start = len(emulator.timed)
+        mark = server.mark()
         cpu_0 = {m.name: m.sampler.cpu_seconds() for m in members}
         me_0 = cpu_me.cpu_seconds()
+        load_0 = os.getloadavg()[0]
         started = time.time()
-        created = await create_runs(kube.url, manifests)
-        deadline = time.monotonic() + 60 + runs * 0.2
-        while len(emulator.finished_at) < runs and time.monotonic() < deadline:  # noqa: ASYNC110
+        created = await server.create_runs(scale_manifests(runs, RUN_PREFIX))
+        kill_at = None if kill_after is None else time.monotonic() + kill_after
+        kill: Kill | None = None
+        regrouped: asyncio.Task[float | None] | None = None
+        failover = (lease_seconds or DEFAULT_LEASE_SECONDS) + 30 if kill_at is not None else 0
+        patience = 60 + runs * server.patience + failover
+        deadline = time.monotonic() + patience
+        while len(server.finished_at()) < runs and time.monotonic() < deadline:
+            if kill_at is not None and kill is None and time.monotonic() >= kill_at:
+                kill = await members[KILLED].kill(tuple(m.name for m in members))
+                progress(f"replicas: {label}: SIGKILLed {kill.replica}")
+                regrouped = asyncio.ensure_future(
+                    settled(server, f"bench-{label}", replicas - 1, patience, without=kill.replica)
+                )
             await asyncio.sleep(0.05)
+        if kill_at is not None and kill is None:
+            progress(f"replicas: {label}: every run finished before the kill was due; nothing killed")
         wall = time.time() - started
-        cpu = {m.name: m.sampler.cpu_seconds() - cpu_0[m.name] for m in members}
+        survivors_settled = None
+        if regrouped is not None and regrouped.done():
+            survivors_settled = regrouped.result()
+        elif regrouped is not None:
+            regrouped.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await regrouped
+        cpu = {m.name: m.cpu_seconds() - cpu_0[m.name] for m in members}
         bench_cpu = (cpu_me.cpu_seconds() - me_0) / wall
+        load_1 = os.getloadavg()[0]
         await cpu_me.stop()
-        unfinished = collections.Counter(
-            str((o.get("status") or {}).get("phase"))
-            for o in emulator.list_objects("agentruns", NAMESPACE)
-            if o["metadata"]["name"] not in emulator.finished_at
-        )
-        if unfinished:
-            progress(f"replicas: {label}: unfinished after {wall:.0f} s, by phase: {dict(unfinished)}")
-        end = max(emulator.finished_at.values(), default=started) if not unfinished else started + wall
-        objects = emulator.list_objects("agentruns", NAMESPACE)
-        stored = {
-            resource: _stored(emulator.list_objects(resource, NAMESPACE))
-            for resource in RESOURCES
-            if quota or resource != "agentrunquotas"
-        }
-        peaks = {m.name: m.sampler.peak_rss for m in members}
         tokens = {f"Bearer {m.token}": m.name for m in members}
-        window = [t for t in emulator.timed[log_start:] if not t.from_bench and t.at <= end]
-        arrivals: dict[str, list[float]] = collections.defaultdict(list)
-        for request in api.requests:
-            arrivals["replicas-" + request.first_user_text.split("run-", 1)[1][:5]].append(request.arrived_at)
-    iterations_of = {
-        o["metadata"]["name"]: int((o.get("status") or {}).get("iterations") or 0) for o in objects
-    }
-    finisher = {name: tokens.get(by or "", "?") for name, by in emulator.finished_by.items()}
-    writers: dict[str, set[str]] = collections.defaultdict(set)
-    writes_by: collections.Counter[str] = collections.Counter()
-    for t in window:
-        if not t.is_write:
-            continue
-        who = tokens.get(t.record.authorization or "", "?")
-        writes_by[who] += 1
-        if t.record.resource == "agentruns" and t.record.name is not None:
-            writers[t.record.name].add(who)
-    iterations = sum(iterations_of.values())
-    per_replica = [
-        ReplicaFigures(
-            name=m.name,
-            runs=sum(1 for who in finisher.values() if who == m.name),
-            iterations=sum(iterations_of.get(run, 0) for run, who in finisher.items() if who == m.name),
-            cpu_seconds=cpu[m.name],
-            writes=writes_by[m.name],
-            peak_rss_mib=peaks[m.name] / 2**20,
+        keys = {m.api_key: m.name for m in members}
+        observed = Observed(
+            replicas=tuple(m.name for m in members),
+            runs=runs,
+            objects=await server.list("agentruns"),
+            requests=server.requests_since(mark, tokens),
+            model_requests=[
+                request
+                for recorded in api.requests
+                if (request := model_request(recorded, keys, RUN_PREFIX)) is not None
+            ],
+            created=created,
+            finished_at=dict(server.finished_at()),
+            finished_by=server.finished_by(tokens),
+            started=started,
             wall=wall,
+            cpu=cpu,
+            peak_rss={m.name: m.sampler.peak_rss for m in members},
+            bench_cpu=bench_cpu,
+            latency=latency,
+            settle_seconds=settle,
+            fences=sum(m.process.logs().count(FENCE_LOG) for m in members),
+            stored={
+                resource: _stored(await server.list(resource))
+                for resource in RESOURCES
+                if quota or resource != "agentrunquotas"
+            },
+            load=(load_0, load_1),
+            kill=kill if kill is None else dataclasses.replace(kill, regrouped=survivors_settled),
         )
-        for m in members
-    ]
-    kinds = collections.Counter(t.kind for t in window if t.is_write)
-    first = {name: times[0] for name, times in arrivals.items()}
-    return ReplicaRun(
-        replicas=replicas,
-        runs=runs,
-        makespan=end - started,
-        finished=len(emulator.finished_at),
-        unfinished=dict(unfinished),
-        fences=sum(m.process.logs().count(FENCE_LOG) for m in members),
-        first_request_latencies=[first[n] - created[n] for n in created if n in first],
-        iterations=iterations,
-        cpu_seconds=sum(cpu.values()),
-        writes=sum(writes_by.values()),
-        succeeded=sum(1 for o in objects if (o.get("status") or {}).get("phase") == "Succeeded"),
-        written_by_two=sum(1 for who in writers.values() if len(who) > 1),
-        extra_requests=sum(max(0, len(times) - MODEL_REQUESTS) for times in arrivals.values()),
-        settle_seconds=settle,
-        bench_cpu=bench_cpu,
-        per_replica=per_replica,
-        breakdown={kind: count / max(iterations, 1) for kind, count in kinds.most_common()},
-        conflicts=sum(1 for t in window if t.record.status == 409),
-        stored=stored,
-    )
-
-
-async def _create(url: str, path: str, body: dict[str, Any]) -> None:
-    async with (
-        aiohttp.ClientSession(headers={"User-Agent": BENCH_USER_AGENT}) as session,
-        session.post(url + path, json=body) as response,
-    ):
-        if response.status >= 300:
-            raise RuntimeError(f"creating {path}: {await response.text()}")
+    result = figures(observed)
+    if result.unfinished:
+        progress(f"replicas: {label}: unfinished after {wall:.0f} s, by phase: {result.unfinished}")
+    return result
 
 
 def _stored(objects: list[dict[str, Any]]) -> tuple[int, int]:
     return len(objects), sum(len(json.dumps(o, separators=(",", ":"))) for o in objects)
 
 
-def _report(section: Section, results: list[ReplicaRun], *, ideal: float) -> None:
+def _two(value: float) -> str:
+    """Two decimals, or a dash for a replica with no iterations (one killed before it finished any)."""
+    return "—" if math.isnan(value) else f"{value:.2f}"
+
+
+def _report(
+    section: Section, results: list[ReplicaRun], *, ideal: float, lease: int, server_side: str
+) -> None:
     count, runs = results[0].replicas, results[0].runs
     prefix = f"{runs} runs, {count} replica{'s' if count > 1 else ''}"
 
@@ -371,13 +485,25 @@ def _report(section: Section, results: list[ReplicaRun], *, ideal: float) -> Non
         "×",
     )
     fig("API conflicts (409) per iteration", [r.conflicts / max(r.iterations, 1) for r in results], "")
-    fig("bench process CPU (emulator + fake API)", [r.bench_cpu for r in results], "")
+    fig(f"bench process CPU ({server_side} + fake API)", [r.bench_cpu for r in results], "")
     fig(
-        "runs executed by more than one replica",
-        [float(r.written_by_two) for r in results],
+        "host load average (1 min) at start",
+        [r.load[0] for r in results],
+        "",
+        note="start → end: " + ", ".join(f"{r.load[0]:.1f} → {r.load[1]:.1f}" for r in results),
+    )
+    fig(
+        "runs executed by two replicas at once",
+        [float(r.concurrent) for r in results],
         "",
         Target(0.0),
-        note="status written by two replicas",
+        note="model requests of both in flight together",
+    )
+    fig(
+        "runs whose AgentRun two replicas wrote",
+        [float(r.written_by_two) for r in results],
+        "",
+        note="one after the other when a run moved",
     )
     fig(
         "replicas fencing themselves (Lease renewal too late)",
@@ -387,16 +513,64 @@ def _report(section: Section, results: list[ReplicaRun], *, ideal: float) -> Non
         note="each stops and hands back every run it executes",
     )
     fig(
-        "model requests repeated",
-        [float(r.extra_requests) for r in results],
+        "model requests repeated, iteration in flight",
+        [float(r.repeats.in_flight) for r in results],
+        "",
+        note="its answer lost with the replica that asked",
+    )
+    fig(
+        "model requests repeated, iteration already checkpointed",
+        [float(r.repeats.checkpointed) for r in results],
         "",
         Target(0.0),
-        note=f"beyond {MODEL_REQUESTS} per run",
+        note="the run had gone on to the next iteration",
     )
+    failovers = [r.failover for r in results if r.failover is not None]
+    if failovers:
+        section.add(
+            Figure(
+                f"{prefix}: runs of the SIGKILLed replica",
+                median([float(f.moved) for f in failovers]),
+                "",
+                len(failovers),
+                note=f"{failovers[-1].killed}: its unfinished runs at the kill",
+            )
+        )
+        section.add(
+            Figure(
+                f"{prefix}: of those, finished elsewhere",
+                median([float(f.moved_finished) for f in failovers]),
+                "",
+                len(failovers),
+                Target(median([float(f.moved) for f in failovers]), at_most=False),
+            )
+        )
+        regrouped = [f.regrouped for f in failovers if f.regrouped is not None]
+        section.add(
+            Figure(
+                f"{prefix}: kill → every survivor applied the view without it",
+                median(regrouped),
+                "s",
+                len(regrouped),
+                note="membership's share: Lease expiry, new view, barrier",
+            )
+        )
+        for name, q, target in (("p50", 50, None), ("max", 100, Target(lease + 5.0))):
+            section.add(
+                Figure(
+                    f"{prefix}: kill → resumed on another replica {name}",
+                    median([percentile(f.resume_delays, q) for f in failovers]),
+                    "s",
+                    len(failovers),
+                    target,
+                    note=f"Lease {lease} s" + (" + 5 s" if target else ""),
+                )
+            )
     last = results[-1]
     rows = "\n".join(
         f"| {p.name} | {p.runs} | {p.iterations} | {p.cpu_seconds:.1f} | {p.cores:.2f} | "
-        f"{p.cpu_ms_per_iteration:.2f} | {p.writes} | {p.writes_per_iteration:.2f} | {p.peak_rss_mib:.0f} |"
+        f"{_two(p.cpu_ms_per_iteration)} | {p.writes} | {_two(p.writes_per_iteration)} | {p.conflicts} | "
+        f"{p.peak_rss_mib:.0f} |"
         for p in last.per_replica
     )
     writes = ", ".join(f"{kind} {value:.3f}" for kind, value in last.breakdown.items())
@@ -409,10 +583,13 @@ def _report(section: Section, results: list[ReplicaRun], *, ideal: float) -> Non
         if last.settle_seconds is None
         else f"membership settled {last.settle_seconds:.1f} s after the last replica was ready"
     )
+    killed = (
+        "" if last.failover is None else f"; {last.failover.killed} SIGKILLed, its CPU counted until then"
+    )
     section.details.append(
-        f"**{prefix}, per replica** (last repeat; {settle}; wall time {last.makespan:.1f} s):\n\n"
+        f"**{prefix}, per replica** (last repeat; {settle}; wall time {last.makespan:.1f} s{killed}):\n\n"
         "| replica | runs | iterations | CPU s | cores busy | CPU ms per iteration | writes | "
-        "writes per iteration | peak RSS MiB |\n| --- |" + " ---: |" * 8 + "\n"
+        "writes per iteration | 409s | peak RSS MiB |\n| --- |" + " ---: |" * 9 + "\n"
         f"{rows}\n\nWrites per iteration by kind, all replicas: {writes}. Stored in the namespace after the "
         f"runs: {stored}."
     )
@@ -421,6 +598,11 @@ def _report(section: Section, results: list[ReplicaRun], *, ideal: float) -> Non
             section.notes.append(
                 f"{prefix}: {r.runs - r.finished} runs unfinished when the benchmark gave up after "
                 f"{r.makespan:.0f} s (by phase: {r.unfinished}); time to finish is then that time."
+            )
+        if r.failover is not None and len(r.failover.resume_delays) < r.failover.moved:
+            section.notes.append(
+                f"{prefix}: {r.failover.moved - len(r.failover.resume_delays)} runs of the SIGKILLed "
+                "replica never resumed on another replica."
             )
     failed = [r.runs - r.succeeded for r in results]
     if any(failed):
@@ -437,20 +619,36 @@ async def measure(
     latency: float,
     lease_seconds: int | None = None,
     quota: bool = False,
+    kill_after: float | None = None,
+    kubeconfig: Path | None = None,
 ) -> None:
+    """``kubeconfig``: on that real API server, through the recording proxy, instead of the emulator."""
     ideal = MODEL_REQUESTS * latency
-    if not membership_available():
-        section.notes.append(
-            "This build has no replica membership (agentrun.controller.replicas.membership): every replica "
-            "executes every run, so the figures above 1 replica measure duplicated work."
-        )
+    serving = emulated() if kubeconfig is None else real(kubeconfig, workdir)
+    where = "emulator" if kubeconfig is None else "real API server"
     for count in counts:
-        progress(f"replicas: {runs} runs on {count} replica(s) × {repeats} repeats")
+        progress(f"replicas ({where}): {runs} runs on {count} replica(s) × {repeats} repeats")
         results = [
-            await one_run(workdir, count, runs, latency, f"replicas-{count}-{runs}-{r}", lease_seconds, quota)
+            await one_run(
+                workdir,
+                serving,
+                count,
+                runs,
+                latency,
+                f"replicas-{count}-{runs}-{r}",
+                lease_seconds=lease_seconds,
+                quota=quota,
+                kill_after=kill_after,
+            )
             for r in range(repeats)
         ]
-        _report(section, results, ideal=ideal)
+        _report(
+            section,
+            results,
+            ideal=ideal,
+            lease=lease_seconds or DEFAULT_LEASE_SECONDS,
+            server_side="emulator" if kubeconfig is None else "proxy",
+        )
     lease = f"{lease_seconds} s (AGENTRUN_LEASE_DURATION_SECONDS)" if lease_seconds else "the default"
     section.notes.append(
         f"Lease duration: {lease}; renew interval: the default. "
@@ -461,10 +659,19 @@ async def measure(
             else "No AgentRunQuota (the quota ledger writes nothing)."
         )
     )
+    if kill_after is not None:
+        section.notes.append(
+            f"replica-{KILLED} was SIGKILLed {kill_after:g} s after the last run was created. Its runs are "
+            "the unfinished ones it owned under the view before the kill (rendezvous hashing, as the "
+            "replicas compute it); each resumed when another replica sent its first model request (or "
+            "wrote its terminal status, when no request was left). The survivors see the kill only when "
+            "the killed replica's Lease expires, so the failover takes the Lease duration after its last "
+            "renewal, plus the handoff barrier."
+        )
     section.notes.append(
         "Every replica is a separate `agentrun operator` process on this machine, sharing its cores with "
-        "the others and with the emulator and fake Messages API (the bench process); CPU per iteration "
-        "is the replicas' CPU from the first creation to the last terminal status write ÷ the iterations "
-        "they ran. Writes include each replica's Lease renewals. Runs per replica: who wrote the terminal "
-        "status."
+        f"the others and with the {'emulator' if kubeconfig is None else 'API server, etcd, the proxy'} "
+        "and the fake Messages API; CPU per iteration is the replicas' CPU from the first creation to the "
+        "last terminal status write ÷ the iterations they ran. Writes include each replica's Lease "
+        "renewals. Runs per replica: who wrote the terminal status."
     )

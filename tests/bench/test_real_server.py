@@ -66,10 +66,10 @@ def test_a_body_that_is_not_json_finishes_no_run() -> None:
     assert finished_run("PATCH", f"{RUNS}/run-7/status", b"\x00not json") is None
 
 
-def test_a_kubeconfig_for_any_benchmark_but_scale_is_refused_in_one_line(
+def test_a_kubeconfig_for_a_benchmark_other_than_scale_or_replicas_is_refused_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["--only", "loop", "--kubeconfig", "/nonexistent/kubeconfig"]) == 2
+    assert main(["--only", "replicas,loop", "--kubeconfig", "/nonexistent/kubeconfig"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "--kubeconfig needs --only scale" in err
+    assert "--kubeconfig needs --only scale and/or replicas" in err
