@@ -23,7 +23,7 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +47,8 @@ MAX_MESSAGE_CHARS = 512
 BURST = 10
 REFILL_SECONDS = 6.0
 POST_TIMEOUT_SECONDS = 5.0
+#: Posts made beside their runs, held until done (asyncio keeps only weak references to tasks).
+_POSTING: set[asyncio.Task[None]] = set()
 COMPONENT = "agentrun-operator"
 
 _CREDENTIALS = re.compile(
@@ -177,6 +179,7 @@ class RunEvents:
         self._suppressed = 0
         self._failed = False
         self._instance = socket.gethostname()
+        self._beside_run: set[asyncio.Task[None]] = set()
 
     async def notify(self, event: Event) -> None:
         match event:
@@ -185,7 +188,10 @@ class RunEvents:
                 # Event per run is 0.2 API writes per iteration of a 5-iteration run. A resume is
                 # rare and worth a person's notice (a restart or a handoff happened).
                 message = f"resumed from its checkpoint after {progress.iterations} iterations"
-                await self.record("Normal", "Resumed", message, always=True)
+                # Posted beside the run, not before its next model request: resumes come in bursts (a
+                # replica's runs taken over at once, an operator restart), when the API server is
+                # busiest, and each post may take up to POST_TIMEOUT_SECONDS (bench: failover).
+                self._beside(self.record("Normal", "Resumed", message, always=True))
             case ModelRetryScheduled(retry_class=retry_class, attempt=attempt, message=message):
                 await self.record(
                     "Warning",
@@ -229,6 +235,7 @@ class RunEvents:
                         what += f": {decided.reason}"
                 await self.record(kind, reason, f"tool call {tool} ({call_id}) {what}", key=call_id)
             case RunFinished(outcome=outcome, progress=progress):
+                await self.settled()
                 await self.flush()
                 kind = "Normal" if outcome.stop_reason.succeeded else "Warning"
                 cost = f", ${progress.cost_usd:.6f}" if progress.cost_usd is not None else ""
@@ -269,6 +276,18 @@ class RunEvents:
         )
         if await self._call(self._sink.create(self._run.namespace, body)):
             self._posted[(kind, reason, key)] = _Posted(name, 1, body["firstTimestamp"], text)
+
+    def _beside(self, post: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(post)
+        # Held here and module-wide: the run's task may end (stopped, handed over) before the post does.
+        for held in (self._beside_run, _POSTING):
+            held.add(task)
+            task.add_done_callback(held.discard)
+
+    async def settled(self) -> None:
+        """Waits for the posts made beside the run (so its terminal Event comes after them)."""
+        if self._beside_run:
+            await asyncio.gather(*self._beside_run, return_exceptions=True)
 
     async def flush(self) -> None:
         """Counts bumped while rate-limited are written before the run's last word."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 from typing import Any
 
@@ -77,9 +78,41 @@ async def test_a_resumed_run_is_an_event_that_says_how_far_it_had_come(
 ) -> None:
     events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
     await events.notify(RunStarted(resumed=True, progress=PROGRESS))
+    await events.settled()
     [resumed] = await _events(core)
     assert (resumed.type, resumed.reason) == ("Normal", "Resumed")
     assert resumed.message == "resumed from its checkpoint after 3 iterations"
+
+
+async def test_a_resume_does_not_wait_for_its_event_and_the_terminal_event_comes_after_it() -> None:
+    """Resumes come in bursts when a replica's runs are taken over: the run's next model request must
+    not wait for a busy API server to take its Event."""
+
+    class Slow:
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+            self.posted: list[str] = []
+
+        async def create(self, namespace: str, body: dict[str, Any]) -> None:
+            if body["reason"] == "Resumed":
+                await self.release.wait()
+            self.posted.append(body["reason"])
+
+        async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+            self.posted.append("patch")
+
+    sink = Slow()
+    events = RunEvents(sink, RUN)
+    await asyncio.wait_for(events.notify(RunStarted(resumed=True, progress=PROGRESS)), 1)
+    assert sink.posted == []
+    finishing = asyncio.create_task(
+        events.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), PROGRESS))
+    )
+    await asyncio.sleep(0.05)
+    assert not finishing.done() and sink.posted == []  # the terminal Event waits for the resume's
+    sink.release.set()
+    await asyncio.wait_for(finishing, 1)
+    assert sink.posted == ["Resumed", "EndTurn"]
 
 
 async def test_a_failed_run_ends_with_a_warning_named_after_its_stop_reason(
