@@ -34,7 +34,7 @@ from bench.cluster import (
 from bench.conversation import API_KEY, MODEL
 from bench.figures import Figure, Section, Target, median, percentile, progress
 from bench.profiles import cumulative, summarise
-from bench.real_server import ProxiedRequest, RealServer
+from bench.real_server import ProxiedRequest, prepared
 
 MARKER = "[bench:scale]"
 MODEL_REQUESTS = 5
@@ -231,42 +231,38 @@ async def one_real_run(
     """
     api = FakeMessagesAPI(scripts=[scale_script()], latency_seconds=latency, demo_brain=False)
     me = psutil.Process()
-    server = RealServer(kubeconfig, workdir)
-    async with server.connected():
-        await server.apply_crds()
-        async with (
-            server.namespace(f"realbench-scale-{os.getpid()}-{label}") as namespace,
-            server.proxy().running() as proxy,
-            api.running() as fake,
-        ):
-            operator = OperatorProcess(
-                kubeconfig=proxy.kubeconfig(namespace),
-                log_path=workdir / f"operator-{label}.log",
-                env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": fake.url},
-                args=("--max-concurrent-runs", str(max(runs, 1000)), "--namespace", namespace),
-                profile_path=profile_path,
+    async with (
+        prepared(kubeconfig, workdir, f"realbench-scale-{os.getpid()}-{label}") as (server, namespace, proxy),
+        api.running() as fake,
+    ):
+        operator = OperatorProcess(
+            kubeconfig=proxy.kubeconfig(namespace),
+            log_path=workdir / f"operator-{label}.log",
+            env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": fake.url},
+            args=("--max-concurrent-runs", str(max(runs, 1000)), "--namespace", namespace),
+            profile_path=profile_path,
+        )
+        async with running_operator(operator, stop_timeout=60.0 if profile_path else 5.0) as sampler:
+            log_start, write_start = len(proxy.requests), len(proxy.write_latencies)
+            operator.start_profiling()
+            cpu_op_0, cpu_me_0 = sampler.cpu_seconds(), _cpu(me)
+            load_0 = os.getloadavg()[0]
+            started = time.time()
+            created = await server.create_runs(namespace, scale_manifests(runs))
+            create_burst = time.time() - started
+            deadline = time.monotonic() + 300 + runs * 0.5
+            while len(proxy.finished_at) < runs and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            await _quiet(proxy.requests, seconds=2.0, timeout=30.0)
+            wall = time.time() - started
+            cpu_op, cpu_me = sampler.cpu_seconds() - cpu_op_0, _cpu(me) - cpu_me_0
+            load_1 = os.getloadavg()[0]
+            peak = sampler.peak_rss
+        if len(proxy.finished_at) < runs:
+            raise RuntimeError(
+                f"only {len(proxy.finished_at)} of {runs} runs finished; see {operator.log_path}"
             )
-            async with running_operator(operator, stop_timeout=60.0 if profile_path else 5.0) as sampler:
-                log_start, write_start = len(proxy.requests), len(proxy.write_latencies)
-                operator.start_profiling()
-                cpu_op_0, cpu_me_0 = sampler.cpu_seconds(), _cpu(me)
-                load_0 = os.getloadavg()[0]
-                started = time.time()
-                created = await server.create_runs(namespace, scale_manifests(runs))
-                create_burst = time.time() - started
-                deadline = time.monotonic() + 300 + runs * 0.5
-                while len(proxy.finished_at) < runs and time.monotonic() < deadline:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
-                await _quiet(proxy.requests, seconds=2.0, timeout=30.0)
-                wall = time.time() - started
-                cpu_op, cpu_me = sampler.cpu_seconds() - cpu_op_0, _cpu(me) - cpu_me_0
-                load_1 = os.getloadavg()[0]
-                peak = sampler.peak_rss
-            if len(proxy.finished_at) < runs:
-                raise RuntimeError(
-                    f"only {len(proxy.finished_at)} of {runs} runs finished; see {operator.log_path}"
-                )
-            objects = await server.runs(namespace)
+        objects = await server.runs(namespace)
     # Everything from the first creation until the operator fell quiet: a run's finished Event follows
     # its terminal status patch, so cutting at the last of those would leave the last runs' Events out.
     return _scale_run(

@@ -276,6 +276,19 @@ async def _command(*args: str, failure: str) -> None:
         raise RuntimeError(f"{failure}: {out.decode().strip()}")
 
 
+@contextlib.asynccontextmanager
+async def prepared(
+    kubeconfig: Path, workdir: Path, namespace: str
+) -> AsyncIterator[tuple[RealServer, str, RecordingProxy]]:
+    """What every real-server benchmark starts from: connected, the CRDs applied, a fresh namespace
+    (deleted afterwards) and the recording proxy running."""
+    server = RealServer(kubeconfig, workdir)
+    async with server.connected():
+        await server.apply_crds()
+        async with server.namespace(namespace) as name, server.proxy().running() as proxy:
+            yield server, name, proxy
+
+
 @dataclass
 class RealServer:
     """The benchmark's own admin access to the server of a kubeconfig: namespaces, CRDs, runs."""

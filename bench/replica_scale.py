@@ -51,7 +51,7 @@ from bench.cluster import (
 from bench.conversation import API_KEY
 from bench.figures import Figure, Section, Target, median, percentile, progress
 from bench.operator_scale import MODEL_REQUESTS, scale_manifests, scale_script
-from bench.real_server import ProxiedRequest, RealServer, RecordingProxy, run_written
+from bench.real_server import ProxiedRequest, RealServer, RecordingProxy, prepared, run_written
 from bench.replica_figures import (
     Kill,
     Observed,
@@ -253,14 +253,12 @@ def emulated() -> Serving:
 def real(kubeconfig: Path, workdir: Path) -> Serving:
     @contextlib.asynccontextmanager
     async def serve(label: str, quota: bool) -> AsyncIterator[Server]:
-        server = RealServer(kubeconfig, workdir)
-        async with server.connected():
-            await server.apply_crds()
-            async with (
-                server.namespace(f"realbench-{label}-{os.getpid()}") as namespace,
-                server.proxy().running() as proxy,
-            ):
-                yield ProxiedServer(server, proxy, namespace)
+        async with prepared(kubeconfig, workdir, f"realbench-{label}-{os.getpid()}") as (
+            server,
+            namespace,
+            proxy,
+        ):
+            yield ProxiedServer(server, proxy, namespace)
 
     return serve
 
