@@ -89,6 +89,10 @@ def name_prefix(run_name: str) -> str:
     return f"{run_name[: MAX_NAME - 30].rstrip('.-')}-{_short_hash(run_name)}-transcript"
 
 
+def chunk_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index}"
+
+
 def run_label(run_name: str) -> str:
     """Label values are limited to 63 characters; longer run names keep a prefix and a hash."""
     if len(run_name) <= 63:
@@ -212,7 +216,7 @@ def chunk_object(
         "apiVersion": "v1",
         "kind": object_kind(storage),
         "metadata": {
-            "name": f"{name_prefix(run_name)}-{index}",
+            "name": chunk_name(name_prefix(run_name), index),
             "namespace": namespace,
             "labels": {
                 RUN_LABEL: run_label(run_name),
@@ -263,6 +267,13 @@ class Transcript:
     @property
     def empty(self) -> bool:
         return self.records == 0
+
+
+def run_uid_of(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the run that wrote this chunk object (its label)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    uid = labels.get(UID_LABEL)
+    return uid if isinstance(uid, str) else None
 
 
 def _chunk_index(obj: Mapping[str, Any]) -> int:

@@ -69,8 +69,12 @@ def resume_point_of(
 
 
 async def find_resume_point(store: TranscriptStore, status: Any) -> ResumePoint:
-    """A run whose loop never started (no status.startTime) wrote no chunks: no need to list them."""
-    start_time = (status or {}).get("startTime")
+    """A run whose loop never started (no status.startTime) wrote no chunks: nothing to read.
+
+    The others are read by name from what their status counts on (see `read_chunk_objects`).
+    """
+    status = status or {}
+    start_time = status.get("startTime")
     if not start_time:
         return resume_point_of(None, None)
-    return resume_point_of(await store.load(), start_time)
+    return resume_point_of(await store.load(counted=store.counted(status)), start_time)

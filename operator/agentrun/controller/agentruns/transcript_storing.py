@@ -26,10 +26,10 @@ from agentrun.api.stops import Outcome
 from agentrun.api.transcripts import (
     DATA_KEY,
     MAX_PART_BYTES,
-    UID_LABEL,
     StorageKind,
     Transcript,
     TranscriptError,
+    chunk_name,
     chunk_object,
     chunk_selector,
     compress,
@@ -38,14 +38,20 @@ from agentrun.api.transcripts import (
     object_kind,
     progress_to_dict,
     record,
+    run_uid_of,
     split,
 )
 from agentrun.kube.calling import KubeClient
-from agentrun.kube.errors import APIConflictError, APIError
+from agentrun.kube.errors import APIConflictError, APIError, APINotFoundError
 from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetriesStopped, RetryPolicy, retried
 from agentrun.loop.events import Checkpoint, Event, RunFinished, RunYielded
 
 logger = logging.getLogger(__name__)
+
+# Chunk objects read at once when reading a transcript by name: the ones its status counts come in
+# batches of at most READ_BATCH; those written after that status write are probed PROBE_BATCH at a time.
+READ_BATCH = 32
+PROBE_BATCH = 4
 
 
 class TranscriptConflict(TranscriptError):
@@ -69,6 +75,47 @@ async def list_chunk_objects(
     items = await kube.list_objects(storage, namespace, label_selector=selector)
     kind = object_kind(storage)
     return [{"kind": kind, **item} for item in items]
+
+
+async def read_chunk_objects(
+    kube: KubeClient,
+    namespace: str,
+    prefix: str,
+    uid: str,
+    *,
+    known: int = 0,
+    storage: StorageKind = "secret",
+) -> list[dict[str, Any]] | None:
+    """One run's chunk objects read by name: ``<prefix>-0`` on, until a name is not found.
+
+    Why not the label-selected listing: the API server reads every Secret of the namespace to answer
+    it, and counts it as that much work in its fairness queues, so a few hundred runs resuming at once
+    (a replica's runs moving to the others) waited seconds for their listings in a namespace of 5000
+    chunks. A GET by name costs the same whatever else the namespace holds.
+
+    ``known`` is how many chunks the run's status counted (`status.transcript.chunks`); later ones
+    are probed for, since the status is written at most every status interval. None when the chunks
+    do not line up with that count (one it counts is missing or another run's): the caller lists
+    them instead, and gets the listing's answer.
+    """
+    kind = object_kind(storage)
+
+    async def get(index: int) -> dict[str, Any] | None:
+        try:
+            item = await kube.read_object(storage, namespace, chunk_name(prefix, index))
+        except APINotFoundError:
+            return None
+        return {"kind": kind, **item}
+
+    objects: list[dict[str, Any]] = []
+    while True:
+        start = len(objects)
+        batch = min(known - start, READ_BATCH) if start < known else PROBE_BATCH
+        found = await asyncio.gather(*(get(index) for index in range(start, start + batch)))
+        for index, obj in enumerate(found, start):
+            if obj is None or run_uid_of(obj) != uid:
+                return None if index < known else objects
+            objects.append(obj)
 
 
 async def load(
@@ -148,13 +195,37 @@ class TranscriptStore:
             return None
         return TranscriptRef(kind=self.kind, name_prefix=self.prefix, chunks=self.chunks, bytes=self.bytes)
 
-    async def load(self) -> Transcript:
-        """This run's stored transcript (by uid); also positions the store after its last chunk."""
-        transcript = await load(
-            self._kube, self._run.namespace, self._run.name, uid=self._run.uid, storage=self._storage
-        )
+    async def load(self, *, counted: int | None = None) -> Transcript:
+        """This run's stored transcript (by uid); also positions the store after its last chunk.
+
+        With ``counted`` (how many chunks the run's status names; 0 when it names none yet) the
+        chunks are read by name, and listed only when they do not line up with that count.
+        """
+        run = self._run
+        objects = None
+        if counted is not None:
+            objects = await read_chunk_objects(
+                self._kube, run.namespace, self.prefix, run.uid, known=counted, storage=self._storage
+            )
+        if objects is None:
+            objects = await list_chunk_objects(
+                self._kube, run.namespace, run_name=run.name, uid=run.uid, storage=self._storage
+            )
+        transcript = decode_objects(objects)
         self._position(transcript)
         return transcript
+
+    def counted(self, status: Mapping[str, Any]) -> int:
+        """How many of this store's chunks a run's status names (`status.transcript`)."""
+        ref = status.get("transcript")
+        if (
+            not isinstance(ref, Mapping)
+            or ref.get("namePrefix") != self.prefix
+            or ref.get("kind") != self.kind
+        ):
+            return 0
+        chunks = ref.get("chunks")
+        return chunks if isinstance(chunks, int) and chunks > 0 else 0
 
     async def notify(self, event: Event) -> None:
         match event:
@@ -283,7 +354,7 @@ class TranscriptStore:
         """409 AlreadyExists: fine if it is our own earlier attempt (same bytes), else a conflict."""
         namespace = self._run.namespace
         existing = {"kind": self.kind, **await self._kube.read_object(self._storage, namespace, name)}
-        same_run = ((existing.get("metadata") or {}).get("labels") or {}).get(UID_LABEL) == self._run.uid
+        same_run = run_uid_of(existing) == self._run.uid
         ours = body.get("data") or body.get("binaryData") or {}
         theirs = existing.get("data") or existing.get("binaryData") or {}
         if same_run and ours.get(DATA_KEY) == theirs.get(DATA_KEY):

@@ -20,6 +20,7 @@ from agentrun.api.transcripts import (
     PART_ANNOTATION,
     RUN_LABEL,
     UID_LABEL,
+    TranscriptCorrupt,
     TranscriptError,
     decode_objects,
 )
@@ -438,6 +439,78 @@ async def test_a_refused_chunk_listing_raises_instead_of_reading_as_an_empty_tra
         await load(kube, "default", "demo", uid=run.uid)
     assert refused.value.status == 403
     assert (await load(kube, "default", "demo", uid=run.uid)).tools_pending
+
+
+def chunk_reads(cluster: KubeEmulator, since: int) -> dict[str, int]:
+    """The emulator's Secret requests since a position in its request log, counted by verb."""
+    counted: dict[str, int] = {}
+    for entry in cluster.emulator.request_log[since:]:
+        if entry.resource == "secrets":
+            counted[entry.verb] = counted.get(entry.verb, 0) + 1
+    return counted
+
+
+async def test_a_resumed_transcript_is_read_by_name_past_the_chunks_its_status_counts(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    """A label-selected listing makes the API server read every Secret of the namespace."""
+    run, clock = make_run(cluster), FakeClock()
+    talk = Conversation(store_for(kube, run, clock, max_part_bytes=4096), clock)
+    await talk.start()
+    for _ in range(3):
+        await talk.model_asked_for_tools(text=incompressible(6_000, seed=talk.iteration))
+        await talk.tools_answered(seconds=10)
+    listed = await load(kube, "default", "demo", uid=run.uid)
+    assert listed.chunks > listed.records >= 6  # split records among them
+    for counted in (0, 2, listed.chunks):  # the status lags the chunks written after it
+        mark = len(cluster.emulator.request_log)
+        resumed = store_for(kube, run, FakeClock())
+        assert await resumed.load(counted=counted) == listed
+        assert resumed.next_index == listed.next_index
+        reads = chunk_reads(cluster, mark)
+        assert "list" not in reads and reads["get"] >= listed.chunks + 1
+
+
+async def test_a_chunk_the_status_counts_that_is_gone_is_not_read_as_the_end_of_the_transcript(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    run, clock = make_run(cluster), FakeClock()
+    talk = Conversation(store_for(kube, run, clock), clock)
+    await talk.start()
+    for _ in range(2):
+        await talk.model_asked_for_tools()
+        await talk.tools_answered(seconds=10)
+    cluster.emulator.delete_object("secrets", "default", "demo-transcript-0")
+    mark = len(cluster.emulator.request_log)
+    with pytest.raises(TranscriptCorrupt):
+        await store_for(kube, run, FakeClock()).load(counted=2)
+    assert chunk_reads(cluster, mark).get("list") == 1  # the listing's answer, not a shorter transcript
+
+
+async def test_an_older_runs_chunks_under_the_same_names_are_not_read_as_this_runs(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    old, clock = make_run(cluster), FakeClock()
+    talk = Conversation(store_for(kube, old, clock), clock)
+    await talk.start()
+    await talk.model_asked_for_tools()
+    await talk.tools_answered(seconds=10)
+    newer = RunIdentity("default", "demo", "another-uid")
+    assert (await store_for(kube, newer, FakeClock()).load(counted=0)).empty
+    assert (await store_for(kube, newer, FakeClock()).load(counted=1)).empty  # listed by uid
+
+
+async def test_a_refused_chunk_read_raises_instead_of_reading_as_an_empty_transcript(
+    cluster: KubeEmulator, kube: KubeClient
+) -> None:
+    run, clock = make_run(cluster), FakeClock()
+    talk = Conversation(store_for(kube, run, clock), clock)
+    await talk.start()
+    await talk.model_asked_for_tools()
+    cluster.emulator.faults.add(verb="get", resource="secrets", status=403, times=1)
+    with pytest.raises(APIForbiddenError):
+        await store_for(kube, run, FakeClock()).load(counted=0)
+    assert (await store_for(kube, run, FakeClock()).load(counted=0)).tools_pending
 
 
 async def test_a_slow_chunk_write_does_not_count_as_a_slow_tool_phase(
