@@ -91,6 +91,15 @@ class StatusWriter:
         # status.queuePosition is removed by the next write that is not a queue position.
         self._clear_queue_position = status.get("queuePosition") is not None
         self._progress: Progress | None = None  # latest, so a wait for approval shows what was spent
+        # A run resumed while its status already says Running for this generation (its replica died or
+        # handed it over, or the operator restarted) writes nothing to say so again: that write would
+        # stand between hundreds of resuming runs and their next model requests on a busy API server.
+        self._still_running = (
+            status.get("phase") == Phase.RUNNING
+            and bool(self._start_time)
+            and all(c.get("observedGeneration") == generation for c in self._conditions)
+        )
+        self._stored_counts = (status.get("iterations"), status.get("toolCalls"))
         self._retry = retry
         self._sleep = sleep
         # status.transcript rides along with the patches we make anyway: no write of its own.
@@ -108,6 +117,13 @@ class StatusWriter:
 
     async def notify(self, event: Event) -> None:
         match event:
+            case RunStarted(progress=progress) if self._still_running and not (
+                self._clear_pending or self._clear_queue_position
+            ):
+                if (progress.iterations, progress.tool_calls) != self._stored_counts:
+                    # Progress the status missed (its interval): in the background, like any progress.
+                    self._unwritten = progress
+                    self._flush = asyncio.create_task(self._write_progress_after(0.0))
             case RunStarted(progress=progress):
                 self._start_time = self._start_time or now_rfc3339()
                 # Calls still undecided after a restart ask again (ApprovalRequested) right away.

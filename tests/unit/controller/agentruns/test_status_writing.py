@@ -21,6 +21,7 @@ from agentrun.loop.events import ApprovalRequested, Checkpoint, RunFinished, Run
 from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.builders import agentrun
+from tests.support.kube_testing import eventually
 
 NAME = "progress"
 
@@ -60,15 +61,15 @@ async def make_writer(
     await custom.create_namespaced_custom_object(
         "agentrun.dev", "v1alpha1", "default", "agentruns", agentrun(NAME, "count")
     )
+    if options.get("status"):  # what an earlier owner of the run left in its status
+        await KubeClient(api_client).patch_run_status("default", NAME, options["status"])
     writer = StatusWriter(
         KubeClient(api_client),
         namespace="default",
         name=NAME,
-        generation=1,
-        status={},
         progress_interval=interval,
         clock=clock,
-        **{"stopping": lambda: False, **options},
+        **{"stopping": lambda: False, "generation": 1, "status": {}, **options},
     )
 
     async def status() -> dict[str, Any]:
@@ -136,6 +137,83 @@ async def test_deferred_progress_is_written_when_the_interval_is_up_even_if_no_i
         await asyncio.sleep(0.05)
     assert (await status())["iterations"] == 1
     assert status_patches(cluster) == 2
+    await writer.close()
+
+
+def resumed_status(iterations: int, generation: int = 1) -> dict[str, Any]:
+    """What a replica that died mid-run left in status: Running since startTime, counts as of then."""
+    return {
+        "phase": "Running",
+        "startTime": "2026-11-24T10:00:00Z",
+        "iterations": iterations,
+        "toolCalls": iterations,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "Running",
+                "message": f"iteration {iterations} done",
+                "lastTransitionTime": "2026-11-24T10:00:00Z",
+                "observedGeneration": generation,
+            }
+        ],
+    }
+
+
+async def test_a_run_resumed_in_the_running_phase_writes_nothing_to_say_so_again(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    clock = Clock()
+    writer, status = await make_writer(api_client, 10.0, clock, status=resumed_status(2))
+    before = status_patches(cluster)
+    await writer.notify(RunStarted(resumed=True, progress=progress(2)))
+    assert status_patches(cluster) == before
+    clock.now += 1
+    await writer.notify(iteration_done(3))  # no write yet to keep an interval from: written at once
+    assert status_patches(cluster) == before + 1
+    assert ((await status())["iterations"], (await status())["phase"]) == (3, "Running")
+    await writer.close()
+
+
+async def test_progress_a_resumed_runs_status_missed_is_written_without_holding_the_run_back(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    clock = Clock()
+    writer, status = await make_writer(api_client, 10.0, clock, status=resumed_status(1))
+    before = status_patches(cluster)
+    cluster.emulator.faults.add(
+        verb="patch", resource="agentruns", subresource="status", status=None, delay=1.0
+    )
+    await writer.notify(RunStarted(resumed=True, progress=progress(3)))
+    assert status_patches(cluster) == before  # the run goes on to its model request meanwhile
+
+    async def caught_up() -> bool:
+        return (await status()).get("iterations") == 3
+
+    await eventually(caught_up, what="the resumed run's progress written")
+    assert status_patches(cluster) == before + 1
+    await writer.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "generation"),
+    [
+        pytest.param(resumed_status(2, generation=1), 2, id="spec-changed-while-nobody-ran-it"),
+        pytest.param({**resumed_status(2), "phase": "Pending"}, 1, id="not-running"),
+        pytest.param({**resumed_status(2), "queuePosition": 3}, 1, id="queue-position-to-clear"),
+    ],
+)
+async def test_a_resumed_run_whose_status_does_not_say_running_for_its_generation_writes_it(
+    cluster: KubeEmulator, api_client: client.ApiClient, status: dict[str, Any], generation: int
+) -> None:
+    clock = Clock()
+    writer, read = await make_writer(api_client, 10.0, clock, status=status, generation=generation)
+    before = status_patches(cluster)
+    await writer.notify(RunStarted(resumed=True, progress=progress(2)))
+    assert status_patches(cluster) == before + 1
+    written = await read()
+    assert written["phase"] == "Running" and "queuePosition" not in written
+    assert {c["observedGeneration"] for c in written["conditions"]} == {generation}
     await writer.close()
 
 
