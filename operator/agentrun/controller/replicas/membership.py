@@ -49,6 +49,12 @@ FENCE_MARGIN_SECONDS = 1.0
 RETRY_SECONDS = 1.0
 #: While a barrier is pending the group's Leases are listed this often: handoffs take a second.
 BARRIER_POLL_SECONDS = 0.5
+#: Otherwise this often (at most every renew interval). A renewal is dated from when it is first
+#: seen, so listing only every renew interval dated it up to that much late, and a dead member's runs
+#: moved that much later. A listing of one group's Leases is small: a few a second cost nothing.
+OBSERVE_SECONDS = 1.0
+#: The group is listed again this soon after another member's Lease would expire, to see it gone.
+EXPIRY_SLACK_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -196,28 +202,41 @@ class Membership:
     # The loop -------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Join, then renew every renew interval and list the group's Leases (more often while a
-        barrier is pending), until cancelled or :meth:`leave`; a watchdog fences on time meanwhile."""
+        """Join, then renew every renew interval and list the group's Leases every second (more often
+        while a barrier is pending, and the moment another member's Lease would expire), until
+        cancelled or :meth:`leave`; a watchdog fences on time meanwhile."""
         watchdog = asyncio.create_task(self._watch_fence(), name=f"fence watchdog of {self.lease_name}")
         try:
             while not self._left:
-                try:
-                    if self._clock() >= self._next_renewal:
-                        renewed = await self.renew()
-                        pause = self.renew_seconds if renewed else min(RETRY_SECONDS, self.renew_seconds)
-                        self._next_renewal = self._clock() + pause
-                    await self.observe()
-                except Exception:
-                    # The loop must outlive any surprise: without renewals the watchdog fences us, but a
-                    # dead loop would also stop listing the others, so keep trying.
-                    logger.exception("replica %s: membership round failed", self.name)
-                    self._next_renewal = self._clock() + min(RETRY_SECONDS, self.renew_seconds)
-                poll = self.renew_seconds if self.barrier_passed else BARRIER_POLL_SECONDS
-                await asyncio.sleep(max(0.0, min(poll, self._next_renewal - self._clock())))
+                await self.step()
+                await asyncio.sleep(self.pause())
         finally:
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+
+    async def step(self) -> None:
+        """One round of :meth:`run`: renew when due, then list the group's Leases."""
+        try:
+            if self._clock() >= self._next_renewal:
+                renewed = await self.renew()
+                pause = self.renew_seconds if renewed else min(RETRY_SECONDS, self.renew_seconds)
+                self._next_renewal = self._clock() + pause
+            await self.observe()
+        except Exception:
+            # The loop must outlive any surprise: without renewals the watchdog fences us, but a
+            # dead loop would also stop listing the others, so keep trying.
+            logger.exception("replica %s: membership round failed", self.name)
+            self._next_renewal = self._clock() + min(RETRY_SECONDS, self.renew_seconds)
+
+    def pause(self) -> float:
+        """Seconds until the next round: the next renewal, listing, or another member's expiry."""
+        now = self._clock()
+        poll = min(OBSERVE_SECONDS, self.renew_seconds) if self.barrier_passed else BARRIER_POLL_SECONDS
+        wake = min(poll, self._next_renewal - now)
+        for lease in self._live_others(now):
+            wake = min(wake, lease.seen_at + lease.duration + EXPIRY_SLACK_SECONDS - now)
+        return max(0.0, wake)
 
     async def _watch_fence(self) -> None:
         """Fences on time even while a renewal hangs (a cut-off API server may never answer)."""

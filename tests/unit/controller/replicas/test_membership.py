@@ -16,7 +16,13 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from agentrun.controller.replicas.membership import APPLIED_VIEW, GROUP_LABEL, Membership
+from agentrun.controller.replicas.membership import (
+    APPLIED_VIEW,
+    EXPIRY_SLACK_SECONDS,
+    GROUP_LABEL,
+    OBSERVE_SECONDS,
+    Membership,
+)
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.controller.replicas.ring import owner
 from agentrun.kube.calling import KubeClient
@@ -104,6 +110,38 @@ async def test_a_member_that_stops_renewing_is_dropped_after_the_duration_as_see
     clock_a.now += 0.5
     await tick(a)
     assert a.members == ("op-a",)
+
+
+@pytest.mark.parametrize("renewed_after", [0.1, 2.3, 4.9])
+async def test_a_dead_member_is_dropped_within_a_second_of_its_lease_expiring_not_a_renew_interval(
+    kube: KubeClient, renewed_after: float
+) -> None:
+    """The survivor's own rounds, in fake time: the wait between them is what `run` sleeps."""
+    clock_a, clock_b = Clock(), Clock()
+    a, b = member(kube, "op-a", clock_a), member(kube, "op-b", clock_b)
+    await tick(a, b)
+    await tick(a, b)
+    await settle(a, b)
+    assert a.barrier_passed and a.members == ("op-a", "op-b")
+    # b renews once more, somewhere in a's renew interval, and dies.
+    clock_b.now = clock_a.now + renewed_after
+    last_renewal = clock_b.now
+    while clock_a.now + a.pause() < last_renewal:
+        clock_a.now += a.pause()
+        await a.step()
+    await b.renew()
+    while "op-b" in a.members:
+        pause = a.pause()
+        assert 0 < pause <= OBSERVE_SECONDS
+        clock_a.now += pause
+        await a.step()
+        assert not a.fenced
+    # Seen at most one listing after it was sent; gone right after the duration from then.
+    assert (
+        last_renewal + DURATION
+        < clock_a.now
+        <= last_renewal + OBSERVE_SECONDS + DURATION + EXPIRY_SLACK_SECONDS
+    )
 
 
 async def test_the_barrier_holds_a_newly_owned_run_until_every_live_member_applied_the_view(
