@@ -356,6 +356,7 @@ async def test_a_split_record_cut_short_by_a_crash_is_skipped_and_never_overwrit
     transcript = await load(kube, "default", "demo", uid=run.uid)
     assert transcript.records == 1 and len(transcript.messages) == 2
     assert transcript.next_index == first_chunks + 1
+    assert await store_for(kube, run, FakeClock()).load(counted=first_chunks) == transcript  # by name
     resumed = store_for(kube, run, FakeClock(), loaded=transcript)
     await resumed.notify(
         Checkpoint(1, [results(1)], 3, row(1), progress(1, 1), False, {"iterations": 1, "toolCalls": 1})
