@@ -53,6 +53,7 @@ class Plan:
     replica_lease_seconds: int | None = None
     replica_quota: bool = False
     replica_kill: float | None = None
+    replica_rescale: tuple[float, float] | None = None
 
 
 FULL = Plan(loop_rounds=30)
@@ -169,7 +170,24 @@ def _parser() -> argparse.ArgumentParser:
         help="SIGKILL one replica (replica-1) this many seconds after the runs are created and report "
         "the failover; every --replica-counts must then be at least 2",
     )
+    parser.add_argument(
+        "--replica-rescale",
+        type=_rescale,
+        default=None,
+        metavar="UP,DOWN",
+        help="scale 1 → N → 1 during the load: only replica-0 runs at first, the other N-1 start UP "
+        "seconds after the runs are created and get SIGTERM DOWN seconds after it (UP < DOWN); every "
+        "--replica-counts must then be at least 2",
+    )
     return parser
+
+
+def _rescale(text: str) -> tuple[float, float]:
+    up, _, down = text.partition(",")
+    times = (_seconds(up.strip()), _seconds(down.strip()))
+    if times[0] >= times[1]:
+        raise argparse.ArgumentTypeError(f"UP must come before DOWN, got {text!r}")
+    return times
 
 
 def _positive(text: str) -> int:
@@ -227,6 +245,8 @@ def _plan(args: argparse.Namespace) -> Plan:
         plan = dataclasses.replace(plan, replica_quota=True)
     if args.replica_kill is not None:
         plan = dataclasses.replace(plan, replica_kill=args.replica_kill)
+    if args.replica_rescale is not None:
+        plan = dataclasses.replace(plan, replica_rescale=args.replica_rescale)
     if args.profile_size is not None:
         plan = dataclasses.replace(plan, profile_size=args.profile_size or None)
     return plan
@@ -288,6 +308,7 @@ async def run(
                 if plan.replica_kill is not None
                 else ""
             )
+            + (", scaled 1 → N → 1 during the load" if plan.replica_rescale is not None else "")
         )
         section = Section("replicas", title, _method(replica_scale.__doc__))
         await replica_scale.measure(
@@ -300,6 +321,7 @@ async def run(
             lease_seconds=plan.replica_lease_seconds,
             quota=plan.replica_quota,
             kill_after=plan.replica_kill,
+            rescale=plan.replica_rescale,
             kubeconfig=kubeconfig,
         )
         sections.append(section)
@@ -336,6 +358,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             "error: --replica-kill needs at least 2 replicas in every --replica-counts"
             f" (got {','.join(map(str, plan.replica_counts))}): one is killed, another takes over",
+            file=sys.stderr,
+        )
+        return 2
+    if (
+        plan.replica_rescale is not None
+        and "replicas" in selected
+        and (plan.replica_kill is not None or min(plan.replica_counts) < 2)
+    ):
+        print(
+            "error: --replica-rescale needs at least 2 replicas in every --replica-counts and no "
+            f"--replica-kill (got --replica-counts {','.join(map(str, plan.replica_counts))}"
+            + (f", --replica-kill {plan.replica_kill:g}" if plan.replica_kill is not None else "")
+            + ")",
             file=sys.stderr,
         )
         return 2

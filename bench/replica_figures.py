@@ -69,6 +69,22 @@ def model_request(recorded: RecordedRequest, keys: Mapping[str, str], prefix: st
 
 
 @dataclass(frozen=True)
+class Rescale:
+    """The replicas but the first started during the measurement, then SIGTERMed (a scale 1 → N → 1)."""
+
+    up_at: float
+    """Seconds after the runs were created that the other replicas were started."""
+    down_at: float
+    """Seconds after the runs were created that they were sent SIGTERM."""
+    joined: float | None = None
+    """Seconds from their start until every Lease of the group showed the view of all N applied."""
+    left: float | None = None
+    """Seconds from the SIGTERM until the last of them exited (its runs handed over)."""
+    regrouped: float | None = None
+    """Seconds from the SIGTERM until the first replica's Lease alone showed its own view applied."""
+
+
+@dataclass(frozen=True)
 class Kill:
     """One replica SIGKILLed during the measurement."""
 
@@ -110,6 +126,7 @@ class Observed:
     stored: Mapping[str, tuple[int, int]]
     load: tuple[float, float]
     kill: Kill | None = None
+    rescale: Rescale | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +218,7 @@ class ReplicaRun:
     """Resource → (objects, JSON bytes) in the namespace after the runs finished."""
     load: tuple[float, float]
     failover: Failover | None
+    rescale: Rescale | None = None
 
     @property
     def cpu_ms_per_iteration(self) -> float:
@@ -340,6 +358,7 @@ def figures(observed: Observed) -> ReplicaRun:
         failover=(
             None if o.kill is None else failover(o.kill, uids, o.model_requests, o.finished_at, o.finished_by)
         ),
+        rescale=o.rescale,
     )
 
 

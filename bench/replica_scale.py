@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import psutil
 
 from agentrun.controller.replicas.ring import view_id
 from agentrun.settings import Settings
@@ -57,6 +58,7 @@ from bench.replica_figures import (
     Observed,
     OperatorRequest,
     ReplicaRun,
+    Rescale,
     attribute,
     figures,
     model_request,
@@ -269,19 +271,40 @@ class Replica:
     token: str
     api_key: str
     process: OperatorProcess
-    sampler: ProcessSampler = field(init=False)
+    sampler: ProcessSampler | None = None
     killed: Kill | None = None
-    cpu_at_kill: float = 0.0
+    cpu_at_stop: float | None = None
+    """CPU seconds when it stopped (SIGKILL, or the last sample before it exited after SIGTERM)."""
 
     def cpu_seconds(self) -> float:
-        return self.cpu_at_kill if self.killed else self.sampler.cpu_seconds()
+        if self.cpu_at_stop is not None:
+            return self.cpu_at_stop
+        return 0.0 if self.sampler is None else self.sampler.cpu_seconds()
+
+    async def start(self) -> None:
+        await self.process.start(ready_timeout=60.0)
+        assert self.process.process is not None
+        self.sampler = ProcessSampler(self.process.process.pid)
+        self.sampler.start()
 
     async def kill(self, members: tuple[str, ...]) -> Kill:
         """SIGKILL: no graceful leave, the Lease stays until it expires."""
-        self.cpu_at_kill = self.sampler.cpu_seconds()
+        self.cpu_at_stop = self.cpu_seconds()
         self.killed = Kill(self.name, time.time(), members)
         await self.process.stop(kill=True)
         return self.killed
+
+    async def leave(self) -> None:
+        """SIGTERM, as a scale-down sends: it hands its runs over at their next checkpoints and deletes
+        its Lease. Its CPU is sampled until it exits (the handoff is its work too)."""
+        stopping = asyncio.ensure_future(self.process.stop(timeout=60.0))
+        last = self.cpu_seconds()
+        while not stopping.done():
+            with contextlib.suppress(psutil.Error):
+                last = self.cpu_seconds()
+            await asyncio.sleep(0.1)
+        await stopping
+        self.cpu_at_stop = last
 
 
 @contextlib.asynccontextmanager
@@ -294,8 +317,10 @@ async def running_replicas(
     max_concurrent_runs: int,
     label: str,
     lease_seconds: int | None,
+    started: int | None = None,
 ) -> AsyncIterator[list[Replica]]:
-    """``count`` operator processes in one replica group, each with its own identity towards the API."""
+    """``count`` operator processes in one replica group, each with its own identity towards the API;
+    only the first ``started`` of them running at first (None: all)."""
     replicas: list[Replica] = []
     for index in range(count):
         name, token = f"replica-{index}", f"bench-{label}-replica-{index}"
@@ -314,18 +339,13 @@ async def running_replicas(
             args=("--max-concurrent-runs", str(max_concurrent_runs), *server.operator_args),
         )
         replicas.append(Replica(name, token, api_key, process))
-    started: list[Replica] = []
     try:
-        await asyncio.gather(*(r.process.start(ready_timeout=60.0) for r in replicas))
-        for replica in replicas:
-            assert replica.process.process is not None
-            replica.sampler = ProcessSampler(replica.process.process.pid)
-            replica.sampler.start()
-            started.append(replica)
+        await asyncio.gather(*(r.start() for r in replicas[:started]))
         yield replicas
     finally:
-        for replica in started:
-            await replica.sampler.stop()
+        for replica in replicas:
+            if replica.sampler is not None:
+                await replica.sampler.stop()
         await asyncio.gather(*(r.process.stop(timeout=10.0) for r in replicas))
 
 
@@ -352,6 +372,7 @@ async def one_run(
     lease_seconds: int | None,
     quota: bool,
     kill_after: float | None,
+    rescale: tuple[float, float] | None = None,
 ) -> ReplicaRun:
     api = FakeMessagesAPI(scripts=[scale_script()], latency_seconds=latency, demo_brain=False)
     cpu_me = ProcessSampler(os.getpid())
@@ -366,22 +387,31 @@ async def one_run(
             max_concurrent_runs=max(runs, 1000),
             label=label,
             lease_seconds=lease_seconds,
+            started=1 if rescale is not None else None,
         ) as members,
     ):
         if quota:
             await server.create("agentrunquotas", QUOTA)
-        settle = await settled(server, f"bench-{label}", replicas, SETTLE_SECONDS)
+        at_first = 1 if rescale is not None else replicas
+        settle = await settled(server, f"bench-{label}", at_first, SETTLE_SECONDS)
         if settle is None:
             progress(
                 f"replicas: {label}: membership did not settle in {SETTLE_SECONDS:g} s; creating runs anyway"
             )
         cpu_me.start()
         mark = server.mark()
-        cpu_0 = {m.name: m.sampler.cpu_seconds() for m in members}
+        cpu_0 = {m.name: m.cpu_seconds() for m in members}
         me_0 = cpu_me.cpu_seconds()
         load_0 = os.getloadavg()[0]
         started = time.time()
         created = await server.create_runs(scale_manifests(runs, RUN_PREFIX))
+        rescaling = (
+            None
+            if rescale is None
+            else asyncio.ensure_future(
+                _rescaled(server, f"bench-{label}", members, *rescale, time.monotonic())
+            )
+        )
         kill_at = None if kill_after is None else time.monotonic() + kill_after
         kill: Kill | None = None
         regrouped: asyncio.Task[float | None] | None = None
@@ -398,6 +428,14 @@ async def one_run(
             await asyncio.sleep(0.05)
         if kill_at is not None and kill is None:
             progress(f"replicas: {label}: every run finished before the kill was due; nothing killed")
+        scaled: Rescale | None = None
+        if rescaling is not None and rescaling.done():
+            scaled = rescaling.result()
+        elif rescaling is not None:
+            progress(f"replicas: {label}: every run finished before the scale-down; its figures are left out")
+            rescaling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rescaling
         wall = time.time() - started
         survivors_settled = None
         if regrouped is not None and regrouped.done():
@@ -428,7 +466,7 @@ async def one_run(
             started=started,
             wall=wall,
             cpu=cpu,
-            peak_rss={m.name: m.sampler.peak_rss for m in members},
+            peak_rss={m.name: m.sampler.peak_rss if m.sampler else 0 for m in members},
             bench_cpu=bench_cpu,
             latency=latency,
             settle_seconds=settle,
@@ -440,11 +478,33 @@ async def one_run(
             },
             load=(load_0, load_1),
             kill=kill if kill is None else dataclasses.replace(kill, regrouped=survivors_settled),
+            rescale=scaled,
         )
     result = figures(observed)
     if result.unfinished:
         progress(f"replicas: {label}: unfinished after {wall:.0f} s, by phase: {result.unfinished}")
     return result
+
+
+async def _rescaled(
+    server: Server, group: str, members: list[Replica], up_after: float, down_after: float, created: float
+) -> Rescale:
+    """Scale 1 → N → 1 while the runs go on: start the other replicas ``up_after`` seconds after the
+    runs were created, SIGTERM them ``down_after`` seconds after it, as a rollout or a scale-down does."""
+    others = members[1:]
+    await asyncio.sleep(max(0.0, created + up_after - time.monotonic()))
+    progress(f"replicas: {group}: starting {len(others)} more replica(s)")
+    began = time.monotonic()
+    await asyncio.gather(*(m.start() for m in others))
+    joined = await settled(server, group, len(members), SETTLE_SECONDS)
+    joined_after = None if joined is None else time.monotonic() - began
+    await asyncio.sleep(max(0.0, created + down_after - time.monotonic()))
+    progress(f"replicas: {group}: SIGTERM to {', '.join(m.name for m in others)}")
+    sigterm = time.monotonic()
+    alone = asyncio.ensure_future(settled(server, group, 1, SETTLE_SECONDS + 60))
+    await asyncio.gather(*(m.leave() for m in others))
+    left = time.monotonic() - sigterm
+    return Rescale(up_after, down_after, joined_after, left, await alone)
 
 
 def _stored(objects: list[dict[str, Any]]) -> tuple[int, int]:
@@ -456,7 +516,7 @@ def _two(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.2f}"
 
 
-def _report(
+def report(
     section: Section, results: list[ReplicaRun], *, ideal: float, lease: int, server_side: str
 ) -> None:
     count, runs = results[0].replicas, results[0].runs
@@ -510,11 +570,16 @@ def _report(
         Target(0.0),
         note="each stops and hands back every run it executes",
     )
+    rescaled = [r.rescale for r in results if r.rescale is not None]
     fig(
         "model requests repeated, iteration in flight",
         [float(r.repeats.in_flight) for r in results],
         "",
-        note="its answer lost with the replica that asked",
+        # A graceful handoff lets the run reach its next checkpoint first: nothing to repeat.
+        Target(0.0) if rescaled else None,
+        note="a replica handing its runs over gracefully"
+        if rescaled
+        else "its answer lost with the replica that asked",
     )
     fig(
         "model requests repeated, iteration already checkpointed",
@@ -563,6 +628,20 @@ def _report(
                     target,
                     note=f"Lease {lease} s" + (" + 5 s" if target else ""),
                 )
+            )
+    for name, values, note in (
+        ("scale-up: started → every replica applied the view of all", [x.joined for x in rescaled], ""),
+        ("scale-down: SIGTERM → the leaving replicas exited", [x.left for x in rescaled], "runs handed over"),
+        (
+            "scale-down: SIGTERM → the first replica alone applied its view",
+            [x.regrouped for x in rescaled],
+            "",
+        ),
+    ):
+        seen = [v for v in values if v is not None]
+        if rescaled:
+            section.add(
+                Figure(f"{prefix}: {name}", median(seen) if seen else math.nan, "s", len(seen), note=note)
             )
     last = results[-1]
     rows = "\n".join(
@@ -618,6 +697,7 @@ async def measure(
     lease_seconds: int | None = None,
     quota: bool = False,
     kill_after: float | None = None,
+    rescale: tuple[float, float] | None = None,
     kubeconfig: Path | None = None,
 ) -> None:
     """``kubeconfig``: on that real API server, through the recording proxy, instead of the emulator."""
@@ -637,10 +717,11 @@ async def measure(
                 lease_seconds=lease_seconds,
                 quota=quota,
                 kill_after=kill_after,
+                rescale=rescale,
             )
             for r in range(repeats)
         ]
-        _report(
+        report(
             section,
             results,
             ideal=ideal,
@@ -665,6 +746,14 @@ async def measure(
             "wrote its terminal status, when no request was left). The survivors see the kill only when "
             "the killed replica's Lease expires, so the failover takes the Lease duration after its last "
             "renewal, plus the handoff barrier."
+        )
+    if rescale is not None:
+        up, down = rescale
+        section.notes.append(
+            f"Only replica-0 ran when the runs were created; the others were started {up:g} s after "
+            f"creation and sent SIGTERM {down:g} s after it (a scale 1 → N → 1 during the load). Each "
+            "leaving replica hands its runs over at their next checkpoint, so no model request should be "
+            "repeated; its CPU counts until it exited."
         )
     section.notes.append(
         "Every replica is a separate `agentrun operator` process on this machine, sharing its cores with "

@@ -16,6 +16,7 @@ from agentrun.controller.replicas.ring import owner, view_id
 from agentrun_sandbox.messages.recording import RecordedRequest
 from bench import replica_scale
 from bench.cli import main
+from bench.figures import Section
 from bench.real_server import ProxiedRequest, run_written
 from bench.replica_figures import (
     UNKNOWN,
@@ -23,6 +24,7 @@ from bench.replica_figures import (
     ModelRequest,
     Observed,
     OperatorRequest,
+    Rescale,
     attribute,
     concurrent_runs,
     failover,
@@ -30,7 +32,7 @@ from bench.replica_figures import (
     model_request,
     repeats,
 )
-from bench.replica_scale import APPLIED_VIEW, GROUP_LABEL, proxied, settled_view
+from bench.replica_scale import APPLIED_VIEW, GROUP_LABEL, proxied, report, settled_view
 
 RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns"
 TOKENS = {"Bearer t0": "replica-0", "Bearer t1": "replica-1"}
@@ -259,6 +261,30 @@ def test_figures_of_a_repeat_with_a_kill_carry_its_failover() -> None:
     assert (result.repeats.in_flight, result.concurrent) == (1, 0)
 
 
+def test_a_rescaled_repeat_reports_its_scaling_and_holds_in_flight_repeats_to_zero() -> None:
+    """A graceful handoff lets a run reach its checkpoint first: a repeat there is a failure."""
+    members = ("replica-0", "replica-1")
+    [uid] = _uids_owned_by("replica-1", members, 1)
+    result = figures(
+        _observed(
+            objects=[_run("b", uid, "Succeeded", 2)],
+            model_requests=_requests(
+                "b", (0.5, "replica-1", 0), (5.0, "replica-0", 0), (6.0, "replica-0", 1)
+            ),
+            finished_at={"b": 7.0},
+            finished_by={"b": "replica-0"},
+            rescale=Rescale(1.0, 4.0, joined=2.5, left=1.5, regrouped=2.0),
+        )
+    )
+    section = Section("replicas", "t", "m")
+    report(section, [result], ideal=5.0, lease=30, server_side="proxy")
+    by_name = {f.name.split(": ", 1)[1]: f for f in section.figures}
+    assert by_name["model requests repeated, iteration in flight"].passed is False
+    assert by_name["scale-up: started → every replica applied the view of all"].value == 2.5
+    assert by_name["scale-down: SIGTERM → the leaving replicas exited"].value == 1.5
+    assert by_name["scale-down: SIGTERM → the first replica alone applied its view"].value == 2.0
+
+
 def _lease(holder: str, applied: str | None, group: str = "bench-g") -> dict[str, Any]:
     return {
         "metadata": {
@@ -316,6 +342,47 @@ def test_the_replica_benchmark_takes_a_kubeconfig_and_a_kill_time(
     assert call["counts"] == [3]
     assert "real API server" in call["title"] and "SIGKILLed 3 s" in call["title"]
     assert call["title"] in results.read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (["--replica-counts", "1,3"], "--replica-counts 1,3"),
+        (["--replica-counts", "3", "--replica-kill", "3"], "--replica-kill 3"),
+    ],
+)
+def test_a_replica_rescale_needs_two_replicas_everywhere_and_no_kill(
+    extra: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--only", "replicas", "--replica-rescale", "3,12", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--replica-rescale needs at least 2 replicas" in err and why in err
+
+
+@pytest.mark.parametrize("times", ["12,3", "3,3", "3", "soon,12", "-1,12"])
+def test_a_replica_rescale_whose_times_are_not_up_then_down_is_refused(
+    times: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--only", "replicas", "--replica-rescale", times])
+    assert exit_.value.code == 2
+    assert "--replica-rescale" in capsys.readouterr().err
+
+
+def test_the_replica_benchmark_takes_a_rescale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def measure(section: Any, workdir: Path, **options: Any) -> None:
+        calls.append({"title": section.title, **options})
+
+    monkeypatch.setattr(replica_scale, "measure", measure)
+    results = tmp_path / "RESULTS.md"
+    argv = ["--only", "replicas", "--replica-counts", "3", "--replica-rescale", "3,12.5"]
+    assert main([*argv, "--results", str(results), "--workdir", str(tmp_path)]) == 0
+    [call] = calls
+    assert call["rescale"] == (3.0, 12.5) and call["kill_after"] is None
+    assert "scaled 1 → N → 1" in call["title"]
 
 
 def test_after_a_kill_membership_has_settled_when_the_survivors_show_their_view_beside_the_dead_lease() -> (
