@@ -156,6 +156,11 @@ class Membership:
         self._lease: dict[str, Any] | None = None
         #: Monotonic time the last successful renewal was SENT (the earliest an observer can date it).
         self._renewed_at: float | None = None
+        #: When this replica last became a member (its first renewal, or the first after a fence), and
+        #: when the last successful listing of the group was sent: no barrier passes before it listed
+        #: the group after joining, or it would take every run for its own while it knows no one else.
+        self._joined_at: float | None = None
+        self._listed_at: float | None = None
         self._fenced = False
         self._left = False
         #: The view the wiring applied (to be published) and the view our Lease shows.
@@ -299,6 +304,8 @@ class Membership:
         if self._left:
             return False
         self._lease = lease
+        if self._renewed_at is None or self._fenced:
+            self._joined_at = sent
         self._renewed_at = sent
         self._published = applying
         if self._fenced:
@@ -371,6 +378,7 @@ class Membership:
 
     async def observe(self) -> None:
         """Lists the group's Leases and recomputes the view; a failed list changes nothing."""
+        sent = self._clock()
         try:
             items = await asyncio.wait_for(
                 self.kube.list_leases(self.namespace, label_selector=f"{GROUP_LABEL}={self.group}"),
@@ -401,8 +409,17 @@ class Membership:
                 applied_view=(metadata.get("annotations") or {}).get(APPLIED_VIEW),
             )
         self._seen = seen  # a deleted Lease is gone at once
+        self._listed_at = sent
         self.check_fence()
         self._recompute()
+
+    def _listed_since_joining(self) -> bool:
+        """Whether the group was listed after this replica (re)joined: before that, the Leases it knows
+        may leave out members that were there all along (a new replica knows none), and a barrier it
+        passed among those it knows would let it start runs the others are executing."""
+        return (
+            self._listed_at is not None and self._joined_at is not None and self._listed_at >= self._joined_at
+        )
 
     def _live_others(self, now: float) -> list[_Seen]:
         return [
@@ -456,6 +473,7 @@ class Membership:
         self.members, self.view = members, ring.view_id(members)
         if (
             self.joined
+            and self._listed_since_joining()
             and self._passed != self.view
             and self._published == self.view
             and all(lease.applied_view == self.view for lease in others)

@@ -144,6 +144,48 @@ async def test_a_dead_member_is_dropped_within_a_second_of_its_lease_expiring_no
     )
 
 
+async def test_a_new_member_passes_no_barrier_before_it_has_listed_the_group_after_joining(
+    kube: KubeClient,
+) -> None:
+    """Its first view is itself alone; were that view's barrier to pass, it would own every run."""
+    clock = Clock()
+    a = member(kube, "op-a", clock)
+    await tick(a)
+    await settle(a)
+    assert a.barrier_passed and all(a.owns(uid) for uid in UIDS)
+    b = member(kube, "op-b", clock)
+    await b.renew()  # joined: the wiring hears of its view (op-b alone) and applies it at once
+    await b.applied(b.view)
+    assert b.members == ("op-b",) and not b.barrier_passed
+    assert not any(b.owns(uid) for uid in UIDS)
+    await b.observe()
+    assert b.members == ("op-a", "op-b") and not b.barrier_passed
+    await tick(a, b)
+    await settle(a, b)
+    assert a.barrier_passed and b.barrier_passed
+    assert all([a.owns(uid), b.owns(uid)].count(True) == 1 for uid in UIDS)
+
+
+async def test_a_member_back_from_a_fence_passes_no_barrier_before_it_lists_the_group_again(
+    kube: KubeClient, cluster: KubeEmulator
+) -> None:
+    clock_a, clock_b = Clock(), Clock()
+    a, b = member(kube, "op-a", clock_a), member(kube, "op-b", clock_b)
+    await tick(a, b)
+    await tick(a, b)
+    await settle(a, b)
+    clock_b.now += DURATION  # b's renewals stop; it fences itself, and a new replica joins meanwhile
+    b.check_fence()
+    assert b.fenced
+    c = member(kube, "op-c", clock_a)
+    await tick(a, c)
+    await b.renew()  # back: what b last listed has no op-c
+    await b.applied(b.view)
+    assert not b.barrier_passed and not any(b.owns(uid) for uid in UIDS)
+    await b.observe()
+    assert "op-c" in b.members
+
+
 async def test_the_barrier_holds_a_newly_owned_run_until_every_live_member_applied_the_view(
     kube: KubeClient,
 ) -> None:
