@@ -451,16 +451,24 @@ def chunk_reads(cluster: KubeEmulator, since: int) -> dict[str, int]:
     return counted
 
 
+async def stored_turns(
+    cluster: KubeEmulator, kube: KubeClient, turns: int, *, text_size: int = 0, **options: Any
+) -> RunIdentity:
+    """A run whose store wrote ``turns`` tool turns, each tool phase long enough to be written at once."""
+    run, clock = make_run(cluster), FakeClock()
+    talk = Conversation(store_for(kube, run, clock, **options), clock)
+    await talk.start()
+    for turn in range(turns):
+        await talk.model_asked_for_tools(text=incompressible(text_size, seed=turn) if text_size else "")
+        await talk.tools_answered(seconds=10)
+    return run
+
+
 async def test_a_resumed_transcript_is_read_by_name_past_the_chunks_its_status_counts(
     cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     """A label-selected listing makes the API server read every Secret of the namespace."""
-    run, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(kube, run, clock, max_part_bytes=4096), clock)
-    await talk.start()
-    for _ in range(3):
-        await talk.model_asked_for_tools(text=incompressible(6_000, seed=talk.iteration))
-        await talk.tools_answered(seconds=10)
+    run = await stored_turns(cluster, kube, 3, text_size=6_000, max_part_bytes=4096)
     listed = await load(kube, "default", "demo", uid=run.uid)
     assert listed.chunks > listed.records >= 6  # split records among them
     for counted in (0, 2, listed.chunks):  # the status lags the chunks written after it
@@ -475,12 +483,7 @@ async def test_a_resumed_transcript_is_read_by_name_past_the_chunks_its_status_c
 async def test_a_chunk_the_status_counts_that_is_gone_is_not_read_as_the_end_of_the_transcript(
     cluster: KubeEmulator, kube: KubeClient
 ) -> None:
-    run, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(kube, run, clock), clock)
-    await talk.start()
-    for _ in range(2):
-        await talk.model_asked_for_tools()
-        await talk.tools_answered(seconds=10)
+    run = await stored_turns(cluster, kube, 2)
     cluster.emulator.delete_object("secrets", "default", "demo-transcript-0")
     mark = len(cluster.emulator.request_log)
     with pytest.raises(TranscriptCorrupt):
@@ -491,11 +494,7 @@ async def test_a_chunk_the_status_counts_that_is_gone_is_not_read_as_the_end_of_
 async def test_an_older_runs_chunks_under_the_same_names_are_not_read_as_this_runs(
     cluster: KubeEmulator, kube: KubeClient
 ) -> None:
-    old, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(kube, old, clock), clock)
-    await talk.start()
-    await talk.model_asked_for_tools()
-    await talk.tools_answered(seconds=10)
+    await stored_turns(cluster, kube, 1)
     newer = RunIdentity("default", "demo", "another-uid")
     assert (await store_for(kube, newer, FakeClock()).load(counted=0)).empty
     assert (await store_for(kube, newer, FakeClock()).load(counted=1)).empty  # listed by uid
