@@ -503,14 +503,12 @@ async def test_an_older_runs_chunks_under_the_same_names_are_not_read_as_this_ru
 async def test_a_refused_chunk_read_raises_instead_of_reading_as_an_empty_transcript(
     cluster: KubeEmulator, kube: KubeClient
 ) -> None:
-    run, clock = make_run(cluster), FakeClock()
-    talk = Conversation(store_for(kube, run, clock), clock)
-    await talk.start()
-    await talk.model_asked_for_tools()
+    run = await stored_turns(cluster, kube, 1)
     cluster.emulator.faults.add(verb="get", resource="secrets", status=403, times=1)
     with pytest.raises(APIForbiddenError):
         await store_for(kube, run, FakeClock()).load(counted=0)
-    assert (await store_for(kube, run, FakeClock()).load(counted=0)).tools_pending
+    again = await store_for(kube, run, FakeClock()).load(counted=0)
+    assert not again.empty and again == await load(kube, "default", "demo", uid=run.uid)
 
 
 async def test_a_slow_chunk_write_does_not_count_as_a_slow_tool_phase(

@@ -70,6 +70,26 @@ async def settle(*members: Membership) -> None:
         await one.observe()
 
 
+async def alone(kube: KubeClient, name: str, clock: Clock) -> Membership:
+    """A member that joined an empty group and owns every run."""
+    one = member(kube, name, clock)
+    await tick(one)
+    await settle(one)
+    assert one.barrier_passed and all(one.owns(uid) for uid in UIDS)
+    return one
+
+
+async def settled_pair(kube: KubeClient) -> tuple[Membership, Membership, Clock, Clock]:
+    """Two members, each on its own clock, that agree on their view and passed its barrier."""
+    clock_a, clock_b = Clock(), Clock()
+    a, b = member(kube, "op-a", clock_a), member(kube, "op-b", clock_b)
+    await tick(a, b)
+    await tick(a, b)
+    await settle(a, b)
+    assert a.barrier_passed and b.barrier_passed and a.members == b.members == ("op-a", "op-b")
+    return a, b, clock_a, clock_b
+
+
 def dead_kube() -> KubeClient:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -117,12 +137,7 @@ async def test_a_dead_member_is_dropped_within_a_second_of_its_lease_expiring_no
     kube: KubeClient, renewed_after: float
 ) -> None:
     """The survivor's own rounds, in fake time: the wait between them is what `run` sleeps."""
-    clock_a, clock_b = Clock(), Clock()
-    a, b = member(kube, "op-a", clock_a), member(kube, "op-b", clock_b)
-    await tick(a, b)
-    await tick(a, b)
-    await settle(a, b)
-    assert a.barrier_passed and a.members == ("op-a", "op-b")
+    a, b, clock_a, clock_b = await settled_pair(kube)
     # b renews once more, somewhere in a's renew interval, and dies.
     clock_b.now = clock_a.now + renewed_after
     last_renewal = clock_b.now
@@ -149,10 +164,7 @@ async def test_a_new_member_passes_no_barrier_before_it_has_listed_the_group_aft
 ) -> None:
     """Its first view is itself alone; were that view's barrier to pass, it would own every run."""
     clock = Clock()
-    a = member(kube, "op-a", clock)
-    await tick(a)
-    await settle(a)
-    assert a.barrier_passed and all(a.owns(uid) for uid in UIDS)
+    a = await alone(kube, "op-a", clock)
     b = member(kube, "op-b", clock)
     await b.renew()  # joined: the wiring hears of its view (op-b alone) and applies it at once
     await b.applied(b.view)
@@ -167,13 +179,9 @@ async def test_a_new_member_passes_no_barrier_before_it_has_listed_the_group_aft
 
 
 async def test_a_member_back_from_a_fence_passes_no_barrier_before_it_lists_the_group_again(
-    kube: KubeClient, cluster: KubeEmulator
+    kube: KubeClient,
 ) -> None:
-    clock_a, clock_b = Clock(), Clock()
-    a, b = member(kube, "op-a", clock_a), member(kube, "op-b", clock_b)
-    await tick(a, b)
-    await tick(a, b)
-    await settle(a, b)
+    a, b, clock_a, clock_b = await settled_pair(kube)
     clock_b.now += DURATION  # b's renewals stop; it fences itself, and a new replica joins meanwhile
     b.check_fence()
     assert b.fenced
@@ -190,10 +198,7 @@ async def test_the_barrier_holds_a_newly_owned_run_until_every_live_member_appli
     kube: KubeClient,
 ) -> None:
     clock = Clock()
-    a = member(kube, "op-a", clock)
-    await tick(a)
-    await settle(a)
-    assert a.barrier_passed and all(a.owns(uid) for uid in UIDS)
+    a = await alone(kube, "op-a", clock)
     b = member(kube, "op-b", clock)
     await tick(b, a)
     two = ("op-a", "op-b")
