@@ -136,16 +136,16 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Run API keys (read) and transcripts, stored as Secrets owned by the run. No watch: a run waiting
-# for its key Secret re-reads it.
+# Run API keys (read) and transcripts, stored as Secrets owned by the run, each read by its name. No
+# list and no watch: a run waiting for its key Secret re-reads it.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "create"]
+  verbs: ["get", "create"]
 {{- if eq .Values.operator.transcriptStorage "configmap" }}
 # Transcripts stored as ConfigMaps owned by the run (operator.transcriptStorage: configmap).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "create"]
+  verbs: ["get", "create"]
 {{- end }}
 {{- if .Values.rbac.impersonateServiceAccounts }}
 # The agent's Kubernetes tools act as the run's spec.serviceAccountName. Service accounts only:

@@ -1,7 +1,7 @@
 """The transcript store: persists a run's conversation and trace as append-only chunk objects.
 
 The format (object layout, record encoding, decoding) is `agentrun.api.transcripts`; this module is
-the I/O around it: listing a run's chunk objects and creating new ones, with retries and the
+the I/O around it: reading a run's chunk objects by name and creating new ones, with retries and the
 checks that keep two writers from interleaving.
 
 When the store writes (see docs/durable-runs.md): a model answer that requests tools is written
@@ -28,10 +28,10 @@ from agentrun.api.transcripts import (
     MAX_PART_BYTES,
     StorageKind,
     Transcript,
+    TranscriptCorrupt,
     TranscriptError,
     chunk_name,
     chunk_object,
-    chunk_selector,
     compress,
     decode_objects,
     name_prefix,
@@ -62,21 +62,6 @@ class StoreStopped(TranscriptError):
     """The run is being stopped (deleted, or the operator shuts down) while a write was due."""
 
 
-async def list_chunk_objects(
-    kube: KubeClient,
-    namespace: str,
-    *,
-    run_name: str | None = None,
-    uid: str | None = None,
-    storage: StorageKind = "secret",
-) -> list[dict[str, Any]]:
-    """The raw chunk objects of one run, by run uid (exact) or by run name."""
-    selector = chunk_selector(run_name=run_name, uid=uid)
-    items = await kube.list_objects(storage, namespace, label_selector=selector)
-    kind = object_kind(storage)
-    return [{"kind": kind, **item} for item in items]
-
-
 async def read_chunk_objects(
     kube: KubeClient,
     namespace: str,
@@ -85,18 +70,18 @@ async def read_chunk_objects(
     *,
     known: int = 0,
     storage: StorageKind = "secret",
-) -> list[dict[str, Any]] | None:
+) -> list[dict[str, Any]]:
     """One run's chunk objects read by name: ``<prefix>-0`` on, until a name is not found.
 
-    Why not the label-selected listing: the API server reads every Secret of the namespace to answer
+    Why not a label-selected listing: the API server reads every Secret of the namespace to answer
     it, and counts it as that much work in its fairness queues, so a few hundred runs resuming at once
     (a replica's runs moving to the others) waited seconds for their listings in a namespace of 5000
-    chunks. A GET by name costs the same whatever else the namespace holds.
+    chunks. A GET by name costs the same whatever else the namespace holds, and the operator needs no
+    right to list Secrets.
 
     ``known`` is how many chunks the run's status counted (`status.transcript.chunks`); later ones
-    are probed for, since the status is written at most every status interval. None when the chunks
-    do not line up with that count (one it counts is missing or another run's): the caller lists
-    them instead, and gets the listing's answer.
+    are probed for, since the status is written at most every status interval. A chunk it counts that
+    is missing or another run's is a hole: resuming from before it would repeat what came after.
     """
     kind = object_kind(storage)
 
@@ -113,22 +98,16 @@ async def read_chunk_objects(
         batch = min(known - start, READ_BATCH) if start < known else PROBE_BATCH
         found = await asyncio.gather(*(get(index) for index in range(start, start + batch)))
         for index, obj in enumerate(found, start):
-            if obj is None or run_uid_of(obj) != uid:
-                return None if index < known else objects
-            objects.append(obj)
-
-
-async def load(
-    kube: KubeClient,
-    namespace: str,
-    run_name: str,
-    *,
-    uid: str | None = None,
-    storage: StorageKind = "secret",
-) -> Transcript:
-    """Read one run's transcript (the public reading API; `uid` excludes an older run's leftovers)."""
-    objects = await list_chunk_objects(kube, namespace, run_name=run_name, uid=uid, storage=storage)
-    return decode_objects(objects)
+            if obj is not None and run_uid_of(obj) == uid:
+                objects.append(obj)
+            elif index < known:
+                what = "is missing" if obj is None else f"belongs to another run ({run_uid_of(obj)})"
+                raise TranscriptCorrupt(
+                    f"transcript chunk {namespace}/{chunk_name(prefix, index)} {what}, but the run's "
+                    f"status counts {known} chunks"
+                )
+            else:
+                return objects
 
 
 # ------------------------------------------------------------------------------------------------
@@ -195,22 +174,15 @@ class TranscriptStore:
             return None
         return TranscriptRef(kind=self.kind, name_prefix=self.prefix, chunks=self.chunks, bytes=self.bytes)
 
-    async def load(self, *, counted: int | None = None) -> Transcript:
-        """This run's stored transcript (by uid); also positions the store after its last chunk.
+    async def load(self, *, counted: int = 0) -> Transcript:
+        """This run's stored transcript; also positions the store after its last chunk.
 
-        With ``counted`` (how many chunks the run's status names; 0 when it names none yet) the
-        chunks are read by name, and listed only when they do not line up with that count.
+        ``counted``: how many chunks the run's status names (0 when it names none yet).
         """
         run = self._run
-        objects = None
-        if counted is not None:
-            objects = await read_chunk_objects(
-                self._kube, run.namespace, self.prefix, run.uid, known=counted, storage=self._storage
-            )
-        if objects is None:
-            objects = await list_chunk_objects(
-                self._kube, run.namespace, run_name=run.name, uid=run.uid, storage=self._storage
-            )
+        objects = await read_chunk_objects(
+            self._kube, run.namespace, self.prefix, run.uid, known=counted, storage=self._storage
+        )
         transcript = decode_objects(objects)
         self._position(transcript)
         return transcript

@@ -18,7 +18,6 @@ from agentrun.controller.agentruns.holding import HeldModel, HeldTool
 from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.agentruns.supervising import RunSupervisor
-from agentrun.controller.agentruns.transcript_storing import list_chunk_objects
 from agentrun.controller.replicas.ownership import Held
 from agentrun.kube.calling import KubeClient
 from agentrun.loop.protocols import ModelRequest, ToolCall
@@ -32,6 +31,7 @@ from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use
 from tests.support.builders import agentrun
 from tests.support.kube_requests import until
 from tests.support.loop_harness import FakeTool
+from tests.support.transcripts import list_chunk_objects
 
 TAG = "[held]"
 

@@ -30,8 +30,6 @@ from agentrun.controller.agentruns.transcript_storing import (
     StoreStopped,
     TranscriptConflict,
     TranscriptStore,
-    list_chunk_objects,
-    load,
 )
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIForbiddenError
@@ -39,6 +37,7 @@ from agentrun.kube.retrying import RetryPolicy
 from agentrun.loop.events import Checkpoint, RunFinished, RunYielded
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.kube_testing import eventually
+from tests.support.transcripts import list_chunk_objects, load
 
 
 class FakeClock:
@@ -480,15 +479,17 @@ async def test_a_resumed_transcript_is_read_by_name_past_the_chunks_its_status_c
         assert "list" not in reads and reads["get"] >= listed.chunks + 1
 
 
-async def test_a_chunk_the_status_counts_that_is_gone_is_not_read_as_the_end_of_the_transcript(
+async def test_a_chunk_the_status_counts_that_is_gone_is_a_corrupt_transcript_not_its_end(
     cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run = await stored_turns(cluster, kube, 2)
     cluster.emulator.delete_object("secrets", "default", "demo-transcript-0")
     mark = len(cluster.emulator.request_log)
-    with pytest.raises(TranscriptCorrupt):
+    with pytest.raises(
+        TranscriptCorrupt, match="demo-transcript-0 is missing, but the run's status counts 2"
+    ):
         await store_for(kube, run, FakeClock()).load(counted=2)
-    assert chunk_reads(cluster, mark).get("list") == 1  # the listing's answer, not a shorter transcript
+    assert "list" not in chunk_reads(cluster, mark)
 
 
 async def test_an_older_runs_chunks_under_the_same_names_are_not_read_as_this_runs(
@@ -497,7 +498,8 @@ async def test_an_older_runs_chunks_under_the_same_names_are_not_read_as_this_ru
     await stored_turns(cluster, kube, 1)
     newer = RunIdentity("default", "demo", "another-uid")
     assert (await store_for(kube, newer, FakeClock()).load(counted=0)).empty
-    assert (await store_for(kube, newer, FakeClock()).load(counted=1)).empty  # listed by uid
+    with pytest.raises(TranscriptCorrupt, match="belongs to another run"):  # its status cannot count it
+        await store_for(kube, newer, FakeClock()).load(counted=1)
 
 
 async def test_a_refused_chunk_read_raises_instead_of_reading_as_an_empty_transcript(
