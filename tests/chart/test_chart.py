@@ -110,10 +110,10 @@ NAMESPACED_NEEDS = {
     ("agentrun.dev", "agentschedules"): {"list", "watch"},
     ("agentrun.dev", "agentschedules/status"): {"patch"},
     ("", "events"): {"create", "patch"},
-    ("", "secrets"): {"get", "list", "create"},
+    ("", "secrets"): {"get", "create"},
     ("", "serviceaccounts"): {"impersonate"},
 }
-CONFIGMAP_NEEDS = {("", "configmaps"): {"get", "list", "create"}}
+CONFIGMAP_NEEDS = {("", "configmaps"): {"get", "create"}}
 # Replica membership, in the release namespace only (controller/replicas/membership.py).
 LEASE_NEEDS = {("coordination.k8s.io", "leases"): {"get", "list", "create", "update", "delete"}}
 
