@@ -395,6 +395,8 @@ async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_e
             assert "6*7" not in event["message"], "tool input never goes into an Event"
     # The human-readable log names the run and the iteration on its lines.
     assert re.search(rf"\[{cluster.namespace}/obs-tools #1\] iteration 1: model request ok", operator.logs())
+    # The garbage collector's pace of the operator (controller/collector.py), at its setting's default.
+    assert "garbage collection of the youngest generation after 50000 new objects" in operator.logs()
 
 
 async def test_json_logs_carry_the_run_identity_and_iteration_on_every_run_line(

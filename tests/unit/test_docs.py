@@ -20,6 +20,7 @@ import yaml
 from agentrun.api.crd import agent_crd, crd, quota_crd, schedule_crd
 from agentrun.api.reference import reference_markdown
 from agentrun.cli.main import main
+from agentrun.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -185,6 +186,18 @@ def test_every_repository_path_the_docs_name_exists() -> None:
         if path.match(span.group(2)) and not (ROOT / span.group(2)).exists()
     ]
     assert not missing, "\n".join(missing)
+
+
+def test_every_operator_setting_has_a_row_in_the_settings_table() -> None:
+    """docs/operating.md ('Operator settings') documents every AGENTRUN_* variable the operator reads;
+    the API key and base URL have rows of their own, as ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL."""
+    page = (DOCS / "operating.md").read_text()
+    rows = set(re.findall(r"^\| `(AGENTRUN_[A-Z0-9_]+)` \|", page, flags=re.MULTILINE))
+    read = {f"AGENTRUN_{name.upper()}" for name in Settings.model_fields} - {
+        "AGENTRUN_ANTHROPIC_API_KEY",
+        "AGENTRUN_ANTHROPIC_BASE_URL",
+    }
+    assert sorted(read - rows) == []
 
 
 def test_every_heading_has_the_same_anchor_on_github_and_on_the_docs_site() -> None:

@@ -16,6 +16,7 @@ from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.agents.control import AgentValidator
+from agentrun.controller.collector import young_generation_threshold
 from agentrun.controller.handlers import build_registry
 from agentrun.controller.quotas.control import Quotas
 from agentrun.controller.replicas.detached import DetachedMembership
@@ -66,6 +67,11 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None, **kopf_kwargs: Any) -> None:
+    with young_generation_threshold(settings.gc_young_threshold):
+        await _operate(settings, stop_flag=stop_flag, **kopf_kwargs)
+
+
+async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kopf_kwargs: Any) -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     kube, crd_served = await connect_checked(settings.namespaces)
