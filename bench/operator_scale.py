@@ -359,8 +359,8 @@ def _writes_note(runs: int, result: ScaleRun) -> str:
     )
     return (
         f"{runs} runs: writes per iteration by kind: {parts}. With {MODEL_REQUESTS} iterations per run, "
-        "each write made once per run (the Running and terminal status patches, the Started and "
-        f"finished Events) adds 1/{MODEL_REQUESTS} = 0.2 per iteration. Progress reaches status at most "
+        "each write made once per run (the Running and terminal status patches, the finished Event) "
+        f"adds 1/{MODEL_REQUESTS} = 0.2 per iteration. Progress reaches status at most "
         "every AGENTRUN_STATUS_INTERVAL_SECONDS (10 s), on a timer: the median run here took "
         f"{percentile(result.run_lengths, 50):.1f} s from its first model request to its last answer, "
         "and every 10 s of that adds a status patch of its own."
