@@ -51,6 +51,7 @@ ORDER = (
     "bare_raw_stream",
     "bare_stream",
     "agentrun",
+    "sdk_tool_runner",
     "pydantic_ai",
     "langgraph",
 )
@@ -135,6 +136,33 @@ def bare_runner(client: anthropic.AsyncAnthropic, bodies: list[dict[str, Any]], 
                     pass
             else:
                 await client.messages.create(**request)
+
+    return run
+
+
+def sdk_tool_runner(client: anthropic.AsyncAnthropic) -> Runner:
+    """The SDK's own loop (``beta.messages.tool_runner``) with the same tools. ``thread=False``: the
+    whole history in every request, as our loop and the frameworks send it (the default keeps the
+    conversation in a server-side thread, which a Messages API without threads cannot answer)."""
+    from anthropic import beta_async_tool
+
+    def make(name: str) -> Any:
+        async def tool(q: str) -> str:
+            return tool_answer(name, q)
+
+        return beta_async_tool(tool, name=name, description=TOOL_DESCRIPTION)
+
+    tools = [make(name) for name in TOOL_NAMES]
+
+    async def run() -> None:
+        runner = client.beta.messages.tool_runner(
+            model=MODEL,
+            max_tokens=MAX_TOKENS,
+            messages=[{"role": "user", "content": task(MARKER)}],
+            tools=tools,
+            thread=False,
+        )
+        await runner.until_done()
 
     return run
 
@@ -232,6 +260,7 @@ async def measure(section: Section, *, rounds: int, turns: int, calls: int, seed
                 "bare messages.create(stream=True), raw events",
                 bare_runner(bare_client, bodies, mode="raw_stream"),
             ),
+            Contender("sdk_tool_runner", "the SDK's tool runner", sdk_tool_runner(bare_client)),
             Contender("pydantic_ai", "pydantic-ai Agent", pydantic_ai_runner(server.url)),
             Contender("langgraph", "LangGraph create_react_agent", langgraph_runner(server.url)),
         ]
@@ -280,6 +309,15 @@ def _report(section: Section, by_key: dict[str, Contender], *, rounds: int, turn
     section.add(Figure("our loop ÷ bare messages.stream", ratio("bare_stream"), "×", rounds))
     section.add(
         Figure("our loop ÷ bare create(stream=True), raw events", ratio("bare_raw_stream"), "×", rounds)
+    )
+    section.add(
+        Figure(
+            "our loop ÷ the SDK's tool runner",
+            ratio("sdk_tool_runner"),
+            "×",
+            rounds,
+            note="< 1: we are faster; beta.messages.tool_runner, the whole history in every request",
+        )
     )
     section.add(
         Figure(

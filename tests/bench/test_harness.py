@@ -93,6 +93,12 @@ def test_every_benchmark_has_a_target_and_every_target_carries_a_number_and_a_ve
         assert VERDICT.fullmatch(verdict), f"{benchmark}: {name} has verdict {verdict!r}"
 
 
+def test_the_loop_benchmark_ran_every_peer_against_ours(smoke: SmokeRun) -> None:
+    heading = "## 1. Loop overhead"
+    for peer in ("bare messages.create", "the SDK's tool runner", "pydantic-ai", "LangGraph ReAct"):
+        assert figure(smoke.results, heading, f"our loop ÷ {peer}") > 0
+
+
 def test_the_scale_benchmark_counted_the_operators_api_requests(smoke: SmokeRun) -> None:
     assert figure(smoke.results, "## 3. Operator at scale", "3 runs: API requests per iteration") > 0
 

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 from collections.abc import Iterator
-
-logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -27,7 +24,6 @@ def young_generation_threshold(threshold: int) -> Iterator[None]:
     tests run the operator inside a process of their own)."""
     before = gc.get_threshold()
     gc.set_threshold(threshold, *before[1:])
-    logger.info("garbage collection of the youngest generation after %d new objects", threshold)
     try:
         yield
     finally:

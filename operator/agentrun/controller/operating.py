@@ -95,6 +95,10 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
     )
     metrics_runner = await start_metrics_server(registry, settings.bind_address, settings.metrics_port)
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
+    # Said once the operator is up, not before: a startup failure stays one line on stderr.
+    logger.info(
+        "garbage collection of the youngest generation after %d new objects", settings.gc_young_threshold
+    )
     heartbeat = asyncio.create_task(keep_beating(metrics, settings.heartbeat_seconds))
     # Several replicas share the runs when they have a namespace for their Leases (controller/replicas/);
     # alone, this one owns every run. The membership renews from a thread of its own (replicas/detached.py):
