@@ -1,7 +1,7 @@
 """The garbage collector's pace while the operator runs.
 
 Why: at 1000 concurrent runs Python's cyclic garbage collector, at its defaults, took about two fifths
-of the operator's CPU (bench/RESULTS.md, operator at scale). Every iteration allocates thousands of
+of the operator's CPU (docs/benchmarks.md, 'Cheaper iterations'). Every iteration allocates thousands of
 short-lived objects while a thousand runs keep their conversations alive; collecting the youngest
 generation every 700 new objects catches many objects of requests still in flight, promotes them,
 and the oldest generation, which holds every run's state, fills up and is walked whole again and again
@@ -20,8 +20,8 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def young_generation_threshold(threshold: int) -> Iterator[None]:
     """The youngest generation collected after ``threshold`` new objects while inside; the older
-    generations keep their thresholds, and everything is put back on the way out (the demo and the
-    tests run the operator inside a process of their own)."""
+    generations keep their thresholds, and everything is put back on the way out (the demo runs the
+    operator inside its own process, which goes on after it)."""
     before = gc.get_threshold()
     gc.set_threshold(threshold, *before[1:])
     try:
