@@ -87,10 +87,18 @@ async def get_run(session: Session, name: str) -> dict[str, Any]:
         raise _api_error(exc, f"agentrun {session.namespace}/{name}") from exc
 
 
-async def list_chunks(session: Session, name: str, uid: str | None, storage: StorageKind) -> list[Any]:
-    """The run's chunk objects as JSON, read as the caller: a plain list of Secrets or ConfigMaps."""
-    selector = chunk_selector(run_name=name, uid=uid)
-    items = await session.kube.list_objects(storage, session.namespace, label_selector=selector)
+async def list_chunk_objects(
+    kube: KubeClient,
+    namespace: str,
+    *,
+    run_name: str | None = None,
+    uid: str | None = None,
+    storage: StorageKind = "secret",
+) -> list[dict[str, Any]]:
+    """A run's chunk objects as JSON, by run uid (exact) or by run name, read as the caller: one
+    label-selected listing of Secrets or ConfigMaps (the operator reads them by name instead)."""
+    selector = chunk_selector(run_name=run_name, uid=uid)
+    items = await kube.list_objects(storage, namespace, label_selector=selector)
     kind = object_kind(storage)
     return [{**item, "kind": kind} for item in items]
 
@@ -99,7 +107,13 @@ async def read_transcript(session: Session, name: str) -> Transcript:
     run = await get_run(session, name)
     ref = (run.get("status") or {}).get("transcript") or {}
     try:
-        chunks = await list_chunks(session, name, run["metadata"].get("uid"), storage_of(ref.get("kind")))
+        chunks = await list_chunk_objects(
+            session.kube,
+            session.namespace,
+            run_name=name,
+            uid=run["metadata"].get("uid"),
+            storage=storage_of(ref.get("kind")),
+        )
         return decode_objects(chunks)
     except APIStatusError as exc:
         raise _api_error(exc, f"transcript of agentrun {session.namespace}/{name}") from exc
