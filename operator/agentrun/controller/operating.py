@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import kopf
+from kopf._core.engines.peering import Identity  # not re-exported by kopf
 from prometheus_client import CollectorRegistry
 
 from agentrun.controller.agentruns.handling import AgentRunHandler
@@ -134,6 +135,10 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             registry=build_registry(handler, quotas, schedules, agents),
             settings=kopf_settings(),
             standalone=True,
+            # Without an identity Kopf derives one from the login name, which a container running as a UID
+            # with no passwd entry (the chart's 65532, OpenShift's arbitrary UIDs) does not have: it raised
+            # KeyError at start. The replica name is already this process's identity in its group.
+            identity=Identity(settings.replica_name),
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
             liveness_endpoint=f"http://{settings.bind_address}:{settings.health_port}/healthz",
