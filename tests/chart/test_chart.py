@@ -342,13 +342,15 @@ def test_operator_pod_meets_the_restricted_pod_security_standard(renderer: Rende
     assert set(tmp) == {"name", "emptyDir"}, "only emptyDir volumes, no hostPath"
 
 
-def test_probes_check_healthz_on_the_health_port(renderer: Renderer) -> None:
-    container = operator_container(renderer.render({"operator": {"healthPort": 9091}}))
+def test_liveness_asks_healthz_on_the_health_port_and_readiness_readyz_on_the_metrics_port(
+    renderer: Renderer,
+) -> None:
+    container = operator_container(renderer.render({"operator": {"healthPort": 9091, "metricsPort": 9090}}))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["health"] == 9091
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert "--health-port=9091" in container["args"]
+    assert (ports["health"], ports["http-metrics"]) == (9091, 9090)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    assert "--health-port=9091" in container["args"] and "--metrics-port=9090" in container["args"]
 
 
 def test_operator_has_resource_requests_and_limits(renderer: Renderer) -> None:

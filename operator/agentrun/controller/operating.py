@@ -94,7 +94,10 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
         tracer=tracer_of(provider) if provider is not None else None,
         quotas=quotas,
     )
-    metrics_runner = await start_metrics_server(registry, settings.bind_address, settings.metrics_port)
+    ready = asyncio.Event()  # Kopf raises it once it serves the resources: GET /readyz on the metrics port
+    metrics_runner = await start_metrics_server(
+        registry, settings.bind_address, settings.metrics_port, ready=ready
+    )
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
     # Said once the operator is up, not before: a startup failure stays one line on stderr.
     logger.info(
@@ -143,6 +146,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             namespaces=list(settings.namespaces),
             liveness_endpoint=f"http://{settings.bind_address}:{settings.health_port}/healthz",
             stop_flag=stop_flag,
+            ready_flag=ready,
             **kopf_kwargs,
         )
     finally:

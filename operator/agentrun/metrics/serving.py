@@ -1,4 +1,4 @@
-"""Serving /metrics on the operator's event loop (no extra thread, injected registry)."""
+"""Serving /metrics and /readyz on the operator's event loop (no extra thread, injected registry)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,31 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from agentrun.metrics.observing import Metrics
 
 
-def metrics_app(registry: CollectorRegistry) -> web.Application:
+def metrics_app(registry: CollectorRegistry, ready: asyncio.Event | None = None) -> web.Application:
+    """``ready``: set once the operator serves its resources. Readiness lives here, not beside Kopf's
+    /healthz, because this server is up from the start: a pod waiting for its CRDs is alive (so the kubelet
+    leaves it be) but not ready (so a rolling update keeps the old pod until the new one can work)."""
+
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def readyz(_: web.Request) -> web.Response:
+        if ready is None or ready.is_set():
+            return web.json_response({"ready": True})
+        waiting = {"ready": False, "waiting": "the operator's start (its CRDs served)"}
+        return web.json_response(waiting, status=503)
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/readyz", readyz)
     return app
 
 
-async def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(metrics_app(registry), access_log=None)
+async def start_metrics_server(
+    registry: CollectorRegistry, host: str, port: int, *, ready: asyncio.Event | None = None
+) -> web.AppRunner:
+    runner = web.AppRunner(metrics_app(registry, ready), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
