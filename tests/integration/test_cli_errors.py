@@ -8,15 +8,18 @@ one warning line: the operator waits for it.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.builders import agentrun
-from tests.support.clusters import CRD, TestCluster
+from tests.support.clusters import CRD, ROOT, TestCluster
 from tests.support.commands import run_command
 from tests.support.kube_requests import until
 from tests.support.kubeconfigs import write_kubeconfig
@@ -175,10 +178,22 @@ async def test_operator_without_the_crd_says_how_to_install_it_and_serves_runs_o
         await operator.start()
         try:
             assert (
-                "cannot list agentruns in all namespaces: the AgentRun CRD is not installed; install it "
-                "with `agentrun crd | kubectl apply -f -`; waiting for it"
+                "cannot list agentruns in all namespaces: the AgentRun CRD is not installed; install the "
+                "CRDs with `agentrun crd --all | kubectl apply -f -`; waiting for it"
             ) in operator.logs()
-            bare.emulator.load_crd(CRD)
+            # The advice, followed literally: it must install every CRD, not the AgentRun one alone.
+            advice = "agentrun crd --all | kubectl apply -f -"
+            env = {"KUBECONFIG": bare.kubeconfig_path, "PATH": f"{BIN}:{os.environ['PATH']}"}
+            proc = await asyncio.create_subprocess_shell(
+                advice,
+                env=env,
+                cwd=tmp_path,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, out.decode()
+            assert out.decode().count("customresourcedefinition.apiextensions.k8s.io/") == 4, out.decode()
             bare.emulator.create_object("agentruns", agentrun("after-crd", "hello"))
 
             async def served() -> bool:
@@ -193,6 +208,24 @@ async def test_operator_without_the_crd_says_how_to_install_it_and_serves_runs_o
         finally:
             await operator.stop()
     assert "Traceback" not in operator.logs()
+    # Every CRD came with the advice: neither Kopf nor the operator misses one.
+    assert "Unresolved resources cannot be served" not in operator.logs()
+    assert operator.logs().count("not installed") == 1, operator.logs()
+
+
+async def test_operator_with_only_the_agentrun_crd_names_the_missing_ones_and_the_command_for_all(
+    tmp_path: Path,
+) -> None:
+    async with EmulatedCluster.running() as bare:
+        bare.emulator.load_crd(CRD)
+        operator = OperatorProcess(kubeconfig=Path(bare.kubeconfig_path), log_path=tmp_path / "operator.log")
+        await operator.start()
+        await operator.stop()
+    assert (
+        "the AgentRunQuota, Agent, AgentSchedule CRDs are not installed (runs are not limited by quotas; "
+        "runs with spec.agentRef wait for their Agent; no schedule creates runs); install the CRDs with "
+        "`agentrun crd --all | kubectl apply -f -`"
+    ) in operator.logs()
 
 
 # --- kubectl agentrun
@@ -214,6 +247,35 @@ async def test_plugin_with_an_unknown_context_lists_the_known_ones(closed_port_k
         _one_line(code, err)
         == f"context 'prod' is not in kubeconfig {closed_port_kubeconfig} (its contexts: test)"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "action"),
+    [
+        (("transcript", "web"), "access agentrun default/web"),
+        (("cancel", "web"), "access agentrun default/web"),
+        (("tree", "web"), "access agentrun default/web"),
+    ],
+)
+async def test_plugin_without_the_agentrun_crd_says_the_crd_is_not_installed_not_that_the_run_is_missing(
+    command: tuple[str, ...], action: str
+) -> None:
+    async with EmulatedCluster.running() as bare:  # a cluster without any agentrun.dev CRD
+        code, err = await _run(BIN / "kubectl-agentrun", "--kubeconfig", bare.kubeconfig_path, *command)
+    assert _one_line(code, err) == (
+        f"cannot {action}: the AgentRun CRD (agentruns.agentrun.dev) is not installed; install the CRDs "
+        "with `agentrun crd --all | kubectl apply -f -`"
+    )
+
+
+async def test_crd_all_prints_every_crd_the_operator_serves_as_one_stream() -> None:
+    """The stream the missing-CRD advice pipes into `kubectl apply`: all four kinds, as crds/ holds them."""
+    code, out, err = await run_command(BIN / "agentrun", "crd", "--all", timeout=60)
+    assert code == 0, err
+    documents = [doc for doc in yaml.safe_load_all(out) if doc]
+    on_disk = [yaml.safe_load(path.read_text()) for path in sorted((ROOT / "crds").glob("*.yaml"))]
+    assert sorted(d["metadata"]["name"] for d in documents) == sorted(d["metadata"]["name"] for d in on_disk)
+    assert {d["metadata"]["name"]: d for d in documents} == {d["metadata"]["name"]: d for d in on_disk}
 
 
 @pytest.mark.emulator_only("the 403 is injected for the default (unrestricted) identity")

@@ -229,8 +229,8 @@ async def test_quota_without_the_crd_says_in_one_line_how_to_install_it(cluster:
     assert (code, out) == (1, "")
     assert err.splitlines() == [
         f"error: cannot list agentrunquotas in namespace {cluster.namespace}: the AgentRunQuota CRD "
-        "(agentrunquotas.agentrun.dev) is not installed; install or upgrade the chart, or apply "
-        "crds/agentrunquotas.agentrun.dev.yaml"
+        "(agentrunquotas.agentrun.dev) is not installed; install the CRDs with "
+        "`agentrun crd --all | kubectl apply -f -`"
     ]
 
 

@@ -27,6 +27,9 @@ SCHEDULE_PLURAL = "agentschedules"
 SCHEDULE_SINGULAR = "agentschedule"
 SCHEDULE_SHORT_NAMES = ("ags",)
 
+#: The one command every message about a missing CRD advises: it installs (or upgrades) all four.
+INSTALL_CRDS = "agentrun crd --all | kubectl apply -f -"
+
 # Labels and annotations the operator puts on the runs it creates.
 LABEL_AGENT = "agentrun.dev/agent"
 LABEL_PARENT = "agentrun.dev/parent"
@@ -45,6 +48,7 @@ __all__ = [
     "API_VERSION",
     "CATEGORIES",
     "GROUP",
+    "INSTALL_CRDS",
     "KIND",
     "LABEL_AGENT",
     "LABEL_DEPTH",

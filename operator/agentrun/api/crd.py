@@ -396,3 +396,12 @@ def agent_crd_yaml() -> str:
 
 def schedule_crd_yaml() -> str:
     return _yaml(schedule_crd(), SCHEDULE_KIND)
+
+
+def all_crds_yaml() -> str:
+    """Every CRD the operator serves, as one multi-document stream (`agentrun crd --all`).
+
+    Why one stream: the operator's advice for a missing CRD must install all of them in one command
+    (``agentrun crd --all | kubectl apply -f -``); advising one CRD at a time left the others missing.
+    """
+    return "---\n".join((crd_yaml(), quota_crd_yaml(), agent_crd_yaml(), schedule_crd_yaml()))

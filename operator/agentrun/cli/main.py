@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     crd.add_argument(
         "--reference", action="store_true", help="print the field reference of the docs (Markdown) instead"
     )
+    crd.add_argument(
+        "--all",
+        action="store_true",
+        help="print all four CRDs as one multi-document stream: `agentrun crd --all | kubectl apply -f -`",
+    )
 
     # The offline demo needs the emulators, which are not part of the operator (sandbox/ in the repository).
     sub.add_parser("demo", help="moved: `make demo` in a clone of the repository")
@@ -86,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             "Agent": (crds.agent_crd, crds.agent_crd_yaml),
             "AgentSchedule": (crds.schedule_crd, crds.schedule_crd_yaml),
         }
+        if args.all:
+            if args.reference:
+                print("error: --all prints CRDs; ask for one --kind's --reference", file=sys.stderr)
+                return 2
+            sys.stdout.write(crds.all_crds_yaml())
+            return 0
         definition, as_yaml = kinds[args.kind]
         sys.stdout.write(reference_markdown(definition()) if args.reference else as_yaml())
         return 0

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from agentrun.api import LABEL_PARENT_UID
+from agentrun.api import INSTALL_CRDS, LABEL_PARENT_UID, PLURAL
 from agentrun.api.transcripts import (
     StorageKind,
     Transcript,
@@ -46,8 +46,11 @@ from agentrun.kube.kubeconfig_loading import ClusterAccess
 
 CONFLICT_RETRIES = 5
 NO_QUOTA_CRD = (
-    "the AgentRunQuota CRD (agentrunquotas.agentrun.dev) is not installed; install or upgrade the chart, "
-    "or apply crds/agentrunquotas.agentrun.dev.yaml"
+    "the AgentRunQuota CRD (agentrunquotas.agentrun.dev) is not installed; "
+    f"install the CRDs with `{INSTALL_CRDS}`"
+)
+NO_RUN_CRD = (
+    f"the AgentRun CRD (agentruns.agentrun.dev) is not installed; install the CRDs with `{INSTALL_CRDS}`"
 )
 
 
@@ -75,16 +78,30 @@ async def connect(kubeconfig: str | None, context: str | None, namespace: str | 
     )
 
 
-def _api_error(exc: APIStatusError, what: str) -> PluginError:
-    """The shared wording (kube/failures.py), e.g. "agentrun ns/name not found"."""
-    return PluginError(explain(exc, "access", what) or f"cannot access {what}: {exc}")
+async def _api_error(session: Session, exc: APIStatusError, what: str) -> PluginError:
+    """The shared wording (kube/failures.py), e.g. "agentrun ns/name not found".
+
+    A 404 is "not found" only when the AgentRun CRD is served: without it every run is missing, and
+    the message says the CRD is (one discovery request, made only after a 404).
+    """
+    missing = None
+    if exc.status == 404 and not await _served(session):
+        missing = NO_RUN_CRD
+    return PluginError(explain(exc, "access", what, missing=missing) or f"cannot access {what}: {exc}")
+
+
+async def _served(session: Session) -> bool:
+    try:
+        return PLURAL in await session.kube.served_plurals()
+    except APIStatusError:
+        return True  # discovery refused: no better answer than the 404 itself
 
 
 async def get_run(session: Session, name: str) -> dict[str, Any]:
     try:
         return await session.kube.get_run(session.namespace, name)
     except APIStatusError as exc:
-        raise _api_error(exc, f"agentrun {session.namespace}/{name}") from exc
+        raise await _api_error(session, exc, f"agentrun {session.namespace}/{name}") from exc
 
 
 async def list_chunk_objects(
@@ -116,7 +133,7 @@ async def read_transcript(session: Session, name: str) -> Transcript:
         )
         return decode_objects(chunks)
     except APIStatusError as exc:
-        raise _api_error(exc, f"transcript of agentrun {session.namespace}/{name}") from exc
+        raise await _api_error(session, exc, f"transcript of agentrun {session.namespace}/{name}") from exc
     except TranscriptError as exc:
         raise PluginError(f"transcript of agentrun {session.namespace}/{name}: {exc}") from exc
 
@@ -151,7 +168,8 @@ async def cmd_tree(session: Session, args: argparse.Namespace) -> str:
         listing = await session.kube.list_runs(session.namespace, label_selector=LABEL_PARENT_UID)
     except APIStatusError as exc:
         where = f"agentruns in namespace {session.namespace}"
-        raise PluginError(explain(exc, "list", where) or f"cannot list {where}: {exc}") from exc
+        message = explain(exc, "list", where, missing=NO_RUN_CRD)  # a listing's 404: no CRD
+        raise PluginError(message or f"cannot list {where}: {exc}") from exc
     tree = run_tree(root, list(listing.get("items") or []))
     if args.output == "json":
         return json.dumps(tree_json(tree), indent=2) + "\n"
@@ -162,7 +180,7 @@ async def cmd_cancel(session: Session, args: argparse.Namespace) -> str:
     try:
         await session.kube.patch_run(session.namespace, args.name, {"spec": {"cancel": True}})
     except APIStatusError as exc:
-        raise _api_error(exc, f"agentrun {session.namespace}/{args.name}") from exc
+        raise await _api_error(session, exc, f"agentrun {session.namespace}/{args.name}") from exc
     return f"agentrun.agentrun.dev/{args.name} cancel requested\n"
 
 
@@ -256,7 +274,7 @@ async def decide(session: Session, args: argparse.Namespace, decision: str) -> s
             refused = _refused_decision(exc, args) if exc.status in (403, 422) else None
             if refused is not None:
                 raise refused from exc
-            raise _api_error(exc, f"agentrun {session.namespace}/{args.name}") from exc
+            raise await _api_error(session, exc, f"agentrun {session.namespace}/{args.name}") from exc
         verb = "approved" if decision == "approve" else "denied"
         what = f"{call.get('toolName')} ({call['toolUseId']})"
         return f"agentrun.agentrun.dev/{args.name}: {verb} {what} as {by}\n"

@@ -311,6 +311,27 @@ class KubeClient:
             api.rest_client.request(method, url, headers=headers, body=body, _preload_content=False)
         )
 
+    async def served_plurals(self) -> set[str]:
+        """The agentrun.dev resources the API server serves (whose CRDs are installed), by discovery.
+
+        Why: a 404 on an object does not say whether the object or its whole kind is missing; the
+        kubectl plugin asks this after a 404 so it can say "the CRD is not installed" when that is so,
+        and the operator names every CRD that is missing at startup. Discovery is open to every
+        authenticated identity (system:discovery).
+        """
+        api = self.api_client
+        headers = {**api.default_headers, "Accept": "application/json"}
+        await api.update_params_for_auth(headers, [], ["BearerToken"])
+        url = f"{api.configuration.host}/apis/{GROUP}/{VERSION}"
+        try:
+            body = await call(api.rest_client.request("GET", url, headers=headers, _preload_content=False))
+        except APINotFoundError:
+            return set()
+        resources = json.loads(body).get("resources") or []
+        return {
+            str(r.get("name")) for r in resources if isinstance(r, dict) and "/" not in str(r.get("name"))
+        }
+
     async def who_am_i(self) -> str | None:
         """The user name the API server authenticates us as (a SelfSubjectReview, Kubernetes 1.28+)."""
         review = await call_json(

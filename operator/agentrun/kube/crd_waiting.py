@@ -8,15 +8,27 @@ import logging
 import time
 from collections.abc import Sequence
 
+from agentrun.api import AGENT_PLURAL, INSTALL_CRDS, QUOTA_PLURAL, SCHEDULE_PLURAL
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.calling import KubeClient, connect
-from agentrun.kube.errors import APINotFoundError
+from agentrun.kube.errors import APIError, APINotFoundError
 from agentrun.kube.failures import explained
 from agentrun.kube.kubeconfig_loading import ClusterAccess
 
 logger = logging.getLogger(__name__)
 
-CRD_MISSING = "the AgentRun CRD is not installed; install it with `agentrun crd | kubectl apply -f -`"
+CRD_MISSING = f"the AgentRun CRD is not installed; install the CRDs with `{INSTALL_CRDS}`"
+
+#: The other CRDs, and what the operator cannot do without each (it serves runs all the same).
+OPTIONAL_CRDS = {
+    QUOTA_PLURAL: ("AgentRunQuota", "runs are not limited by quotas"),
+    AGENT_PLURAL: ("Agent", "runs with spec.agentRef wait for their Agent"),
+    SCHEDULE_PLURAL: ("AgentSchedule", "no schedule creates runs"),
+}
+
+#: How often, and how far apart, discovery is asked again before the other CRDs are called missing.
+SETTLE_ATTEMPTS = 3
+SETTLE_SECONDS = 1.0
 
 #: How often a missing CRD is looked for again, and how often the warning about it is repeated.
 CRD_POLL_SECONDS = 2.0
@@ -37,10 +49,42 @@ async def connect_checked(namespaces: Sequence[str]) -> tuple[KubeClient, bool]:
     kube = await connect(access)
     try:
         served = await _crd_served(kube, namespaces, access)
+        if served:
+            await warn_of_missing_crds(kube)
     except BaseException:
         await kube.close()
         raise
     return kube, served
+
+
+async def warn_of_missing_crds(kube: KubeClient) -> None:
+    """One warning naming the other CRDs that are not installed, with the command that installs them all.
+
+    Why: Kopf's own warning ("Unresolved resources cannot be served") names no command, and the quota
+    view's warning comes only with the first run; an AgentRun CRD installed alone must be seen at once.
+    """
+    missing: list[tuple[str, str]] = []
+    for attempt in range(SETTLE_ATTEMPTS):
+        if attempt:  # CRDs applied together with the AgentRun one may reach discovery a moment later
+            await asyncio.sleep(SETTLE_SECONDS)
+        try:
+            plurals = await kube.served_plurals()
+        except APIError as exc:  # discovery is open to everyone; if it fails, Kopf's own warning remains
+            logger.debug("could not read the served agentrun.dev resources: %s", exc)
+            return
+        missing = [OPTIONAL_CRDS[p] for p in OPTIONAL_CRDS if p not in plurals]
+        if not missing:
+            return
+    if missing:
+        kinds = ", ".join(kind for kind, _ in missing)
+        effects = "; ".join(effect for _, effect in missing)
+        logger.warning(
+            "the %s CRD%s not installed (%s); install the CRDs with `%s`",
+            kinds,
+            "s are" if len(missing) > 1 else " is",
+            effects,
+            INSTALL_CRDS,
+        )
 
 
 async def wait_for_crd(kube: KubeClient, namespaces: Sequence[str], stop: asyncio.Event) -> bool:
@@ -57,6 +101,7 @@ async def wait_for_crd(kube: KubeClient, namespaces: Sequence[str], stop: asynci
             break
         if await _crd_served(kube, namespaces, None, quiet=time.monotonic() - warned < CRD_WARNING_SECONDS):
             logger.info("the AgentRun CRD is installed now; starting")
+            await warn_of_missing_crds(kube)
             return True
         if time.monotonic() - warned >= CRD_WARNING_SECONDS:
             warned = time.monotonic()

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentrun.api import INSTALL_CRDS
 from agentrun.controller.quotas.writing import newer
 from agentrun.controller.snapshots import plain
 from agentrun.kube.calling import KubeClient
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 CRD_MISSING = (
     "the AgentRunQuota CRD is not installed (or not readable here): runs are not limited by quotas; "
-    "install it with `agentrun crd | kubectl apply -f -`"
+    f"install the CRDs with `{INSTALL_CRDS}`"
 )
 #: How long a namespace's listing that found no CRD holds before it is listed again.
 RELIST_SECONDS = 60.0
