@@ -22,12 +22,15 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun.metrics.observing import UNDECLARED_TOOL
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import HttpError, Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
 from tests.support.clusters import RUNS_API, TestCluster
+from tests.support.kube_requests import until, wait_finished
 from tests.support.operator_process import OperatorProcess
+from tests.support.prometheus import running_prometheus
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
 from tests.support.schedules import install_schedule_crd
 
@@ -84,6 +87,14 @@ def _scripts() -> list[Script]:
         ),
         Script("[scenario:obs-child]", [Reply([text_block("Found it.")], usage=ScriptUsage(50, 5))]),
         Script("[scenario:obs-scheduled]", [Reply([text_block("Checked.")], usage=ScriptUsage(40, 4))]),
+        Script(
+            "[scenario:obs-ghosts]",
+            [
+                Reply([calc, *(tool_use_block(f"ghost_v{i}", {"q": i}) for i in range(5))]),
+                Reply([tool_use_block(f"ghost_v{i}", {"q": i}) for i in range(5, 10)]),
+                *(Reply([tool_use_block("ghost_same", {"q": "again"})]) for _ in range(3)),
+            ],
+        ),
     ]
 
 
@@ -263,7 +274,7 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
     assert samples[f'agentrun_tokens_total{{model="claude-haiku-4-5",{ns},type="cache_write"}}'] == 100
     assert samples[f'agentrun_tokens_total{{model="claude-haiku-4-5",{ns},type="cache_read"}}'] == 200
     assert samples['agentrun_tool_calls_total{outcome="ok",tool="calculator"}'] >= 2
-    assert samples['agentrun_tool_calls_total{outcome="unknown_tool",tool="no_such_tool"}'] == 1
+    assert samples[f'agentrun_tool_calls_total{{outcome="unknown_tool",tool="{UNDECLARED_TOOL}"}}'] == 1
     assert samples['agentrun_loop_detections_total{tool="calculator"}'] == 1
     assert samples['agentrun_tool_calls_recovered_from_text_total{tool="calculator"}'] == 1
     assert samples["agentrun_runs_active"] == 0
@@ -349,6 +360,49 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
             assert not missing, (
                 f"{source} query {expr!r} names metrics the operator does not export: {missing}"
             )
+
+
+#: The metric families labelled by tool (a histogram's series are its _bucket, _count and _sum).
+TOOL_LABELLED = "agentrun_tool_call.*|agentrun_loop_detections_total"
+
+
+async def test_tool_names_a_model_invents_are_scraped_as_one_undeclared_bucket_beside_the_declared_tools(
+    cluster: TestCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Eleven invented names (one of them looping) leave two tool label values: calculator and the bucket."""
+    run = agentrun(
+        "obs-ghosts", "[scenario:obs-ghosts] go", namespace=cluster.namespace, model=MODEL, tools=CALC
+    )
+    await cluster.request("POST", cluster.runs_path, json=run)
+    finished = await wait_finished(cluster, "obs-ghosts", timeout=60)
+    assert finished["status"]["stopReason"] == "LoopDetected", finished["status"]
+
+    samples = _samples(await operator.scrape())
+    tools = {
+        match.group(1)
+        for key in samples
+        if re.match(TOOL_LABELLED, key)
+        for match in [re.search(r'tool="([^"]*)"', key)]
+        if match
+    }
+    assert tools == {"calculator", UNDECLARED_TOOL}
+    assert samples[f'agentrun_tool_calls_total{{outcome="unknown_tool",tool="{UNDECLARED_TOOL}"}}'] == 13
+    assert samples['agentrun_tool_calls_total{outcome="ok",tool="calculator"}'] == 1
+    assert samples[f'agentrun_loop_detections_total{{tool="{UNDECLARED_TOOL}"}}'] == 1
+
+    # What a Prometheus scraping the operator stores: the same two values, however many names were invented.
+    job = {
+        "job_name": "agentrun-operator",
+        "static_configs": [{"targets": [f"127.0.0.1:{operator.metrics_port}"]}],
+    }
+    async with running_prometheus(tmp_path / "prometheus", [job]) as prometheus:
+        by_tool = f'count by (tool) ({{__name__=~"{TOOL_LABELLED}"}})'
+
+        async def scraped() -> bool:
+            return bool(await prometheus.query(by_tool))
+
+        await until(scraped, "Prometheus to store a scrape of the operator", timeout=30)
+        assert set(await prometheus.by_label(by_tool, "tool")) == {"calculator", UNDECLARED_TOOL}
 
 
 async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_errors(

@@ -16,6 +16,9 @@ from agentrun.api.usage import TokenUsage
 class RunStarted:
     resumed: bool
     progress: Progress
+    # The names of the run's tools, the ones the model may call (sorted). Any other name the model
+    # writes is one it invented: observers that label by tool name fold those into one value.
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,9 @@ async def run_loop(
         deadline=clock.monotonic() + config.timeout_seconds - elapsed_before,
         allowance=allowance,
     )
-    await observer.notify(RunStarted(resumed=resumed, progress=state.progress(pricer)))
+    await observer.notify(
+        RunStarted(resumed=resumed, progress=state.progress(pricer), tools=tuple(sorted(tools)))
+    )
     if not resumed:
         await ctx.emit_checkpoint(None, tools_pending=False)
     step: Step | Finish = RunTools(response=None, truncated=False) if state.pending_tool_uses() else Prepare()

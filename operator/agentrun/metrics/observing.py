@@ -1,8 +1,10 @@
 """Metric definitions and the observer that feeds them from loop events.
 
 No per-run labels: a label per run would grow the series count without bound. Namespace, model,
-tool and stop-reason labels are bounded by the cluster's own size and by our own enums. Units are
-base units (seconds, USD, tokens) and counters end in `_total` (prometheus_client adds it).
+tool and stop-reason labels are bounded by the cluster's own size and by our own enums. The `tool`
+label is a name the run declares (its RunStarted event lists them) or UNDECLARED_TOOL: a model may
+call any name it invents, and each would otherwise become series of its own. Units are base units
+(seconds, USD, tokens) and counters end in `_total` (prometheus_client adds it).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 DECISIONS = ("approved", "denied", "timed_out")
 RUN_DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
+
+#: The `tool` label of every call (and loop) of a name the run does not declare. Tool names are
+#: `[a-zA-Z0-9_-]{1,64}`, so no declared tool can be called this.
+UNDECLARED_TOOL = "(undeclared)"
 
 QUOTA_RESOURCES = ("concurrentRuns", "runs", "tokens", "costUSD")
 RESERVED_RESOURCES = ("tokens", "costUSD")
@@ -504,6 +510,11 @@ class MetricsObserver:
         self._clock = clock
         self._cost_seen = Decimal(0)
         self._approvals_pending = 0
+        self._tools: frozenset[str] = frozenset()
+
+    def _tool(self, name: str) -> str:
+        """``name`` if the run declares it, else the one bucket of every invented name."""
+        return name if name in self._tools else UNDECLARED_TOOL
 
     def _count_cost(self, progress: Progress) -> None:
         """Spend is counted per priced response, so a cost-burn alert sees a long run burning."""
@@ -526,7 +537,8 @@ class MetricsObserver:
     async def notify(self, event: Event) -> None:
         m, ns = self._m, self._namespace
         match event:
-            case RunStarted(resumed=resumed, progress=progress):
+            case RunStarted(resumed=resumed, progress=progress, tools=tools):
+                self._tools = frozenset(tools)
                 m.runs_started.labels(ns, str(resumed).lower()).inc()
                 # A resumed run was already counted up to its checkpoint by an earlier process.
                 self._cost_seen = progress.cost_usd or Decimal(0)
@@ -555,8 +567,9 @@ class MetricsObserver:
             case ModelRetryScheduled(retry_class=retry_class):
                 m.model_retries.labels(retry_class).inc()
             case ToolCallFinished(trace=trace):
-                m.tool_calls.labels(trace.name, "ok" if trace.ok else (trace.error_code or "error")).inc()
-                m.tool_duration.labels(trace.name).observe(trace.duration_seconds)
+                tool = self._tool(trace.name)
+                m.tool_calls.labels(tool, "ok" if trace.ok else (trace.error_code or "error")).inc()
+                m.tool_duration.labels(tool).observe(trace.duration_seconds)
             case ApprovalRequested():
                 self.approval_requested()
             case ApprovalDecided(approved=approved, timed_out=timed_out):
@@ -564,12 +577,12 @@ class MetricsObserver:
                 m.approvals_decided.labels(decision).inc()
                 self.approval_decided()
             case LoopDetected(tool_name=tool):
-                m.loop_detections.labels(tool).inc()
+                m.loop_detections.labels(self._tool(tool)).inc()
             case ContextCompacted(tokens_before=before, tokens_after=after):
                 m.compactions.inc()
                 m.compaction_tokens_removed.inc(max(before - after, 0))
             case ToolCallRecovered(tool_name=tool):
-                m.recovered_calls.labels(tool).inc()
+                m.recovered_calls.labels(self._tool(tool)).inc()
             case RunFinished(outcome=outcome, progress=progress):
                 self._count_cost(progress)
                 reason = outcome.stop_reason

@@ -12,7 +12,7 @@ from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.events import ApprovalDecided, ApprovalRequested, Checkpoint, RunFinished, RunStarted
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.observing import UNDECLARED_TOOL, Metrics, MetricsObserver
 from agentrun_sandbox.messages.script import Reply, ScriptUsage, text_block, tool_use_block
 from tests.support.loop_harness import FakeTool, run_scripted
 
@@ -62,6 +62,63 @@ async def test_cost_is_counted_as_each_response_is_priced_not_at_the_end() -> No
     assert cost.seen[0] == total / 2
     assert cost.seen[-1] == total
     assert registry.get_sample_value("agentrun_cost_usd_total", {"namespace": "ns"}) == total
+
+
+def _tool_labels(registry: CollectorRegistry) -> dict[str, set[str]]:
+    """The `tool` label values of each family that has one."""
+    found: dict[str, set[str]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if "tool" in sample.labels:
+                found.setdefault(family.name, set()).add(sample.labels["tool"])
+    return found
+
+
+async def test_tool_names_the_model_invents_share_one_label_value_beside_the_declared_ones() -> None:
+    registry = CollectorRegistry()
+    observer = MetricsObserver(Metrics(registry), namespace="ns", started_monotonic=0.0)
+    ghost = tool_use_block("ghost_same", {"q": "again"})
+    run = await run_scripted(
+        [
+            Reply([tool_use_block("lookup", {"q": "a"}), tool_use_block("ghost_v0", {"q": "b"})]),
+            Reply([tool_use_block("ghost_v1", {"q": "c"})]),
+            Reply([ghost]),
+            Reply([ghost]),
+            Reply([ghost]),
+        ],
+        tools=[FakeTool("lookup"), FakeTool("search")],
+        observers=[observer],
+    )
+    assert run.finished.outcome.stop_reason is StopReason.LOOP_DETECTED
+    assert _tool_labels(registry) == {
+        "agentrun_tool_calls": {"lookup", UNDECLARED_TOOL},
+        "agentrun_tool_call_duration_seconds": {"lookup", UNDECLARED_TOOL},
+        "agentrun_loop_detections": {UNDECLARED_TOOL},
+    }
+    calls = {"tool": UNDECLARED_TOOL, "outcome": "unknown_tool"}
+    assert registry.get_sample_value("agentrun_tool_calls_total", calls) == 5
+    assert registry.get_sample_value("agentrun_tool_calls_total", {"tool": "lookup", "outcome": "ok"}) == 1
+    duration = {"tool": UNDECLARED_TOOL, "le": "+Inf"}
+    assert registry.get_sample_value("agentrun_tool_call_duration_seconds_bucket", duration) == 5
+    assert registry.get_sample_value("agentrun_loop_detections_total", {"tool": UNDECLARED_TOOL}) == 1
+
+
+async def test_a_declared_tool_keeps_its_name_in_every_tool_metric() -> None:
+    registry = CollectorRegistry()
+    observer = MetricsObserver(Metrics(registry), namespace="ns", started_monotonic=0.0)
+    same = tool_use_block("lookup", {"q": "same"})
+    text_call = '<tool_use>{"name": "lookup", "input": {"q": "text"}}</tool_use>'
+    await run_scripted(
+        [Reply([text_block(text_call)]), Reply([same]), Reply([same]), Reply([same])],
+        tools=[FakeTool("lookup")],
+        observers=[observer],
+    )
+    assert _tool_labels(registry) == {
+        "agentrun_tool_calls": {"lookup"},
+        "agentrun_tool_call_duration_seconds": {"lookup"},
+        "agentrun_loop_detections": {"lookup"},
+        "agentrun_tool_calls_recovered_from_text": {"lookup"},
+    }
 
 
 async def test_a_resumed_run_counts_only_the_spend_after_its_checkpoint() -> None:
