@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 
-.PHONY: help demo test lint typecheck unit integration chart-test tools crds docs docs-build bench e2e e2e-kind clean
+.PHONY: help demo test lint typecheck unit integration chart-test tools crds docs docs-build bench e2e e2e-node e2e-kind clean
 
 help:
 	@echo "make demo   - offline demo: emulated Kubernetes API + scripted model + the real operator"
@@ -16,6 +16,7 @@ help:
 	@echo "make crds   - regenerate crds/ and the chart's copy from the pydantic models"
 	@echo "make docs   - regenerate the field reference and build the documentation site into site/"
 	@echo "make e2e    - the integration scenarios against the cluster KUBECONFIG points at"
+	@echo "make e2e-node - the chart's operator in pods on a real node: builds the image, helm install, runs (docs/testing.md)"
 	@echo "make e2e-kind - make e2e plus the chart and the examples on a throwaway kind cluster (Docker)"
 
 # The groups install the stand-ins (sandbox/: emulator, fake Messages API, demo) from their folder; they are
@@ -96,6 +97,22 @@ bench: $(VENV)/.bench-installed
 
 e2e: $(STAMP)
 	$(BIN)/python -m pytest --real-cluster tests/integration
+
+# The node tier: the image built from the Dockerfile and imported into the real node (REAL_NODE_TOOLS: the
+# real-node recipe's folder; E2E_BUILD=0 uses an E2E_IMAGE already on the node), then tests/node with
+# the chart's operator in pods. K=path::test runs one scenario.
+REAL_NODE_TOOLS ?= ../shared/tools/real-node
+REAL_APISERVER_HOME ?= $(HOME)/.real-apiserver
+E2E_IMAGE ?= localhost/agentrun-operator:dev
+E2E_BUILD ?= 1
+e2e-node: $(STAMP) tools
+	@if [ "$(E2E_BUILD)" = 1 ]; then \
+	  test -x $(REAL_NODE_TOOLS)/image.sh || { echo "e2e-node: no $(REAL_NODE_TOOLS)/image.sh to build the image with; set REAL_NODE_TOOLS, or E2E_BUILD=0 with E2E_IMAGE on the node" >&2; exit 2; }; \
+	  bash $(REAL_NODE_TOOLS)/image.sh $(CURDIR) $(E2E_IMAGE); \
+	fi
+	AGENTRUN_E2E_IMAGE=$(E2E_IMAGE) \
+	AGENTRUN_E2E_CONTROLLER_MANAGER=$$(test -x $(REAL_APISERVER_HOME)/bin/kube-controller-manager && echo $(REAL_APISERVER_HOME)/bin/kube-controller-manager) \
+	$(BIN)/python -m pytest --real-node -s $(or $(K),tests/node)
 
 e2e-kind: $(STAMP)
 	bash scripts/e2e-kind.sh

@@ -26,10 +26,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the integration scenarios against the API server KUBECONFIG points at (make e2e)",
     )
+    parser.addoption(
+        "--real-node",
+        action="store_true",
+        help="run tests/node: the chart's operator in pods on a node of KUBECONFIG's cluster (make e2e-node)",
+    )
 
 
 def real_cluster_requested(config: pytest.Config) -> bool:
-    return bool(config.getoption("--real-cluster"))
+    return bool(config.getoption("--real-cluster")) or real_node_requested(config)
+
+
+def real_node_requested(config: pytest.Config) -> bool:
+    return bool(config.getoption("--real-node"))
+
+
+#: The node tier's folder: its scenarios run the operator in pods, so only with --real-node.
+NODE_TESTS = Path(__file__).parent / "node"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,9 +59,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     real = real_cluster_requested(config)
+    node = real_node_requested(config)
     marker = "emulator_only" if real else "real_only"
     kept, dropped = [], []
     for item in items:
+        if NODE_TESTS in Path(item.path).parents and not node:
+            dropped.append(item)
+            config.stash.setdefault(DESELECTED, []).append(
+                (item.nodeid, "runs the operator in pods on a real node: make e2e-node")
+            )
+            continue
         mark = item.get_closest_marker(marker)
         if mark is None:
             kept.append(item)
