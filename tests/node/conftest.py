@@ -55,10 +55,11 @@ async def helm(real_kubeconfig: Path | None) -> AsyncIterator[Helm]:
 
 @pytest.fixture(scope="session", autouse=True)
 def controllers_a_cluster_runs(real_kubeconfig: Path | None) -> Iterator[None]:
-    """The disruption and EndpointSlice controllers, which every cluster runs and the real node's recipe
-    leaves out: without them a PodDisruptionBudget is never evaluated (every eviction refused) and the
-    metrics Service has no endpoints to scrape. Started from ``AGENTRUN_E2E_CONTROLLER_MANAGER`` (a
-    kube-controller-manager binary; make e2e-node passes the real-apiserver's) when set."""
+    """The disruption, Endpoints and EndpointSlice controllers, which every cluster runs and the real
+    node's recipe leaves out: without them a PodDisruptionBudget is never evaluated (every eviction
+    refused) and the metrics Service has no endpoints to scrape. Started from
+    ``AGENTRUN_E2E_CONTROLLER_MANAGER`` (a kube-controller-manager binary; make e2e-node passes the
+    real-apiserver's) when set."""
     binary = os.environ.get("AGENTRUN_E2E_CONTROLLER_MANAGER")
     if not binary:
         yield
@@ -72,7 +73,7 @@ def controllers_a_cluster_runs(real_kubeconfig: Path | None) -> Iterator[None]:
                 str(real_kubeconfig),
                 "--leader-elect=false",
                 "--secure-port=0",
-                "--controllers=disruption-controller,endpointslice-controller",
+                "--controllers=disruption-controller,endpoints-controller,endpointslice-controller",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

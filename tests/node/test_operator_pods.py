@@ -309,7 +309,7 @@ async def test_the_disruption_budget_lets_one_replica_of_three_be_evicted_at_a_t
 
     async def evaluated() -> bool:
         status = (await cluster.request("GET", path)).get("status", {})
-        return status.get("disruptionsAllowed") == 1 and status.get("currentHealthy") == 3
+        return bool(status.get("disruptionsAllowed") == 1 and status.get("currentHealthy") == 3)
 
     await until(evaluated, "the disruption budget to allow one disruption (a disruption controller runs)", 60)
     answers = []
