@@ -22,7 +22,14 @@ from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import ModelRequest, ModelResponse
 from agentrun.loop.state import Compaction, text_of
 from agentrun.loop.steps import Compact, Finish, Prepare
-from agentrun.loop.windowing import estimate, fixed_chars, plan_cut, sent_messages, summary_messages
+from agentrun.loop.windowing import (
+    estimate,
+    fixed_chars,
+    plan_cut,
+    sent_messages,
+    summary_messages,
+    summary_server_edits,
+)
 
 
 def cannot(reason: str, api_message: str | None = None) -> Finish:
@@ -51,7 +58,7 @@ async def compact(step: Compact, ctx: Context) -> Prepare | Finish:
         tool_choice={"type": "none"} if tools else None,
         temperature=cfg.temperature,
         user_id=cfg.run_id,
-        server_context=cfg.context.server_edits,
+        server_context=summary_server_edits(state, cut, cfg.context),
     )
     answer = await summarize(request, ctx)
     if isinstance(answer, Finish):

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.loop.config import ContextConfig
-from agentrun.loop.protocols import Block, Message, ModelRequest, ToolDefinition
+from agentrun.loop.protocols import Block, Message, ModelRequest, ServerContextEdits, ToolDefinition
 from agentrun.loop.state import Compaction, RunState, SentView
 from agentrun.loop.steps import Compact, Finish
 
@@ -202,16 +202,61 @@ def plan_cut(state: RunState, keep_turns: int) -> Cut | None:
     return None
 
 
-def summary_messages(state: RunState, cut: Cut, cfg: ContextConfig) -> list[Message]:
-    """What the summary request sends: the view up to the cut, then the instruction.
+def last_sent_count(state: RunState) -> int:
+    """How many stored messages the last answered request sent: every one before its answer.
 
-    The view is the one the model saw last (same clearing, same previous summary), so a cached
-    prefix is read from the cache; the instruction joins the last message, a user turn.
+    Each assistant message is the answer to a request that sent everything before it, and only user
+    messages follow it until the next request; so the newest assistant message marks the last one.
     """
-    view = cleared(compacted(state.messages[: cut.boundary], state.compaction), cfg)
+    for index in range(len(state.messages) - 1, -1, -1):
+        if state.messages[index].get("role") == "assistant":
+            return index
+    return len(state.messages)
+
+
+def summary_messages(state: RunState, cut: Cut, cfg: ContextConfig) -> list[Message]:
+    """What the summary request sends: the view of the last request up to the cut, then the instruction.
+
+    Exactly what the model saw last (same cleared results, same previous summary), so the cached
+    prefix is read from the cache and the request is no larger than that one was. Clearing is
+    derived from the whole conversation a request sends (the newest results stay whole), so it is
+    derived from the last request's messages and then cut: cut first, the results just before the
+    cut would count as the newest and be sent whole again. The instruction joins the last message,
+    a user turn.
+    """
+    seen = cleared(compacted(state.messages[: last_sent_count(state)], state.compaction), cfg)
+    # compacted() sends the task, then messages[compaction.boundary:]; the cut is after that boundary.
+    start = state.compaction.boundary - 1 if state.compaction is not None else 0
+    view = seen[: cut.boundary - start]
     last = view[-1]
     view[-1] = {**last, "content": [*last["content"], {"type": "text", "text": SUMMARY_PROMPT}]}
     return view
+
+
+def summary_server_edits(state: RunState, cut: Cut, cfg: ContextConfig) -> ServerContextEdits | None:
+    """The server's context management for the summary request: its clearing lowered to match the
+    last request's, as the client's is (see summary_messages).
+
+    The API clears all tool uses but the newest `keep` once the request holds `trigger` of them;
+    the summary request lacks the tool uses of the turns kept after the cut, so both counts are
+    lowered by those, and it clears what the last request cleared. Never below one: the operator
+    does not ask the API to keep no tool use at all.
+    """
+    edits = cfg.server_edits
+    if edits is None or edits.clear_keep is None:
+        return edits
+    after = sum(
+        1
+        for message in state.messages[cut.boundary : last_sent_count(state)]
+        for block in message.get("content") or ()
+        if isinstance(block, dict) and block.get("type") == "tool_use"
+    )
+    trigger = edits.clear_trigger
+    return replace(
+        edits,
+        clear_keep=max(edits.clear_keep - after, 1),
+        clear_trigger=max(trigger - after, 1) if trigger is not None else None,
+    )
 
 
 def overflow(state: RunState, cfg: ContextConfig, message: str, request: ModelRequest) -> Compact | Finish:

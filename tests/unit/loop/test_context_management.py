@@ -344,3 +344,69 @@ def test_the_view_size_counted_message_by_message_equals_one_serialisation_of_th
     assert view_chars(state, []) == chars_of([])
     assert state.measured, "stored messages are measured once and kept"
     assert all(entry[0] in state.messages for entry in state.measured.values())
+
+
+def _cleared_ids(body: dict[str, Any]) -> set[str]:
+    return {
+        str(b["tool_use_id"])
+        for m in body["messages"]
+        for b in m["content"]
+        if b.get("type") == "tool_result" and str(b.get("content", "")).startswith("[cleared to save context")
+    }
+
+
+async def test_a_summary_request_sends_the_view_of_the_request_before_it_with_its_results_still_cleared() -> (
+    None
+):
+    """As issue #29 found it: keepNewest 4 in batches of 2, compaction at 60% keeping 2 turns, results of
+    9,000 characters. The request before each summary request clears the oldest results; the summary
+    request is that request's view up to the cut, cleared results and all, plus the instruction."""
+    # 60% of it is reached once a request holds 5 whole results and 2 cleared ones (request 6): the
+    # request before the summary is the first to clear (results 0 and 1).
+    window = 25_000
+    spec = {
+        "context": {
+            "contextWindowTokens": window,
+            "clearToolResults": {"keepNewest": 4, "batch": 2},
+            "compaction": {"thresholdPercent": 60, "keepNewestTurns": 2},
+        },
+        "limits": {"maxIterations": 50},
+    }
+    run = await run_scripted(
+        [*_turns(16), _answer()], tools=[LogTool(size=9_000)], spec=spec, context_window=window
+    )
+    assert run.outcome.stop_reason is StopReason.END_TURN
+    summaries = _summary_requests(run.requests)
+    assert len(summaries) >= 2
+    for summary in summaries:
+        before = run.requests[run.requests.index(summary) - 1]
+        assert before.outcome == "reply" and not _summary_requests([before])
+        sent, seen = _unmarked(summary.body["messages"]), _unmarked(before.body["messages"])
+        assert _cleared_ids(before.body), "the request before the summary had cleared results"
+        # Cleared results stay cleared: nothing the model last saw as a marker is sent whole again.
+        assert _cleared_ids(before.body) & _result_ids(summary.body) <= _cleared_ids(summary.body)
+        # Exactly that view up to the cut (but for the cache breakpoints); the instruction joins its
+        # last message.
+        assert sent[:-1] == seen[: len(sent) - 1]
+        assert {**sent[-1], "content": sent[-1]["content"][:-1]} == seen[len(sent) - 1]
+        assert estimate_input_tokens(summary.body) < estimate_input_tokens(before.body)
+
+
+def _result_ids(body: dict[str, Any]) -> set[str]:
+    return {
+        str(b["tool_use_id"])
+        for m in body["messages"]
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    }
+
+
+def _unmarked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without the cache breakpoints the model adapter puts on the newest ones."""
+    return [
+        {
+            **m,
+            "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]],
+        }
+        for m in messages
+    ]

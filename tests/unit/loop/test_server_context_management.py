@@ -21,7 +21,7 @@ from agentrun.loop.windowing import SUMMARY_REQUEST, cleared, overflow
 from agentrun.model.anthropic_calling import AnthropicModel, response_from_json
 from agentrun.model.streaming import StreamedMessage
 from agentrun_sandbox.messages.api import FakeMessagesAPI
-from agentrun_sandbox.messages.context_editing import compaction_key
+from agentrun_sandbox.messages.context_editing import CLEARED, apply, compaction_key
 from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from agentrun_sandbox.messages.wire import estimate_input_tokens
 from tests.support.loop_harness import FakeTool, run_scripted
@@ -129,6 +129,38 @@ async def test_the_server_s_compaction_tokens_count_in_usage_and_budgets() -> No
     budget = {**spec, "limits": {"tokenBudget": 7 * 110 + 50}}
     run = await run_scripted([*_turns(6), _answer()], tools=[FakeTool("logs", BIG)], spec=budget)
     assert run.outcome.stop_reason is StopReason.TOKEN_BUDGET_EXCEEDED
+
+
+def _results(body: dict[str, Any], *, cleared: bool) -> set[str]:
+    """Ids of the tool results the model reads after the fake API applied the request's clearing."""
+    seen = apply(json.loads(json.dumps(body))).body
+    return {
+        str(b["tool_use_id"])
+        for m in seen["messages"]
+        for b in m["content"]
+        if b.get("type") == "tool_result" and (b.get("content") == CLEARED) is cleared
+    }
+
+
+async def test_with_clearing_on_the_server_a_summary_request_has_the_api_clear_what_it_cleared_before() -> (
+    None
+):
+    """The summary request lacks the tool uses of the turns kept after the cut, so asked with the same
+    keep and trigger the API would send whole results it had cleared in the request before."""
+    spec = _server("Server", thresholdPercent=60, keepNewestTurns=2)
+    spec["context"]["contextWindowTokens"] = 19_000
+    turns = [Reply([tool_use_block("logs", {"pod": f"p{i}"})]) for i in range(10)]  # usage as sent
+    run = await run_scripted([*turns, _answer()], tools=[FakeTool("logs", BIG)], spec=spec)
+    assert run.outcome.stop_reason is StopReason.END_TURN, run.outcome.message
+    summaries = [(index, r) for index, r in enumerate(run.requests) if SUMMARY_REQUEST in _texts(r.body)]
+    assert summaries
+    cleared_again = 0
+    for index, summary in summaries:
+        before = run.requests[index - 1].body
+        sent = _results(summary.body, cleared=False) | _results(summary.body, cleared=True)
+        assert _results(before, cleared=True) & sent == _results(summary.body, cleared=True)
+        cleared_again += len(_results(summary.body, cleared=True))
+    assert cleared_again, "some summary request followed a request whose older results the API cleared"
 
 
 async def test_both_parts_on_the_server_send_both_edits_and_both_betas() -> None:
