@@ -30,6 +30,7 @@ import contextlib
 import json
 import re
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -50,7 +51,9 @@ from agentrun_sandbox.messages.script import (
 )
 from tests.support.builders import agentrun
 from tests.support.clusters import RUNS_API, TestCluster
+from tests.support.commands import run_command
 from tests.support.operator_process import OperatorProcess
+from tests.support.ports import free_port
 from tests.support.quotas import install_quota_crd
 from tests.support.rbac import (
     Permission,
@@ -560,3 +563,69 @@ async def test_the_operator_needs_every_permission_the_chart_grants_and_no_other
     assert not used_now, "these PENDING permissions are used now, remove them from PENDING:\n" + "\n".join(
         used_now
     )
+
+
+async def test_the_charts_cluster_role_serving_named_namespaces_does_not_make_kopf_list_namespaces(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    """The chart's default RBAC (rbac.scope: cluster) grants no Namespaces: `--namespace` names them
+    exactly, so Kopf is told not to scan instead of retrying a 403 for a minute before the first run."""
+    async with (
+        namespaces_of_the_test(cluster) as layout,
+        chart_identity(cluster, "cluster", layout) as identity,
+        FakeMessagesAPI(scripts=SCRIPTS).running() as served,
+    ):
+        env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": served.url}
+        log = tmp_path / "operator.log"
+        operator = cluster.operator_process_as(identity.kubeconfig, log, env, _watching(layout.watched))
+        await operator.start(ready_timeout=60)
+        operator.kubeconfig = cluster.kubeconfig
+        try:
+
+            async def unused_restart() -> None:
+                raise AssertionError("not restarted here")
+
+            await succeeds_with_tools(Workload(cluster, served, layout.watched, unused_restart))
+        finally:
+            await operator.stop()
+    logs = operator.logs()
+    refused = identity.refusals(logs)
+    assert not refused, "the operator made requests its RBAC refuses:\n" + "\n".join(refused)
+    assert (
+        "this identity may not list and watch namespaces (cluster-wide): the operator serves "
+        f"{', '.join(layout.watched)} as named without scanning the cluster; a CRD installed from now on is "
+        "served after a restart"
+    ) in logs
+
+
+async def test_a_namespace_pattern_without_the_right_to_list_namespaces_stops_the_operator_in_one_line(
+    cluster: TestCluster,
+) -> None:
+    async with (
+        namespaces_of_the_test(cluster) as layout,
+        chart_identity(cluster, "cluster", layout) as identity,
+    ):
+        pattern = f"{cluster.namespace}*"
+        code, out, err = await run_command(
+            *_operator_command("--namespace", pattern),
+            env={"KUBECONFIG": str(identity.kubeconfig)},
+            timeout=60,
+        )
+    assert (code, out) == (1, ""), err
+    assert err.splitlines() == [
+        f"error: cannot serve namespaces matching {pattern}: this identity may not list and watch namespaces "
+        "(cluster-wide), which matching namespace patterns needs; grant it (the chart's rbac.scope: "
+        "namespaces does) or name the namespaces exactly"
+    ]
+
+
+def _operator_command(*args: str) -> list[str]:
+    ports = ("--metrics-port", str(free_port()), "--health-port", str(free_port()))
+    return [
+        str(Path(sys.executable).parent / "agentrun"),
+        "operator",
+        "--bind-address",
+        "127.0.0.1",
+        *ports,
+        *args,
+    ]

@@ -53,8 +53,10 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def kopf_settings() -> kopf.OperatorSettings:
+def kopf_settings(*, scanning: bool = True) -> kopf.OperatorSettings:
+    """``scanning`` False: Kopf neither lists nor watches CRDs and Namespaces (kube/scanning.py)."""
     settings = kopf.OperatorSettings()
+    settings.scanning.disabled = not scanning
     # No handler needs a finalizer (runs are tasks started from watch events,
     # controller/agentruns/supervising.py); naming the one earlier builds put on runs lets Kopf take
     # it off them.
@@ -75,7 +77,7 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
 async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kopf_kwargs: Any) -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    kube, crd_served = await connect_checked(settings.namespaces)
+    kube, crd_served, scanning = await connect_checked(settings.namespaces)
     clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
     provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
     quotas = Quotas(
@@ -136,7 +138,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
                 await waiting.cleanup()
         await kopf.operator(
             registry=build_registry(handler, quotas, schedules, agents),
-            settings=kopf_settings(),
+            settings=kopf_settings(scanning=scanning),
             standalone=True,
             # Without an identity Kopf derives one from the login name, which a container running as a UID
             # with no passwd entry (the chart's 65532, OpenShift's arbitrary UIDs) does not have: it raised

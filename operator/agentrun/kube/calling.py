@@ -332,6 +332,20 @@ class KubeClient:
             str(r.get("name")) for r in resources if isinstance(r, dict) and "/" not in str(r.get("name"))
         }
 
+    async def may(self, verb: str, resource: str, *, group: str = "", namespace: str | None = None) -> bool:
+        """Whether this identity may ``verb`` the ``resource`` (a SelfSubjectAccessReview, as
+        `kubectl auth can-i` asks; open to every authenticated identity)."""
+        attributes = {"verb": verb, "group": group, "resource": resource}
+        if namespace:
+            attributes["namespace"] = namespace
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        body = await self._write("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+        return bool((json.loads(body).get("status") or {}).get("allowed"))
+
     async def who_am_i(self) -> str | None:
         """The user name the API server authenticates us as (a SelfSubjectReview, Kubernetes 1.28+)."""
         review = await call_json(

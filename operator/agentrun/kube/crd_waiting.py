@@ -14,6 +14,7 @@ from agentrun.kube.calling import KubeClient, connect
 from agentrun.kube.errors import APIError, APINotFoundError
 from agentrun.kube.failures import explained
 from agentrun.kube.kubeconfig_loading import ClusterAccess
+from agentrun.kube.scanning import kopf_may_scan
 
 logger = logging.getLogger(__name__)
 
@@ -35,26 +36,28 @@ CRD_POLL_SECONDS = 2.0
 CRD_WARNING_SECONDS = 60.0
 
 
-async def connect_checked(namespaces: Sequence[str]) -> tuple[KubeClient, bool]:
+async def connect_checked(namespaces: Sequence[str]) -> tuple[KubeClient, bool, bool]:
     """connect(), then one list of AgentRuns wherever the operator is to watch, before Kopf starts.
 
     Why: Kopf retries an unreachable server for a minute and then dies with a traceback, and retries a
     403 forever. This says which in one line (KubeFailure) and the operator exits, so a misconfiguration
     is seen at startup, not guessed from silence. A missing CRD is different: it is often installed
     right after the operator (a GitOps sync, a chart without its crds/), so the operator says so in one
-    warning and waits for it (:func:`wait_for_crd`), and no pod crash-loops. Returns the client and
-    whether the CRD is served.
+    warning and waits for it (:func:`wait_for_crd`), and no pod crash-loops. Returns the client,
+    whether the CRD is served and whether Kopf may scan the cluster (kube/scanning.py), checked in that
+    order so that a failure that stops the operator is the one line it prints.
     """
     access = await kubeconfig_loading.load()
     kube = await connect(access)
     try:
         served = await _crd_served(kube, namespaces, access)
+        scanning = await kopf_may_scan(kube, namespaces)
         if served:
             await warn_of_missing_crds(kube)
     except BaseException:
         await kube.close()
         raise
-    return kube, served
+    return kube, served, scanning
 
 
 async def warn_of_missing_crds(kube: KubeClient) -> None:

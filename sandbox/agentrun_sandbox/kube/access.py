@@ -114,6 +114,56 @@ class EmulatorAccess(EmulatorWatch):
                 return rtype.group, rtype.plural
         return None
 
+    def _self_subject_access_review(self, rtype: ResourceType, record: RequestRecord, body: Any) -> Reply:
+        """``kubectl auth can-i``: whether the request's own token may do what the spec asks.
+
+        Answered by the token's authorizer, as every other request of that token is; a token without
+        one is unrestricted (the emulator's admin), so the answer is yes. Nothing is stored.
+        """
+        spec = body.get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict) or not (
+            spec.get("resourceAttributes") or spec.get("nonResourceAttributes")
+        ):
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{rtype.kind}.authorization.k8s.io "" is invalid: spec.resourceAttributes: Invalid value: '
+                '"null": exactly one of nonResourceAttributes or resourceAttributes must be specified',
+            )
+        authorizer = self.authorizers.get((record.authorization or "").removeprefix("Bearer ").strip())
+        allowed = True
+        if authorizer is not None:
+            resource = spec.get("resourceAttributes")
+            if isinstance(resource, dict):
+                check = Attributes(
+                    user=authorizer.user,
+                    verb=str(resource.get("verb") or ""),
+                    resource_request=True,
+                    api_group=str(resource.get("group") or ""),
+                    resource=str(resource.get("resource") or ""),
+                    subresource=str(resource.get("subresource") or ""),
+                    namespace=str(resource.get("namespace") or ""),
+                    name=str(resource.get("name") or ""),
+                )
+            else:
+                path = spec["nonResourceAttributes"]
+                check = Attributes(
+                    user=authorizer.user,
+                    verb=str(path.get("verb") or ""),
+                    resource_request=False,
+                    path=str(path.get("path") or ""),
+                )
+            allowed = authorizer.allows(check)
+        status: dict[str, Any] = {"allowed": allowed}  # RBAC gives no reason when no rule matched
+        review = {
+            "kind": rtype.kind,
+            "apiVersion": rtype.api_version,
+            "metadata": {},
+            "spec": spec,
+            "status": status,
+        }
+        return Reply(201, review)
+
     def _self_subject_review(self, rtype: ResourceType, user: UserInfo) -> Reply:
         """``kubectl auth whoami``: who the request authenticated as; nothing is stored."""
         review = {

@@ -206,6 +206,15 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         generation=True,
         categories=("api-extensions",),
     ),
+    # Answered from the request's authorizer, never stored (kubectl auth can-i).
+    ResourceType(
+        group="authorization.k8s.io",
+        version="v1",
+        plural="selfsubjectaccessreviews",
+        kind="SelfSubjectAccessReview",
+        namespaced=False,
+        verbs=("create",),
+    ),
     # Answered from the request's identity, never stored (kubectl auth whoami).
     ResourceType(
         group="authentication.k8s.io",

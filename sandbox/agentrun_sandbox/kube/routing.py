@@ -36,6 +36,7 @@ from agentrun_sandbox.kube.watch import WatchPlan
 
 MAX_REQUEST_BYTES = 3 * 1024 * 1024
 _SELF_SUBJECT_REVIEWS = ("authentication.k8s.io", "selfsubjectreviews")
+_SELF_SUBJECT_ACCESS_REVIEWS = ("authorization.k8s.io", "selfsubjectaccessreviews")
 _ACTIONS = {
     "get": kmock.action.FETCH,
     "list": kmock.action.LIST,
@@ -232,6 +233,8 @@ class EmulatorRouting(EmulatorDiscovery):
         user = identify(record, self.identities, self.authorizers)
         if rtype.key == _SELF_SUBJECT_REVIEWS:
             return self._self_subject_review(rtype, user)  # any body: nothing in it matters
+        if rtype.key == _SELF_SUBJECT_ACCESS_REVIEWS:
+            return self._self_subject_access_review(rtype, record, decode_body(body, content_type))
         match verb:
             case "get" if sub == "log":
                 return self._serve_log(namespace or "", name or "", query)

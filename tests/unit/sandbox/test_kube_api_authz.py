@@ -112,3 +112,39 @@ async def test_blocking_owner_deletion_needs_update_on_the_owners_finalizers(
             'cannot update resource "widgets/finalizers" in API group "test.agentrun.dev"'
             in (answer.body["message"])
         )
+
+
+SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def _review(**attributes: str) -> dict[str, object]:
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    }
+
+
+async def test_a_self_subject_access_review_answers_with_the_tokens_own_rules(
+    guarded: EmulatedCluster,
+) -> None:
+    """`kubectl auth can-i`, as kube-apiserver v1.36 answers it: 201, the spec back, status.allowed."""
+    async with KubeClient(guarded.url, token=TOKEN) as bot, KubeClient(guarded.url) as admin:
+        mine = await bot.post(SSAR, _review(verb="list", resource="configmaps", namespace="default"))
+        assert (mine.status, mine.body["status"]) == (201, {"allowed": True})
+        assert mine.body["spec"] == {
+            "resourceAttributes": {"verb": "list", "resource": "configmaps", "namespace": "default"}
+        }
+        cluster_wide = await bot.post(SSAR, _review(verb="list", resource="namespaces"))
+        assert (cluster_wide.status, cluster_wide.body["status"]) == (201, {"allowed": False})
+        widgets = await bot.post(SSAR, _review(verb="get", group="test.agentrun.dev", resource="widgets"))
+        assert widgets.body["status"] == {"allowed": True}
+        # The admin token is unrestricted, so the answer for it is yes.
+        assert (await admin.post(SSAR, _review(verb="list", resource="namespaces"))).body["status"] == {
+            "allowed": True
+        }
+        empty = await bot.post(
+            SSAR, {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview"}
+        )
+        assert empty.status == 422
+        assert "exactly one of nonResourceAttributes or resourceAttributes" in empty.body["message"]
