@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from agentrun_sandbox.messages.api import FakeMessagesAPI
-from agentrun_sandbox.messages.script import HttpError, Script
+from agentrun_sandbox.messages.script import HttpError, Reply, Script, text_block, tool_use_block
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -311,3 +311,33 @@ async def test_a_run_loosening_its_agents_limit_exits_2_naming_the_field(tmp_pat
         f"error: {manifest}: spec.limits.tokenBudget 20000 is above the Agent clock's 10000; "
         "a run can only tighten its Agent's limits"
     ]
+
+
+async def test_a_run_that_compacted_prints_status_context_with_its_compactions(tmp_path: Path) -> None:
+    """docs/long-runs.md: status.context is where compactions show; `agentrun run` prints it too."""
+    thoughts = "Checking the arithmetic step by step before the next call. " * 20  # about 400 tokens
+    turns = [
+        Reply([text_block(thoughts), tool_use_block("calculator", {"expression": f"{i}*7"})])
+        for i in range(1, 5)
+    ]
+    api = FakeMessagesAPI(scripts=[Script("[scenario:long]", [*turns, Reply([text_block("Done.")])])])
+    manifest = tmp_path / "long.yaml"
+    manifest.write_text(
+        "apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: long}\n"
+        "spec:\n  task: '[scenario:long] multiply'\n  model: {name: claude-haiku-4-5}\n"
+        "  tools: [{builtin: {name: calculator}}]\n"
+        "  context:\n    contextWindowTokens: 2048\n"
+        "    compaction: {thresholdPercent: 50, keepNewestTurns: 1}\n"
+    )
+    async with api.running() as server:
+        code, out, err = await _agentrun_run(
+            manifest, {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": server.url}
+        )
+    assert code == 0, err
+    compactions = err.count("context compacted:")
+    assert compactions >= 2, err
+    context = json.loads(out)["context"]
+    assert context["compactions"] == compactions
+    assert 0 < context["lastCompactionIteration"] <= 5
+    assert context["tokensBefore"] > context["tokensAfter"] > 0
+    assert context["tokensRemoved"] >= context["tokensBefore"] - context["tokensAfter"]

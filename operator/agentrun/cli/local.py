@@ -127,12 +127,28 @@ class ProgressPrinter:
 
 
 class FinishedKeeper:
+    """What the printed status is made of besides the outcome: status.context of the latest
+    compaction, which the operator's status writer patches in when it happens (and the finish
+    phase's patch does not repeat), and the final event."""
+
     def __init__(self) -> None:
         self.event: RunFinished | None = None
+        self.context: StatusPatch | None = None
 
     async def notify(self, event: Event) -> None:
-        if isinstance(event, RunFinished):
-            self.event = event
+        match event:
+            case RunFinished():
+                self.event = event
+            case ContextCompacted() as done:
+                self.context = status_patches.compacted(
+                    compactions=done.compactions,
+                    iteration=done.iteration,
+                    tokens_before=done.tokens_before,
+                    tokens_after=done.tokens_after,
+                    tokens_removed=done.tokens_removed,
+                )
+            case _:
+                pass
 
 
 def cluster_needs(spec: AgentRunSpec) -> list[str]:
@@ -250,6 +266,8 @@ async def run_manifest(
     assert final.event is not None  # run_loop always ends with RunFinished
     finished = status_patches.finished(outcome, final.event.progress, now=now_rfc3339(), generation=None)
     begun = StatusPatch(AgentRunStatus(start_time=started))
+    if final.context is not None:
+        begun = begun.merged(final.context)
     status = {k: v for k, v in begun.merged(finished).body().items() if v is not None}
     if output == "json":
         print(json.dumps(status, indent=2), file=stdout)
