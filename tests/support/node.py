@@ -223,8 +223,10 @@ class PodExits:
     gone: dict[str, float] = field(default_factory=dict)
 
     async def watch(self, release: Release, stop: asyncio.Event) -> None:
+        """Polls until ``stop``, and once more after it: a pod gone just before is still counted."""
         known: set[str] = set()
-        while not stop.is_set():
+        while True:
+            last = stop.is_set()
             now = time.monotonic()
             pods = {p["metadata"]["name"]: p for p in await release.pods()}
             for name, pod in pods.items():
@@ -233,7 +235,10 @@ class PodExits:
                     self.asked[name] = now
             for name in known - set(pods):
                 self.gone.setdefault(name, now)
-            await asyncio.sleep(0.25)
+            if last:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
 
     def durations(self) -> dict[str, float]:
         return {name: self.gone[name] - self.asked[name] for name in self.asked if name in self.gone}
