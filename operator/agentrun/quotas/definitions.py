@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from agentrun.api.quota import PER_RUN_FIELDS
 from agentrun.quotas.formats import parse_decimal
-from agentrun.quotas.messages import per_run_above
 from agentrun.quotas.windows import Window
 
-#: The per-run limits a quota can cap and default, by their name under an AgentRun's spec.limits.
-PER_RUN_FIELDS = ("tokenBudget", "costBudgetUSD", "maxIterations", "timeoutSeconds")
 #: Per-run limits counted in dollars (all others are whole numbers).
 DOLLAR_FIELDS = frozenset({"costBudgetUSD"})
 
@@ -56,14 +54,6 @@ class QuotaDefinition:
     def label(self) -> str:
         """How every message names the quota."""
         return f"{self.namespace}/{self.name}"
-
-    def per_run_violation(self, limits: Mapping[str, int | float | Decimal | None]) -> str | None:
-        """The first of a run's limits above this quota's perRun max, as a sentence; None when all fit."""
-        for field in PER_RUN_FIELDS:
-            value, maximum = limits.get(field), self.per_run[field].max
-            if value is not None and maximum is not None and Decimal(str(value)) > maximum:
-                return per_run_above(self.label, field, value, maximum)
-        return None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> QuotaDefinition:

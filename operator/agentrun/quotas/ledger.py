@@ -23,7 +23,6 @@ from typing import Any
 from agentrun.api.times import rfc3339
 from agentrun.quotas import messages
 from agentrun.quotas.definitions import (
-    PER_RUN_FIELDS,
     Hard,
     PerRunLimit,
     QuotaDefinition,
@@ -44,7 +43,6 @@ from agentrun.quotas.records import (
 from agentrun.quotas.windows import Window, bucket_expiry, bucket_start, counts, window_start
 
 __all__ = [
-    "PER_RUN_FIELDS",
     "Admitted",
     "Blocked",
     "Hard",
@@ -261,12 +259,6 @@ class Ledger:
                 cost_usd=before.cost_usd + charge.cost_usd,
             )
         return len(lost)
-
-    # Per-run limits -----------------------------------------------------------------------------
-
-    def per_run_violation(self, limits: Mapping[str, int | float | Decimal | None]) -> str | None:
-        """The first of a run's limits above this quota's perRun max, as a sentence; None when all fit."""
-        return self.definition.per_run_violation(limits)
 
     # Inside -------------------------------------------------------------------------------------
 

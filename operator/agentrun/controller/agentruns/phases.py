@@ -26,11 +26,11 @@ from agentrun.controller.agentruns.resuming import NO_PROGRESS, ResumePoint, fin
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.controller.agentruns.transcript_storing import TranscriptStore
 from agentrun.controller.quotas.admission import AdmissionGate, Candidate, QuotaAdmission, QuotaRefusal
-from agentrun.controller.quotas.limits import Violation
 from agentrun.loop.approving import Approvals
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
 from agentrun.loop.running import run_loop
+from agentrun.quotas.per_run import PerRunViolation
 from agentrun.tools.registry import (
     InvalidToolSpec,
     SecretMissing,
@@ -207,7 +207,7 @@ async def admit_to_quotas(
         return Ending.of(
             StopReason.CANCELLED, "spec.cancel was set while waiting for quota", progress=progress
         )
-    if isinstance(admitted, Violation):
+    if isinstance(admitted, PerRunViolation):
         return Ending.of(StopReason.INVALID_SPEC, admitted.message, progress=progress)
     if isinstance(admitted, QuotaRefusal):
         return Ending.of(StopReason.QUOTA_EXCEEDED, admitted.message, progress=progress)

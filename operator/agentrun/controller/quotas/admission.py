@@ -31,11 +31,11 @@ from typing import Any
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import QuotaLimits
 from agentrun.controller.quotas import limits
-from agentrun.controller.quotas.limits import Violation
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
 from agentrun.metrics.observing import Metrics
 from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition
+from agentrun.quotas.per_run import PerRunViolation
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class AdmissionGate:
         started: bool,
         cancel: asyncio.Event,
         announce: Callable[[str, str], Awaitable[None]],
-    ) -> QuotaAdmission | Violation | QuotaRefusal | None:
+    ) -> QuotaAdmission | PerRunViolation | QuotaRefusal | None:
         """The admission phase: per-run maxima, then room in every quota; None when cancelled.
 
         A run that started before (``started``) or has its limits recorded passed the maxima then,

@@ -1,45 +1,34 @@
-"""The per-run limits the namespace's quotas put on one run: refused maxima and applied defaults.
+"""The per-run limits of one run, between the AgentRun object and the pure policy (quotas/per_run.py).
 
-A run that declares a limit above a quota's perRun max is refused (the ValidatingAdmissionPolicy does
-it at the API server where installed; this is the operator's own check for where it is not). A run
-that declares none gets the smallest default among the quotas; without a default, the built-in one
-capped at the smallest max (tokenBudget and costBudgetUSD have no built-in default: they get the
-smallest max, if any). What a quota set is recorded in status.quotaLimits, so a resumed run keeps it
-even if the quotas changed meanwhile.
+What the run declares is read from its spec; what the quotas impose is recorded in
+status.quotaLimits, so a resumed run keeps it even if the quotas changed meanwhile, and applied to
+the typed spec the loop uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from agentrun.api.spec import AgentRunSpec, Limits
+from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import QuotaLimits
-from agentrun.quotas.ledger import QuotaDefinition
-
-Amount = int | Decimal
-
-#: status.quotaLimits / perRun names → spec.limits field names (Python).
-FIELDS = {
-    "tokenBudget": "token_budget",
-    "costBudgetUSD": "cost_budget_usd",
-    "maxIterations": "max_iterations",
-    "timeoutSeconds": "timeout_seconds",
-}
-_BUILT_IN: Mapping[str, Amount] = {
-    "maxIterations": int(Limits.model_fields["max_iterations"].default),
-    "timeoutSeconds": int(Limits.model_fields["timeout_seconds"].default),
-}
+from agentrun.quotas.definitions import DOLLAR_FIELDS, Amount, QuotaDefinition
+from agentrun.quotas.per_run import (
+    LIMITS_ATTRIBUTES,
+    PER_RUN_FIELDS,
+    PerRunViolation,
+    imposed_limits,
+    per_run_violation,
+)
 
 
 def declared(raw_spec: Mapping[str, Any]) -> dict[str, Amount | None]:
     """The per-run limits the run's manifest sets itself (None: left out)."""
     limits = raw_spec.get("limits") or {}
     found: dict[str, Amount | None] = {}
-    for api_name, field in FIELDS.items():
-        value = limits.get(api_name, limits.get(field))
+    for api_name in PER_RUN_FIELDS:
+        value = limits.get(api_name, limits.get(LIMITS_ATTRIBUTES[api_name]))
         if value is None or isinstance(value, bool):
             found[api_name] = None
         elif isinstance(value, int):
@@ -49,59 +38,18 @@ def declared(raw_spec: Mapping[str, Any]) -> dict[str, Amount | None]:
     return found
 
 
-@dataclass(frozen=True)
-class Violation:
-    quota: str
-    field: str  # tokenBudget, costBudgetUSD, maxIterations or timeoutSeconds
-    message: str
-
-
-def violation(definitions: Sequence[QuotaDefinition], raw_spec: Mapping[str, Any]) -> Violation | None:
+def violation(definitions: Sequence[QuotaDefinition], raw_spec: Mapping[str, Any]) -> PerRunViolation | None:
     """The first quota (by name) whose perRun max the run's own limits pass, said in one line."""
-    limits = declared(raw_spec)
-    for definition in definitions:
-        problem = definition.per_run_violation(limits)
-        if problem is None:
-            continue
-        field = next(
-            (
-                name
-                for name, value in limits.items()
-                if value is not None
-                and (entry := definition.per_run.get(name)) is not None
-                and entry.max is not None
-                and value > entry.max
-            ),
-            next((name for name in FIELDS if name in problem), "limits"),
-        )
-        return Violation(definition.name, field, problem)
-    return None
+    return per_run_violation(definitions, declared(raw_spec))
 
 
 def imposed(definitions: Sequence[QuotaDefinition], raw_spec: Mapping[str, Any]) -> QuotaLimits | None:
     """The limits the quotas set for what the run left out; None when they set nothing."""
-    own = declared(raw_spec)
-    values: dict[str, Amount] = {}
-    for api_name in FIELDS:
-        if own[api_name] is not None:
-            continue
-        entries = [d.per_run.get(api_name) for d in definitions]
-        defaults = [e.default for e in entries if e is not None and e.default is not None]
-        maxima = [e.max for e in entries if e is not None and e.max is not None]
-        if defaults:
-            value = min(defaults)
-            if maxima:
-                value = min(value, min(maxima))
-        elif maxima:
-            built_in = _BUILT_IN.get(api_name)
-            value = min(maxima) if built_in is None else min(built_in, min(maxima))
-        else:
-            continue
-        values[api_name] = value
+    values = imposed_limits(definitions, declared(raw_spec))
     if not values:
         return None
     return QuotaLimits.model_validate(
-        {k: (float(v) if k == "costBudgetUSD" else int(v)) for k, v in values.items()}
+        {k: (float(v) if k in DOLLAR_FIELDS else int(v)) for k, v in values.items()}
     )
 
 
@@ -118,9 +66,9 @@ def applied(spec: AgentRunSpec, limits: QuotaLimits | None) -> AgentRunSpec:
     if limits is None:
         return spec
     update = {
-        FIELDS[api_name]: value
+        LIMITS_ATTRIBUTES[api_name]: value
         for api_name, value in limits.model_dump(by_alias=True, exclude_none=True).items()
-        if api_name in FIELDS
+        if api_name in LIMITS_ATTRIBUTES
     }
     if not update:
         return spec

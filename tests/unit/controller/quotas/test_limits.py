@@ -1,7 +1,10 @@
-"""Per-run limits from the namespace's quotas: maxima refused with quota and field, defaults applied."""
+"""A run's per-run limits between its object and the policy: what it declares, what is recorded and
+applied. The policy itself (smallest default, capped maxima, first quota by name) is proved in
+tests/unit/quotas/test_per_run.py."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
@@ -16,19 +19,26 @@ def definition(name: str, **per_run: Any) -> QuotaDefinition:
     )
 
 
-def test_the_smallest_default_wins_capped_at_the_smallest_max() -> None:
+def test_what_a_run_declares_is_read_by_api_or_python_name_as_whole_numbers_and_exact_dollars() -> None:
+    spec = {"task": "x", "limits": {"tokenBudget": 900, "cost_budget_usd": 0.1, "maxIterations": True}}
+    assert limits.declared(spec) == {
+        "tokenBudget": 900,
+        "costBudgetUSD": Decimal("0.1"),
+        "maxIterations": None,  # a boolean is no number of iterations
+        "timeoutSeconds": None,
+    }
+    assert set(limits.declared({"task": "x"}).values()) == {None}
+
+
+def test_what_the_quotas_impose_is_recorded_as_a_status_with_dollars_as_a_number() -> None:
     quotas = [
         definition("a", tokenBudget={"max": 90_000, "default": 80_000}),
         definition("b", tokenBudget={"default": 100_000, "max": 200_000}, maxIterations={"max": 50}),
-        definition("c", tokenBudget={"max": 70_000}),
+        definition("c", tokenBudget={"max": 70_000}, costBudgetUSD={"max": 2.5}, timeoutSeconds={"max": 600}),
     ]
-    imposed = limits.imposed(quotas, {"task": "x"})
-    assert imposed == QuotaLimits(token_budget=70_000, max_iterations=20)
-
-
-def test_without_a_default_budgets_get_the_smallest_max_and_the_built_in_ones_are_capped() -> None:
-    quotas = [definition("a", costBudgetUSD={"max": 2.5}, timeoutSeconds={"max": 600})]
-    assert limits.imposed(quotas, {"task": "x"}) == QuotaLimits(cost_budget_usd=2.5, timeout_seconds=600)
+    assert limits.imposed(quotas, {"task": "x"}) == QuotaLimits.model_validate(
+        {"tokenBudget": 70_000, "costBudgetUSD": 2.5, "maxIterations": 20, "timeoutSeconds": 600}
+    )
 
 
 def test_limits_the_run_declares_itself_are_left_alone() -> None:
@@ -37,6 +47,19 @@ def test_limits_the_run_declares_itself_are_left_alone() -> None:
     assert imposed == QuotaLimits(max_iterations=3)
     spec = limits.applied(AgentRunSpec.model_validate({"task": "x", "limits": {"tokenBudget": 900}}), imposed)
     assert (spec.limits.token_budget, spec.limits.max_iterations) == (900, 3)
+
+
+def test_every_imposed_limit_is_applied_to_the_spec_the_loop_uses() -> None:
+    imposed = QuotaLimits.model_validate(
+        {"tokenBudget": 7, "costBudgetUSD": 0.5, "maxIterations": 4, "timeoutSeconds": 60}
+    )
+    spec = limits.applied(AgentRunSpec.model_validate({"task": "x"}), imposed)
+    assert spec.limits.token_budget == 7
+    assert spec.limits.cost_budget_usd == 0.5
+    assert spec.limits.max_iterations == 4
+    assert spec.limits.timeout_seconds == 60
+    unchanged = AgentRunSpec.model_validate({"task": "x"})
+    assert limits.applied(unchanged, None) is unchanged
 
 
 def test_quotas_that_say_nothing_about_per_run_limits_impose_nothing() -> None:
@@ -50,3 +73,9 @@ def test_a_declared_limit_above_a_max_names_the_first_quota_and_the_field() -> N
     assert (refused.quota, refused.field) == ("b", "maxIterations")
     assert "team/b" in refused.message and "maxIterations" in refused.message and "10" in refused.message
     assert limits.violation(quotas, {"task": "x", "limits": {"maxIterations": 10}}) is None
+
+
+def test_a_recorded_status_is_kept_and_an_empty_one_is_none() -> None:
+    assert limits.recorded({"quotaLimits": {"tokenBudget": 5}}) == QuotaLimits(token_budget=5)
+    assert limits.recorded({"quotaLimits": {}}) is None
+    assert limits.recorded({}) is None
