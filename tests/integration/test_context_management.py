@@ -64,10 +64,14 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
         yield server
 
 
-def _env(model: FakeMessagesAPI) -> dict[str, str]:
+def _env(model: FakeMessagesAPI, tmp_path: Path) -> dict[str, str]:
+    # The model is the operator's own (its price table knows the name), with a small window.
+    prices = tmp_path / "prices.yaml"
+    prices.write_text('prices: [{model: "fake-small-window*", input: 1, output: 5}]\n')
     return {
         "ANTHROPIC_API_KEY": API_KEY,
         "ANTHROPIC_BASE_URL": model.url,
+        "AGENTRUN_PRICE_FILE": str(prices),
         "AGENTRUN_CONTEXT_WINDOWS": f"fake-small-window*={WINDOW}",
         "AGENTRUN_STATUS_INTERVAL_SECONDS": "0",
     }
@@ -77,7 +81,7 @@ def _env(model: FakeMessagesAPI) -> dict[str, str]:
 async def operator(
     cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
-    async with cluster.operator(tmp_path / "operator.log", _env(model)) as process:
+    async with cluster.operator(tmp_path / "operator.log", _env(model, tmp_path)) as process:
         yield process
 
 
@@ -183,8 +187,8 @@ async def test_an_operator_killed_after_a_compaction_resumes_compacted_without_a
     cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> None:
     tag = "[scenario:restart]"
-    first = cluster.operator_process(tmp_path / "operator-0.log", _env(model))
-    second = cluster.operator_process(tmp_path / "operator-1.log", _env(model))
+    first = cluster.operator_process(tmp_path / "operator-0.log", _env(model, tmp_path))
+    second = cluster.operator_process(tmp_path / "operator-1.log", _env(model, tmp_path))
     async with WebhookReceiver(default=Answer(200, {"log": LOG})).running() as receiver:
         try:
             await first.start()

@@ -83,7 +83,7 @@ async def _capture(tmp: Path, real_kubeconfig: Path | None) -> dict[str, dict[st
                     model=MODEL,
                     tools=[{"builtin": {"name": "calculator"}}],
                 ),
-                # A cost budget for a model without a price: refused before any request.
+                # A model the operator's price table does not know: refused before any request.
                 agentrun(
                     "invalid",
                     "[gitops:tools] unpriced",
@@ -190,7 +190,7 @@ def test_argo_cd_health_message_carries_the_stop_reason_and_the_conditions_messa
 ) -> None:
     _, message = argo_health(runs["invalid"])
     assert message.startswith("Failed (InvalidSpec): ")
-    assert "costBudgetUSD" in message
+    assert 'model "my-unpriced-proxy-model" is not in the operator\'s price table' in message
     _, pending = argo_health(runs["pending"])
     assert "not-there-yet" in pending
 

@@ -63,9 +63,12 @@ def _manifest(cluster: TestCluster, name: str, tag: str, url: str, context: dict
 async def test_runs_that_leave_clearing_or_compaction_to_the_api_succeed_with_its_edits_applied(
     cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
 ) -> None:
+    prices = tmp_path / "prices.yaml"  # the operator's own model: its price table knows the name
+    prices.write_text('prices: [{model: "fake-server-context-1", input: 1, output: 5}]\n')
     env = {
         "ANTHROPIC_API_KEY": API_KEY,
         "ANTHROPIC_BASE_URL": model.url,
+        "AGENTRUN_PRICE_FILE": str(prices),
         "AGENTRUN_STATUS_INTERVAL_SECONDS": "0",
     }
     clearing = {"clearToolResults": {"strategy": "Server", "keepNewest": 2, "batch": 1}}

@@ -200,6 +200,10 @@ async def run_manifest(
     if isinstance(spec, Ending):
         print(f"error: {path}: {spec.outcome.message}", file=stderr)
         return EXIT_INVALID
+    prices = PriceTable.load(Path(p) if (p := os.environ.get("AGENTRUN_PRICE_FILE")) else None)
+    if (unknown := phases.check_model(spec, prices)) is not None:
+        print(f"error: {path}: {unknown.outcome.message}", file=stderr)
+        return EXIT_INVALID
     windows = os.environ.get("AGENTRUN_CONTEXT_WINDOWS")
     try:
         context_windows = Settings.from_env(
@@ -242,7 +246,6 @@ async def run_manifest(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, cancel.set)
     started = now_rfc3339()
-    prices = PriceTable.load(Path(p) if (p := os.environ.get("AGENTRUN_PRICE_FILE")) else None)
     final = FinishedKeeper()
 
     try:

@@ -104,6 +104,15 @@ class PriceTable:
                 return max(candidates, key=lambda p: (not p.model.endswith("*"), len(p.model), p.effective))
         return None
 
+    def knows(self, model: str) -> bool:
+        """Whether any entry names ``model`` (exactly or by prefix), whatever its date: the table is
+        also the operator's list of model names, so a misspelt one is refused before it is sent."""
+        return any(p.matches(model) for source in (self._overrides, self._prices) for p in source)
+
+    def names(self) -> list[str]:
+        """The names and prefixes the table knows, the operator's own first (for messages)."""
+        return list(dict.fromkeys(p.model for source in (self._overrides, self._prices) for p in source))
+
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
         price = self.lookup(model)
         return None if price is None else price.cost(usage)

@@ -30,6 +30,7 @@ from agentrun.loop.approving import Approvals
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
 from agentrun.loop.running import run_loop
+from agentrun.model.pricing import PriceTable
 from agentrun.quotas.per_run import PerRunViolation
 from agentrun.tools.registry import (
     InvalidToolSpec,
@@ -98,6 +99,39 @@ def admit(raw_spec: Mapping[str, Any]) -> AgentRunSpec | Ending:
     except InvalidToolSpec as exc:
         return Ending.of(StopReason.INVALID_SPEC, str(exc))
     return spec
+
+
+#: Where the docs say how to add a price (an entry of AGENTRUN_PRICE_FILE).
+PRICES_DOC = "docs/operating.md#prices"
+
+
+def check_model(spec: AgentRunSpec, prices: PriceTable) -> Ending | None:
+    """InvalidSpec for a model name the operator's price table does not know, before any request.
+
+    Why here and for every run: a misspelt name used to get three answers, late (QuotaExceeded under
+    a cost quota, InvalidSpec with costBudgetUSD, else one request and ModelNotFound). The price table
+    (built-in, plus AGENTRUN_PRICE_FILE) is the operator's list of models. A run with its own
+    ``baseURL`` calls a gateway that names its own models: its name is not checked, unless
+    ``costBudgetUSD`` needs its price.
+    """
+    name = spec.model.name
+    if prices.knows(name):
+        return None
+    add = f"add a price for it with AGENTRUN_PRICE_FILE ({PRICES_DOC})"
+    if spec.model.base_url is None:
+        known = ", ".join(prices.names())
+        message = (
+            f'spec.model.name: model "{name}" is not in the operator\'s price table (known: {known}); '
+            f"check the name, or {add}"
+        )
+    elif spec.limits.cost_budget_usd is not None:
+        message = (
+            f'spec.model.name: model "{name}" has no price in the operator\'s price table, which '
+            f"limits.costBudgetUSD needs; {add}, or drop the budget"
+        )
+    else:
+        return None
+    return Ending.of(StopReason.INVALID_SPEC, message)
 
 
 async def resume(

@@ -222,6 +222,10 @@ class AgentRunReconciler:
         point = await phases.resume(run.store, run.ref.status, run.cancel)
         if isinstance(point, Ending):
             return await self._finish(run, point)
+        # A run that has not started: an unknown model is refused before the first request. (One
+        # that started under an earlier table goes on: its requests were answered.)
+        if point.state is None and (unknown := phases.check_model(spec, self.prices)) is not None:
+            return await self._finish(run, unknown)
         run.children = RunChildren(
             self.kube,
             Parent(run.ref.namespace, run.ref.name, run.ref.uid, depth_of(run.ref.labels)),
