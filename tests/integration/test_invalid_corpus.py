@@ -137,6 +137,20 @@ async def test_bad_manifest_is_refused_naming_the_field(
 
 
 @pytest.mark.asyncio(loop_scope="module")
+async def test_an_unknown_builtin_tool_is_refused_by_the_api_server_listing_the_builtins(
+    cluster: TestCluster, operator: OperatorProcess
+) -> None:
+    manifest = _load(ROOT / "tests" / "data" / "invalid" / "unknown-builtin-tool.yaml")
+    manifest["metadata"]["name"] = "unknown-builtin-again"
+    code, body = await _create(cluster, manifest)
+    assert code == 422, body
+    assert (
+        'spec.tools[0].builtin.name: Unsupported value: "shell": supported values: "calculator", '
+        '"current_time", "http_fetch", "kubernetes_events", "kubernetes_get", "kubernetes_list", "pod_logs"'
+    ) in body["message"]
+
+
+@pytest.mark.asyncio(loop_scope="module")
 async def test_operator_still_serves_valid_runs_after_the_corpus(
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:

@@ -6,15 +6,26 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from agentrun.api.spec_base import DNS_LABEL_PATTERN, TOOL_NAME_PATTERN, SecretKeyRef, SpecModel, ToolName
+from agentrun.api.spec_base import DNS_LABEL_PATTERN, SecretKeyRef, SpecModel, ToolName
+
+#: The built-in tools, by name: an enum of the CRD, so the API server refuses a name no operator
+#: implements when the run is applied, not when it starts (tools/registry.py implements each one).
+BuiltinToolName = Literal[
+    "calculator",
+    "current_time",
+    "http_fetch",
+    "kubernetes_events",
+    "kubernetes_get",
+    "kubernetes_list",
+    "pod_logs",
+]
 
 
 class BuiltinTool(SpecModel):
     """A tool implemented inside the operator."""
 
-    name: str = Field(
-        description="Name of the built-in tool (see README, 'Built-in tools'), e.g. current_time.",
-        pattern=TOOL_NAME_PATTERN,
+    name: BuiltinToolName = Field(
+        description="Name of the built-in tool (see docs/tools.md, 'Built-in tools'), e.g. current_time.",
     )
     config: dict[str, Any] = Field(
         default_factory=dict,

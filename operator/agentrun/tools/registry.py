@@ -1,7 +1,7 @@
 """Turning spec.tools into the run's fixed tool set, or a precise error naming the offending field.
 
 Two stages, because the controller must wait for Secrets in between:
-* `check_tools(spec)`: everything knowable from the spec alone (unknown built-ins, bad config,
+* `check_tools(spec)`: everything knowable from the spec alone (bad built-in config,
   invalid inputSchema, duplicate names), raising InvalidToolSpec before the run starts;
 * `open_tools(spec, env)`: reads header Secrets, lists MCP servers (once: the list is part of the
   cached prompt prefix and stays fixed for the run), and closes connections when the run ends.
@@ -72,11 +72,7 @@ def check_tools(spec: AgentRunSpec) -> None:
     for index, entry in enumerate(spec.tools):
         where = f"spec.tools[{index}]"
         if entry.builtin is not None:
-            if entry.builtin.name not in BUILTIN_NAMES:
-                raise InvalidToolSpec(
-                    f"{where}.builtin.name: unknown built-in {entry.builtin.name!r} "
-                    f"(known: {', '.join(BUILTIN_NAMES)})"
-                )
+            # An unknown name never gets here: the CRD's enum (api/tool_specs.py) refuses it.
             try:
                 _check_builtin(entry.builtin.name, entry.builtin.config)
             except ValueError as exc:
@@ -221,9 +217,9 @@ async def open_tools(
                         "create (not `agentrun run`)"
                     )
                 _add(tools, _declared(AgentTool(entry.agent, children), entry), where)
-        for name in spec.required_tools:
-            if name not in tools:
-                raise InvalidToolSpec(f"spec.requiredTools: {name!r} is not one of the run's tools")
+        for required in spec.required_tools:
+            if required not in tools:
+                raise InvalidToolSpec(f"spec.requiredTools: {required!r} is not one of the run's tools")
         if spec.tool_choice is not None and spec.tool_choice.name and spec.tool_choice.name not in tools:
             raise InvalidToolSpec(
                 f"spec.toolChoice.name: {spec.tool_choice.name!r} is not one of the run's tools"

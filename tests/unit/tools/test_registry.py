@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
+import pydantic
 import pytest
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.tool_specs import BuiltinToolName
 from agentrun.tools.errors import InvalidToolSpec
-from agentrun.tools.registry import check_tools, open_tools, secret_uses
+from agentrun.tools.registry import BUILTIN_NAMES, check_tools, open_tools, secret_uses
 from tests.unit.tools.environment import StaticEnvironment
 
 
@@ -16,12 +18,16 @@ def _spec(tools: list[dict[str, Any]], **extra: Any) -> AgentRunSpec:
     return AgentRunSpec.model_validate({"task": "t", "tools": tools, **extra})
 
 
-def test_an_unknown_builtin_is_rejected_listing_the_known_ones() -> None:
-    with pytest.raises(InvalidToolSpec) as caught:
-        check_tools(_spec([{"builtin": {"name": "kubectl_delete"}}]))
+def test_an_unknown_builtin_is_refused_by_the_spec_listing_the_known_ones() -> None:
+    """The same enum is in the CRD: the API server refuses the name when the run is applied."""
+    with pytest.raises(pydantic.ValidationError) as caught:
+        _spec([{"builtin": {"name": "kubectl_delete"}}])
     message = str(caught.value)
-    assert message.startswith("spec.tools[0].builtin.name: unknown built-in 'kubectl_delete'")
-    assert "kubernetes_get" in message and "http_fetch" in message
+    assert "tools.0.builtin.name" in message and "kubernetes_get" in message and "http_fetch" in message
+
+
+def test_the_crd_enum_of_builtin_names_is_exactly_the_implemented_tools() -> None:
+    assert get_args(BuiltinToolName) == BUILTIN_NAMES
 
 
 def test_duplicate_names_are_rejected_naming_both_entries() -> None:

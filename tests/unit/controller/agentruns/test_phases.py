@@ -37,10 +37,19 @@ def test_admit_ends_an_invalid_spec_naming_every_wrong_field() -> None:
 
 
 def test_admit_ends_a_tool_configuration_the_schema_cannot_check() -> None:
-    ending = phases.admit({**SPEC, "tools": [{"builtin": {"name": "no_such_tool"}}]})
+    ending = phases.admit({**SPEC, "tools": [{"builtin": {"name": "http_fetch", "config": {"bogus": 1}}}]})
     assert isinstance(ending, Ending)
     assert ending.outcome.stop_reason is StopReason.INVALID_SPEC
-    assert "no_such_tool" in ending.outcome.message
+    assert ending.outcome.message.startswith(
+        "spec.tools[0].builtin.config: http_fetch: unknown keys ['bogus']"
+    )
+
+
+def test_admit_ends_an_unknown_builtin_naming_the_known_ones() -> None:
+    """What a run applied before its CRD had the enum, or run with `agentrun run`, is told."""
+    ending = phases.admit({**SPEC, "tools": [{"builtin": {"name": "no_such_tool"}}]})
+    assert isinstance(ending, Ending)
+    assert ending.outcome.message.startswith("spec.tools[0].builtin.name: Input should be 'calculator', ")
 
 
 def test_admit_returns_the_validated_spec() -> None:
