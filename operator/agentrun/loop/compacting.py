@@ -16,10 +16,11 @@ from __future__ import annotations
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import COMPACTION, TraceRow
 from agentrun.api.usage import TokenUsage
-from agentrun.loop.context import Context, Interrupted
-from agentrun.loop.errors import FatalModelError, QuotaRefused, RetryableModelError
-from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
+from agentrun.loop.context import Context
+from agentrun.loop.errors import FatalModelError, QuotaRefused
+from agentrun.loop.events import ModelRequestFinished
 from agentrun.loop.protocols import ModelRequest, ModelResponse
+from agentrun.loop.sending import RetriesExhausted, quota_exceeded, send_with_retries
 from agentrun.loop.state import Compaction, text_of
 from agentrun.loop.steps import Compact, Finish, Prepare
 from agentrun.loop.windowing import (
@@ -88,63 +89,40 @@ async def compact(step: Compact, ctx: Context) -> Prepare | Finish:
 
 
 async def summarize(request: ModelRequest, ctx: Context) -> ModelResponse | Finish:
-    """The summary request, retried like any model request within the run's deadline."""
-    state, retry = ctx.state, ctx.config.retry
-    attempt = 0
-    while True:
-        started = ctx.clock.monotonic()
-        try:
-            # Reserved like every model request: a summary is billed like any answer.
-            async with ctx.reserved(request) as meter:
-                started = ctx.clock.monotonic()
-                response = meter.response = await ctx.guarded(ctx.model.complete(request))
-        except QuotaRefused as exc:
-            return Finish(
-                Outcome(StopReason.QUOTA_EXCEEDED, exc.message, condition_reason=exc.condition_reason)
+    """The summary request, retried like any model request within the run's deadline.
+
+    Reserved like every model request (a summary is billed like any answer); not an iteration, so
+    its events carry the run's current one.
+    """
+    state = ctx.state
+    sent = await send_with_retries(request, ctx, iteration=state.iterations)
+    if isinstance(sent, QuotaRefused):
+        return quota_exceeded(sent)
+    if isinstance(sent, RetriesExhausted):
+        error = sent.error
+        return Finish(
+            Outcome(
+                StopReason.MODEL_ERROR,
+                f"the summary request for context compaction still failed after {sent.attempts} "
+                f"attempts ({error.retry_class.value}): {error.message}",
+                condition_reason="ModelRetriesExhausted",
             )
-        except RetryableModelError as exc:
-            attempt += 1
-            elapsed = ctx.clock.monotonic() - started
-            await ctx.observer.notify(
-                ModelRequestFinished(state.iterations, request.model, elapsed, exc.retry_class.value)
-            )
-            if attempt > retry.max_retries:
-                return Finish(
-                    Outcome(
-                        StopReason.MODEL_ERROR,
-                        f"the summary request for context compaction still failed after {attempt} "
-                        f"attempts ({exc.retry_class.value}): {exc.message}",
-                        condition_reason="ModelRetriesExhausted",
-                    )
-                )
-            delay = (
-                exc.retry_after if exc.retry_after is not None else retry.backoff(attempt, ctx.clock.random())
-            )
-            delay = max(0.0, min(delay, ctx.deadline - ctx.clock.monotonic()))
-            await ctx.observer.notify(
-                ModelRetryScheduled(state.iterations, exc.retry_class.value, attempt, delay, exc.message)
-            )
-            await ctx.guarded(ctx.clock.sleep(delay))
-            if ctx.clock.monotonic() >= ctx.deadline:
-                raise Interrupted(StopReason.TIMEOUT) from exc
-            continue
-        except FatalModelError as exc:
-            elapsed = ctx.clock.monotonic() - started
-            await ctx.observer.notify(ModelRequestFinished(state.iterations, request.model, elapsed, "error"))
-            if exc.context_window_exceeded:
-                return cannot(f"the summary request itself was too long for the model: {exc.message}")
-            status = f"HTTP {exc.status}: " if exc.status else ""
-            return Finish(
-                Outcome(
-                    StopReason.MODEL_ERROR,
-                    f"the summary request for context compaction failed: {status}{exc.message}",
-                    condition_reason=exc.reason,
-                )
-            )
-        elapsed = ctx.clock.monotonic() - started
-        usage = response.usage if response.usage is not None else TokenUsage()
-        state.add_usage(response.model or request.model, usage)
-        await ctx.observer.notify(
-            ModelRequestFinished(state.iterations, request.model, elapsed, "ok", usage, response.stop_reason)
         )
-        return response
+    if isinstance(sent, FatalModelError):
+        if sent.context_window_exceeded:
+            return cannot(f"the summary request itself was too long for the model: {sent.message}")
+        status = f"HTTP {sent.status}: " if sent.status else ""
+        return Finish(
+            Outcome(
+                StopReason.MODEL_ERROR,
+                f"the summary request for context compaction failed: {status}{sent.message}",
+                condition_reason=sent.reason,
+            )
+        )
+    response = sent.response
+    usage = response.usage if response.usage is not None else TokenUsage()
+    state.add_usage(response.model or request.model, usage)
+    await ctx.observer.notify(
+        ModelRequestFinished(state.iterations, request.model, sent.elapsed, "ok", usage, response.stop_reason)
+    )
+    return response

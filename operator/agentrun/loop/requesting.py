@@ -1,9 +1,9 @@
-"""One model request, with the retries of transient errors that stay inside the run's deadline.
+"""The step that asks the model: one request, with the retries of transient errors inside the deadline.
 
-This is the only retry layer for the model (the SDK's own is off), so every retry is visible as an
-event and bounded by the same clock, cancel signal and deadline as the rest of the run. Every
-attempt is reserved against the run's quotas before it is sent (`Context.reserved`); one that does
-not fit ends the run QuotaExceeded without reaching the API.
+The retries, reservations and deadline are `sending`'s (the one retry layer for the model, shared
+with compaction's summary request); this step builds the request, says what each outcome means for
+the run and records the answer. A request that does not fit a quota ends the run QuotaExceeded
+without reaching the API.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from typing import Any
 
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.usage import TokenUsage
-from agentrun.loop.context import Context, Interrupted
-from agentrun.loop.errors import FatalModelError, QuotaRefused, RetryableModelError
-from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
+from agentrun.loop.context import Context
+from agentrun.loop.errors import FatalModelError, QuotaRefused
+from agentrun.loop.events import ModelRequestFinished
 from agentrun.loop.protocols import AppliedContextEdits, ModelRequest
+from agentrun.loop.sending import Answered, RetriesExhausted, quota_exceeded, send_with_retries
 from agentrun.loop.steps import CallModel, Compact, Finish, Handle
 from agentrun.loop.windowing import estimate, fixed_chars, overflow, sent_messages, view_chars
 
@@ -44,96 +45,71 @@ def build_request(step: CallModel, ctx: Context) -> ModelRequest:
 
 async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish:
     request = build_request(step, ctx)
-    attempt = 0
-    while True:
-        started = ctx.clock.monotonic()
-        iteration = ctx.state.iterations + 1
-        try:
-            async with ctx.reserved(request) as meter:
-                started = ctx.clock.monotonic()  # a wait for quota room is not the model's latency
-                response = meter.response = await ctx.guarded(ctx.model.complete(request))
-        except QuotaRefused as exc:
-            return quota_exceeded(exc)
-        except RetryableModelError as exc:
-            attempt += 1
-            elapsed = ctx.clock.monotonic() - started
-            await ctx.observer.notify(
-                ModelRequestFinished(iteration, request.model, elapsed, exc.retry_class.value)
-            )
-            if attempt > ctx.config.retry.max_retries:
-                return Finish(
-                    Outcome(
-                        StopReason.MODEL_ERROR,
-                        f"model API still failing after {attempt} attempts "
-                        f"({exc.retry_class.value}): {exc.message}",
-                        condition_reason="ModelRetriesExhausted",
-                    )
-                )
-            delay = exc.retry_after
-            if delay is None:
-                delay = ctx.config.retry.backoff(attempt, ctx.clock.random())
-            # Never sleep past the deadline: the run would only wake up to time out.
-            delay = max(0.0, min(delay, ctx.deadline - ctx.clock.monotonic()))
-            await ctx.observer.notify(
-                ModelRetryScheduled(iteration, exc.retry_class.value, attempt, delay, exc.message)
-            )
-            await ctx.guarded(ctx.clock.sleep(delay))
-            if ctx.clock.monotonic() >= ctx.deadline:
-                # A retry sent now would be abandoned at once; don't make the server do the work.
-                raise Interrupted(StopReason.TIMEOUT) from exc
-            continue
-        except FatalModelError as exc:
-            elapsed = ctx.clock.monotonic() - started
-            await ctx.observer.notify(ModelRequestFinished(iteration, request.model, elapsed, "error"))
-            if exc.context_window_exceeded:
-                # Compacted (once per turn) if management is on, else the message says why not.
-                return overflow(ctx.state, ctx.config.context, exc.message, request)
-            status = f"HTTP {exc.status}: " if exc.status else ""
-            return Finish(
-                Outcome(StopReason.MODEL_ERROR, f"{status}{exc.message}", condition_reason=exc.reason)
-            )
-        elapsed = ctx.clock.monotonic() - started
-        edits = response.context_edits
-        compacted = edits if edits is not None and edits.compacted else None
-        # Estimated before the state learns this response's size: what the request held before
-        # a compaction on the server made it smaller (only then: it serialises the request).
-        before = (
-            estimate(ctx.state, request.messages, fixed_chars(request.system, request.tools))
-            if compacted is not None
-            else 0
-        )
-        ctx.state.iterations = iteration
-        ctx.state.add_usage(response.model or request.model, response.usage)
-        u = response.usage
-        # A compaction on the server is in the usage (it is billed) but not in the request's size.
-        c = edits.compaction_usage if edits is not None and edits.compaction_usage else TokenUsage()
-        ctx.state.last_input_tokens = max(
-            u.input_tokens
-            + u.cache_creation_input_tokens
-            + u.cache_read_input_tokens
-            - (c.input_tokens + c.cache_creation_input_tokens + c.cache_read_input_tokens),
-            0,
-        )
-        ctx.state.last_sent_chars = view_chars(ctx.state, request.messages)
-        # What the next request is measured against; after a compaction on the server the API reads
-        # less than the request holds, so it is measured whole again.
-        ctx.sizes.learn(
-            request, ctx.state.compaction, ctx.state.last_input_tokens if compacted is None else None
-        )
-        if step.final:
-            ctx.state.final_turn = True
-        await ctx.observer.notify(
-            ModelRequestFinished(
-                iteration, request.model, elapsed, "ok", response.usage, response.stop_reason
+    iteration = ctx.state.iterations + 1
+    sent = await send_with_retries(request, ctx, iteration=iteration)
+    if isinstance(sent, QuotaRefused):
+        return quota_exceeded(sent)
+    if isinstance(sent, RetriesExhausted):
+        error = sent.error
+        return Finish(
+            Outcome(
+                StopReason.MODEL_ERROR,
+                f"model API still failing after {sent.attempts} attempts "
+                f"({error.retry_class.value}): {error.message}",
+                condition_reason="ModelRetriesExhausted",
             )
         )
-        if compacted is not None:
-            await compacted_on_server(ctx, request, compacted, before)
-        return Handle(response, final=step.final)
+    if isinstance(sent, FatalModelError):
+        if sent.context_window_exceeded:
+            # Compacted (once per turn) if management is on, else the message says why not.
+            return overflow(ctx.state, ctx.config.context, sent.message, request)
+        status = f"HTTP {sent.status}: " if sent.status else ""
+        return Finish(
+            Outcome(StopReason.MODEL_ERROR, f"{status}{sent.message}", condition_reason=sent.reason)
+        )
+    await record_answer(step, ctx, request, sent, iteration)
+    return Handle(sent.response, final=step.final)
 
 
-def quota_exceeded(exc: QuotaRefused) -> Finish:
-    return Finish(Outcome(StopReason.QUOTA_EXCEEDED, exc.message, condition_reason=exc.condition_reason))
+async def record_answer(
+    step: CallModel, ctx: Context, request: ModelRequest, answered: Answered, iteration: int
+) -> None:
+    """The answer counted in the state (iteration, usage, sizes), then told to the observers."""
+    response = answered.response
+    edits = response.context_edits
+    compacted = edits if edits is not None and edits.compacted else None
+    # Estimated before the state learns this response's size: what the request held before
+    # a compaction on the server made it smaller (only then: it serialises the request).
+    before = (
+        estimate(ctx.state, request.messages, fixed_chars(request.system, request.tools))
+        if compacted is not None
+        else 0
+    )
+    ctx.state.iterations = iteration
+    ctx.state.add_usage(response.model or request.model, response.usage)
+    u = response.usage
+    # A compaction on the server is in the usage (it is billed) but not in the request's size.
+    c = edits.compaction_usage if edits is not None and edits.compaction_usage else TokenUsage()
+    ctx.state.last_input_tokens = max(
+        u.input_tokens
+        + u.cache_creation_input_tokens
+        + u.cache_read_input_tokens
+        - (c.input_tokens + c.cache_creation_input_tokens + c.cache_read_input_tokens),
+        0,
+    )
+    ctx.state.last_sent_chars = view_chars(ctx.state, request.messages)
+    # What the next request is measured against; after a compaction on the server the API reads
+    # less than the request holds, so it is measured whole again.
+    ctx.sizes.learn(request, ctx.state.compaction, ctx.state.last_input_tokens if compacted is None else None)
+    if step.final:
+        ctx.state.final_turn = True
+    await ctx.observer.notify(
+        ModelRequestFinished(
+            iteration, request.model, answered.elapsed, "ok", response.usage, response.stop_reason
+        )
+    )
+    if compacted is not None:
+        await compacted_on_server(ctx, request, compacted, before)
 
 
 async def compacted_on_server(
