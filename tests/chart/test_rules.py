@@ -141,7 +141,10 @@ def test_alert_thresholds_from_values_reach_the_rendered_prometheus_rule(rendere
     values = {"metrics": {"prometheusRule": {"enabled": True, "thresholds": thresholds}}}
     rule = one(renderer.render(values, api_versions=[MONITORING_API]), "PrometheusRule")
     recorded = {
-        r["record"]: r["expr"] for group in rule["spec"]["groups"] for r in group["rules"] if "record" in r
+        r["record"]: r["expr"]
+        for group in rule["spec"]["groups"]
+        for r in group["rules"]
+        if r.get("record", "").startswith("agentrun:alert_threshold:")
     }
     assert recorded == {
         "agentrun:alert_threshold:loop_rate": "vector(0.35)",
