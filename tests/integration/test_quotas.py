@@ -7,6 +7,7 @@ fake Messages API's request log), never from sleeps.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,12 @@ from agentrun_sandbox.messages.script import (
 )
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
+from tests.support.commands import run_command
 from tests.support.kube_requests import request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
 
+BIN = Path(sys.executable).parent
 API_KEY = "sk-ant-quotas-test-0123456789"
 MODEL = {"name": "claude-haiku-4-5", "maxTokens": 256}
 HOLD = 120.0  # a model answer that comes only after the test moved on (cancel, kill)
@@ -218,3 +221,30 @@ async def test_an_operator_killed_mid_request_has_its_reservation_charged_once_a
         if second is not None:
             await second.stop()
         await first.stop()
+
+
+async def test_a_new_quota_gets_its_status_from_the_operator_before_any_run(
+    cluster: TestCluster, operator: OperatorProcess
+) -> None:
+    """Not blank columns and "no usage recorded yet" until a run comes: the serving operator writes
+    the empty ledger of a quota it has never written, so `kubectl get arq` shows zeros."""
+    await create_quota(cluster, "fresh", hard={"runs": 10, "tokens": 5000})
+
+    async def recorded() -> bool:
+        return bool((await quota_status(cluster, "fresh")).get("summary"))
+
+    await until(recorded, "the operator to write the new quota's status", WAIT)
+    code, out = await cluster.kubectl("get", "agentrunquota", "fresh")
+    assert code == 0, out
+    header, row = (line.split() for line in out.strip().splitlines())
+    assert header[:5] == ["NAME", "WINDOW", "CONCURRENT", "RUNS", "TOKENS"], out
+    assert row[0] == "fresh" and row[3].startswith("0/10") and row[4].startswith("0/5000"), out
+    code, out, err = await run_command(
+        BIN / "kubectl-agentrun",
+        "quota",
+        "-n",
+        cluster.namespace,
+        env={"KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    assert code == 0, err
+    assert "no usage recorded yet" not in out, out

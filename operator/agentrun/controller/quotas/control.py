@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
@@ -10,13 +12,15 @@ from agentrun.controller.quotas import collecting
 from agentrun.controller.quotas.admission import AdmissionGate
 from agentrun.controller.quotas.allowance import RunAllowance, new_holder, operator_id
 from agentrun.controller.quotas.watching import QuotaView
-from agentrun.controller.quotas.writing import QuotaWriter
+from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetryPolicy
 from agentrun.metrics.observing import Metrics
 from agentrun.quotas.ledger import Ledger
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 class Quotas:
@@ -37,10 +41,38 @@ class Quotas:
         self.view.listeners.append(self._publish)
         self.gate = AdmissionGate(self.view, self.write, metrics, announce_interval=announce_interval)
         self._writers: dict[tuple[str, str], QuotaWriter] = {}
+        #: Whether this replica looks after a quota (by uid), known once collecting starts; None: nobody.
+        self._owns: Callable[[str], bool] | None = None
+        self._first_writes: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event of an AgentRunQuota (Kopf's handler, controller/handlers.py)."""
         self.view.observe(event_type, body)
+        if event_type != "DELETED" and not body.get("status"):
+            self._record_first(body)
+
+    def _record_first(self, body: Mapping[str, Any]) -> None:
+        """A quota nobody has written a status for gets its empty ledger from the replica that looks
+        after it, at once: `kubectl get arq` and `kubectl agentrun quota` then show zeros and the
+        window instead of blank columns and "no usage recorded yet" until the first run."""
+        metadata = body.get("metadata") or {}
+        namespace, name, uid = metadata.get("namespace"), metadata.get("name"), metadata.get("uid")
+        if not namespace or not name or self._owns is None or not self._owns(str(uid or "")):
+            return
+        key = (str(namespace), str(name))
+        if key in self._first_writes:
+            return
+        task = asyncio.create_task(self._write_first(*key), name=f"quota-first-status:{namespace}/{name}")
+        self._first_writes[key] = task
+        task.add_done_callback(lambda _: self._first_writes.pop(key, None))
+
+    async def _write_first(self, namespace: str, name: str) -> None:
+        try:
+            await self.write(namespace, name, lambda _ledger, _now: None)
+        except QuotaGone:
+            return
+        except Exception as exc:  # an invalid spec (its own warning) or a server failure: the next run writes
+            logger.info("could not write the first status of AgentRunQuota %s/%s: %s", namespace, name, exc)
 
     async def write(self, namespace: str, name: str, change: Callable[[Ledger, dt.datetime], T]) -> T:
         writer = self._writers.get((namespace, name))
@@ -76,7 +108,9 @@ class Quotas:
     async def keep_collecting(
         self, executing: Callable[[], Collection[str]], owns: Callable[[str], bool] = lambda _uid: True
     ) -> None:
-        """``owns(quota uid)``: whether this replica cleans that quota (all of them when alone)."""
+        """``owns(quota uid)``: whether this replica cleans that quota (all of them when alone), and
+        writes the first status of a new one."""
+        self._owns = owns
         await collecting.keep_collecting(self.kube, self.view, self.write, executing, owns)
 
     def _publish(self, namespace: str, name: str, obj: Mapping[str, Any] | None) -> None:
