@@ -18,21 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from agentrun.controller.replicas.faults import STALL_LOOP_VARIABLE
+from agentrun.controller.replicas.ring import lease_name
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.integration.test_durable_runs import Webhook, assert_consistent, transcript_of, webhook_manifest
 from tests.integration.test_load_and_crashes import _create_all, _wait_all_finished
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
+from tests.support.kube_requests import until
 from tests.support.replicas import LEASE_DURATION_SECONDS, ReplicaGroup, cuttable_link, replica_group
 
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 #: A failed-over run continues within the Lease duration plus this (the replicas poll their group's
 #: Leases every renewal; a loaded machine or a real server adds a few seconds).
 FAILOVER_SLACK_SECONDS = 8.0
-#: Tool steps of a run while the group grows and shrinks: long enough to be under way throughout.
+#: Tool steps of a run while the group grows (at the third) and shrinks (at the seventh).
 SCALE_STEPS = 10
 #: A replica whose event loop has not run for this long stops renewing its Lease (the default is 30 s).
 LOOP_STALL_SECONDS = 2.0
@@ -54,6 +57,45 @@ def steps_script(tag: str, steps: int) -> Script:
     """``steps`` webhook calls (ids toolu_w1..), then an answer: a run long enough to be caught mid-way."""
     replies = [Reply([tool_use_block("record", {"step": i + 1}, id=f"toolu_w{i + 1}")]) for i in range(steps)]
     return Script(tag, [*replies, Reply([text_block("all recorded")])])
+
+
+class GatedWebhook(Webhook):
+    """The webhook tool, with gates: the first call of a gated tool_use id, in every run, waits until
+    its gate opens. A scenario holds every run in one step with it, so a replica joins or leaves while
+    each run is in the middle of a step (not before the runs started, nor after they finished)."""
+
+    def __init__(self, *gated: str) -> None:
+        super().__init__()
+        self.gates = {tool_id: asyncio.Event() for tool_id in gated}
+
+    async def handle(self, request: web.Request) -> web.Response:
+        key = request.headers["Idempotency-Key"]
+        body = await request.json()
+        first = key not in self.keys
+        self.keys.append(key)
+        gate = self.gates.get(key.rpartition(":")[2])
+        if gate is not None and first:
+            await gate.wait()
+        return web.json_response({"recorded": body, "key": key})
+
+    def arrived(self, tool_id: str) -> int:
+        """How many runs called ``tool_id`` (at a gate: how many wait there)."""
+        return len({key for key in self.keys if key.rpartition(":")[2] == tool_id})
+
+    async def stop(self) -> None:
+        for gate in self.gates.values():
+            gate.set()
+        await super().stop()
+
+
+def assert_no_replica_fenced(group: ReplicaGroup) -> None:
+    """A fenced replica stops its runs where they are (docs/replicas.md, Fencing), so the steps they
+    had in flight are asked again: said first, so such a failure is not read as a handoff's."""
+    for name, replica in {**group.stopped, **group.replicas}.items():
+        fences = [line for line in replica.process.logs().splitlines() if "fences itself" in line]
+        assert not fences, (
+            f"{name} fenced itself, so its runs repeated the steps they had in flight: {fences}"
+        )
 
 
 def share_manifests(cluster: TestCluster, tag: str, count: int) -> list[dict[str, Any]]:
@@ -241,10 +283,15 @@ async def test_a_sigkilled_replicas_runs_continue_on_the_others_within_the_lease
     assert_done_once(found, hook, requests, tool_calls=6, repeatable=interrupted)
 
 
+@pytest.mark.timeout(300)
 async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothing(
     cluster: TestCluster, tmp_path: Path
 ) -> None:
-    hook = Webhook()
+    # Every run waits in its third tool call while the group grows, and in its seventh while it
+    # shrinks: each handoff then happens in the middle of a step, whatever the machine's speed (a
+    # loaded machine started r1 and r2 after the runs had finished, and nothing moved).
+    grow_at, shrink_at = "toolu_w3", "toolu_w7"
+    hook = GatedWebhook(grow_at, shrink_at)
     await hook.start()
     tag, runs = "[scale]", 30
     try:
@@ -255,19 +302,32 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
             await group.start("r0")
             await group.wait_for_members(1)
             await create_webhook_runs(cluster, "scale", tag, hook, runs, max_iterations=SCALE_STEPS + 2)
+            await until(lambda: hook.arrived(grow_at) == runs, "every run in its third tool call", timeout=90)
             await asyncio.gather(group.start("r1"), group.start("r2"))
             await group.wait_for_members(3)
-            # Until the runs r0 handed over (each at its next checkpoint) are under way on r1 and r2.
+            # r0 lets the runs it lost finish their tool call (their checkpoint) and only then hands
+            # them over; r1 and r2 resume them from there.
+            hook.gates[grow_at].set()
             await asyncio.gather(*(until_asked(group, model, tag, name) for name in ("r1", "r2")))
-            await asyncio.sleep(1.0)
-            # SIGTERM: their runs stop at their next checkpoints, their Leases are deleted, r0 takes the
-            # runs back.
-            await asyncio.gather(group.stop("r1"), group.stop("r2"))
+            await until(
+                lambda: hook.arrived(shrink_at) == runs, "every run in its seventh tool call", timeout=90
+            )
+            # SIGTERM: r1 and r2 stop their runs at the next checkpoint (the end of the tool call they
+            # are in), delete their Leases, and r0 takes the runs back.
+            leaving = [group.replicas["r1"].process, group.replicas["r2"].process]
+            stopping = asyncio.gather(group.stop("r1"), group.stop("r2"))
+            await until(
+                lambda: all("SIGTERM is received" in process.logs() for process in leaving),
+                "r1 and r2 shutting down",
+            )
+            hook.gates[shrink_at].set()
+            await stopping
             await group.wait_for_members(1)
             found = await _wait_all_finished(cluster, runs, timeout=180)
     finally:
         await hook.stop()
 
+    assert_no_replica_fenced(group)
     requests = by_run(model.requests_for(tag))
     assert_one_step_after_another(group, requests)
     moved = {uid for uid, asked in requests.items() if len({group.replica_of(r) for r in asked}) > 1}
@@ -282,6 +342,54 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
         assert sorted(steps) == list(range(SCALE_STEPS + 1)), (name, steps)
         positions = Counter(len(r.body["messages"]) for r in requests[uid])
         assert set(positions.values()) == {1}, (name, "a conversation position asked twice", positions)
+
+
+@pytest.mark.emulator_only("the API server's slow answers to one replica's Lease renewals are injected")
+async def test_a_replica_whose_lease_renewals_are_answered_late_but_in_time_keeps_its_runs(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    """An API server that answers a replica's renewals after more than a renew interval, but well within
+    its Lease: the replica stays a member, and its runs go on without repeating a step. (Issue #29: such
+    renewals were given up after a renew interval; under load the replica fenced itself, stopped its
+    runs where they were, and each asked its in-flight step again.)"""
+    hook = GatedWebhook("toolu_w2")
+    await hook.start()
+    tag, runs = "[slow-renewals]", 6
+    # A longer Lease than the group's: the fence deadline (10 - 1 - 1 = 8 s after a renewal was sent)
+    # leaves room for a loaded machine on top of the injected delay.
+    lease = {"AGENTRUN_LEASE_DURATION_SECONDS": "10"}
+    try:
+        async with (
+            FakeMessagesAPI(scripts=[steps_script(tag, 4)], latency_seconds=0.2).running() as model,
+            replica_group(cluster, model, tmp_path) as group,
+        ):
+            await group.start("r0", env=lease)
+            await group.wait_for_members(1)
+            await create_webhook_runs(cluster, "slow", tag, hook, runs, max_iterations=6)
+            # Every run in the middle of a step (its second tool call) while the renewals are slow.
+            await until(lambda: hook.arrived("toolu_w2") == runs, "every run in its second tool call")
+            emulator = cluster.emulator
+            assert emulator is not None
+            slow = emulator.faults.add(
+                verb="update",
+                resource="leases",
+                name=lease_name(group.group, "r0"),
+                status=None,
+                delay=1.5,  # the renew interval is 1 s
+                times=None,
+            )
+            # Slow renewals for longer than the fence deadline: 6 answers of 1.5 s and more.
+            await until(lambda: slow.hits >= 6, "six slow renewals", timeout=60)
+            emulator.faults.rules.remove(slow)
+            hook.gates["toolu_w2"].set()
+            found = await _wait_all_finished(cluster, runs, timeout=120)
+    finally:
+        await hook.stop()
+
+    assert_no_replica_fenced(group)
+    requests = by_run(model.requests_for(tag))
+    await assert_succeeded_whole(cluster, found, 5)
+    assert_done_once(found, hook, requests, tool_calls=4, repeatable=set())
 
 
 @pytest.mark.timeout(300)

@@ -224,9 +224,13 @@ class Membership:
         """One round of :meth:`run`: renew when due, then list the group's Leases."""
         try:
             if self._clock() >= self._next_renewal:
-                renewed = await self.renew()
-                pause = self.renew_seconds if renewed else min(RETRY_SECONDS, self.renew_seconds)
-                self._next_renewal = self._clock() + pause
+                sent = self._clock()
+                if await self.renew():
+                    # Counted from when it was sent, as its answer is: a slow answer must not push the
+                    # next renewal later, or each slow round would eat into the fence deadline twice.
+                    self._next_renewal = sent + self.renew_seconds
+                else:
+                    self._next_renewal = self._clock() + min(RETRY_SECONDS, self.renew_seconds)
             await self.observe()
         except Exception:
             # The loop must outlive any surprise: without renewals the watchdog fences us, but a
@@ -279,7 +283,7 @@ class Membership:
             return False
         sent, applying = self._clock(), self._applying
         try:
-            lease = await asyncio.wait_for(self._write(applying), self.renew_seconds)
+            lease = await asyncio.wait_for(self._write(applying), self._answer_wait(sent))
         except APINotFoundError:
             # Someone deleted our Lease: the others dropped us at once and may take our runs.
             self._lease = None
@@ -313,6 +317,21 @@ class Membership:
             self._fenced = False
         self._recompute()
         return True
+
+    def _answer_wait(self, sent: float) -> float:
+        """How long a renewal sent at ``sent`` waits for its answer: until the fence would come anyway
+        (at least a renew interval; a renew interval before the first renewal and after a fence).
+
+        Why not always a renew interval: a renewal answered later still renews the Lease as of when it
+        was sent (no observer can date it earlier), so it keeps the replica a member safely. Giving up
+        on it after a renew interval counted a slow but timely answer as a failure: a replica whose API
+        server answered in 1-2 s for a few seconds (a loaded test machine) fenced itself, stopped every
+        run where it was, and each asked its in-flight model request again once the replica rejoined.
+        """
+        deadline = self._fence_deadline()
+        if deadline is None:
+            return self.renew_seconds
+        return max(self.renew_seconds, deadline - sent)
 
     def _loop_stalled(self) -> bool:
         """True while the operator's event loop has not run for longer than the stall limit: its runs
@@ -438,8 +457,9 @@ class Membership:
             if self._history and self._history[-1] != self.members:
                 self._history.append(self.members)
         if self._published != view:
+            sent = self._clock()
             await self.renew()
-            self._next_renewal = self._clock() + self.renew_seconds
+            self._next_renewal = sent + self.renew_seconds
         self._recompute()
 
     async def leave(self) -> None:

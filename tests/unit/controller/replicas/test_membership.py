@@ -307,6 +307,42 @@ async def test_a_hanging_renewal_does_not_delay_the_fence(kube: KubeClient, clus
         await asyncio.gather(loop, return_exceptions=True)
 
 
+async def test_a_renewal_answered_after_the_renew_interval_but_before_the_fence_deadline_keeps_the_member(
+    kube: KubeClient, cluster: KubeEmulator
+) -> None:
+    """A slow API server that still answers in time: the answer renews the Lease as of when the renewal
+    was sent, so the member stays (no fence, its runs go on) and renews again a renew interval after it
+    sent the slow one, not after the answer came (issue #29: such renewals were given up after a renew
+    interval, and a loaded replica fenced itself and asked its in-flight steps again)."""
+    clock = Clock()
+    # Short real-time numbers: the renewal is held for real seconds while the member's clock is fake.
+    settings = Settings(
+        lease_namespace="default",
+        replica_name="op-a",
+        replica_group="g",
+        lease_duration_seconds=4,
+        lease_renew_seconds=0.5,
+    )
+    a = Membership(kube, settings, Metrics(CollectorRegistry()), clock=clock)
+    await tick(a)
+    await settle(a)
+    tenure = a.tenure
+    version = (await kube.get_lease("default", a.lease_name))["metadata"]["resourceVersion"]
+    # Answered after twice the renew interval, well before the fence deadline (4 - 0.5 - 1 = 2.5 s).
+    slow = cluster.emulator.faults.add(
+        verb="update", resource="leases", name=a.lease_name, status=None, delay=1.0, times=1
+    )
+    clock.now += 0.5
+    sent = clock.now
+    renewing = asyncio.create_task(a.step())
+    await until(lambda: slow.hits == 1, "the renewal reached the API server")
+    clock.now = sent + 1.0  # what the answer takes, in the member's time
+    await renewing
+    assert not a.fenced and a.tenure == tenure and a.barrier_passed
+    assert (await kube.get_lease("default", a.lease_name))["metadata"]["resourceVersion"] != version
+    assert a.pause() == 0, "the next renewal is due a renew interval after the slow one was sent"
+
+
 async def test_leave_makes_the_others_drop_the_member_at_once(kube: KubeClient) -> None:
     clock = Clock()
     a, b, c = (member(kube, name, clock) for name in ("op-a", "op-b", "op-c"))
