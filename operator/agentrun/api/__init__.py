@@ -1,7 +1,10 @@
-"""The AgentRun API: pydantic models of spec and status, the single source of the CRD schema."""
+"""The AgentRun API: pydantic models of spec and status, the single source of the CRD schema.
 
-from agentrun.api.spec import AgentRunSpec
-from agentrun.api.status import AgentRunStatus
+This module holds only the names of the API (group, kinds, labels): the models live in
+``agentrun.api.spec`` and ``agentrun.api.status``. Why not re-exported here: importing them builds
+every pydantic model and JSON Schema validator (about 150 ms), which each `kubectl agentrun` call
+paid for the constants it needs (docs/kubectl-plugin.md).
+"""
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
@@ -68,6 +71,4 @@ __all__ = [
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",
-    "AgentRunSpec",
-    "AgentRunStatus",
 ]

@@ -6,27 +6,13 @@ fields silently. Kopf's own bookkeeping lives under ``status.kopf`` (declared op
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    RUNNING = "Running"
-    AWAITING_APPROVAL = "AwaitingApproval"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    CANCELLED = "Cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
-
-
-FINISHED_PHASES = frozenset(p.value for p in Phase if p.finished)
+from agentrun.api.phases import FINISHED_PHASES as FINISHED_PHASES
+from agentrun.api.phases import Phase as Phase
 
 
 class _Status(BaseModel):

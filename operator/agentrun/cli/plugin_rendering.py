@@ -16,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agentrun.api import LABEL_AGENT, LABEL_PARENT_UID
-from agentrun.api.status import FINISHED_PHASES
+from agentrun.api.phases import FINISHED_PHASES
 from agentrun.api.traces import COMPACTION, TraceRow
 
 INDENT = "    "
