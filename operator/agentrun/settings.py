@@ -7,7 +7,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -27,6 +27,25 @@ def default_replica_name() -> str:
     """hostname-pid, made DNS-safe (a hostname may carry capitals or underscores)."""
     host = re.sub(r"[^a-z0-9.-]+", "-", socket.gethostname().lower()).strip("-.") or "replica"
     return f"{host[:200]}-{os.getpid()}"
+
+
+class FaultInjection(BaseModel):
+    """Faults the operator injects into itself, for tests only: each is off unless its variable is set.
+
+    Why in the settings and not read where it acts: a fault hook is a knob like any other, validated
+    and refused in one line at startup, documented in one table, and visibly off in production.
+    Environment names are AGENTRUN_FAULT_<FIELD>.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stall_loop_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Set: SIGUSR1 blocks the operator's event loop this long, as a stuck loop would "
+        "(controller/replicas/faults.py). Tests only.",
+    )
 
 
 class Settings(BaseModel):
@@ -157,6 +176,11 @@ class Settings(BaseModel):
         ),
     )
 
+    fault: FaultInjection = Field(
+        default_factory=FaultInjection,
+        description="Fault injection for tests (AGENTRUN_FAULT_*); every fault off unless set.",
+    )
+
     @field_validator("loop_stall_seconds")
     @classmethod
     def _above_the_beat(cls, value: float) -> float:
@@ -222,13 +246,30 @@ class Settings(BaseModel):
         return tuple(entries)
 
     @classmethod
+    def environment_variables(cls) -> dict[str, tuple[str, ...]]:
+        """Every AGENTRUN_* variable read, with the field it sets: AGENTRUN_<FIELD>, and for a sub-model
+        (``fault``) AGENTRUN_<SUB-MODEL>_<FIELD>."""
+        variables: dict[str, tuple[str, ...]] = {}
+        for name, info in cls.model_fields.items():
+            sub = info.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                variables.update(
+                    {f"AGENTRUN_{name}_{inner}".upper(): (name, inner) for inner in sub.model_fields}
+                )
+            else:
+                variables[f"AGENTRUN_{name.upper()}"] = (name,)
+        return variables
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for name in cls.model_fields:
-            key = f"AGENTRUN_{name.upper()}"
+        values: dict[str, Any] = {}
+        for key, path in cls.environment_variables().items():
             if key in env:
-                values[name] = env[key]
+                target = values
+                for part in path[:-1]:
+                    target = target.setdefault(part, {})
+                target[path[-1]] = env[key]
         if env.get("ANTHROPIC_API_KEY"):
             values["anthropic_api_key"] = env["ANTHROPIC_API_KEY"]
         if "replica_name" not in values and env.get("POD_NAME"):
@@ -243,7 +284,8 @@ def describe_settings_error(exc: ValidationError) -> str:
     """One line per problem, each naming the environment variable (or flag) as the user set it."""
     problems = []
     for error in exc.errors():
-        field = str(error["loc"][0]) if error["loc"] else ""
+        # ("fault", "stall_loop_seconds") is AGENTRUN_FAULT_STALL_LOOP_SECONDS; an item's index is no part
+        field = "_".join(part for part in error["loc"] if isinstance(part, str))
         message = str(error["msg"]).removeprefix("Value error, ")
         problems.append(f"AGENTRUN_{field.upper()}: {message}" if field else message)
     return "; ".join(problems)

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentrun.controller.replicas.faults import STALL_LOOP_VARIABLE
 from agentrun.controller.replicas.ring import lease_name
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
@@ -454,7 +453,8 @@ async def test_a_replica_whose_event_loop_is_stuck_lets_the_others_take_its_runs
                 "stuck",
                 env={
                     "AGENTRUN_LOOP_STALL_SECONDS": str(LOOP_STALL_SECONDS),
-                    STALL_LOOP_VARIABLE: str(STUCK_SECONDS),
+                    # The documented test-only variable (docs/operating.md), by its name.
+                    "AGENTRUN_FAULT_STALL_LOOP_SECONDS": str(STUCK_SECONDS),
                 },
             )
             await group.start("kept")

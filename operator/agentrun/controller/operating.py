@@ -124,8 +124,8 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
         quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns)
     )
     membership_task = asyncio.create_task(membership.run()) if membership is not None else None
-    # Tests only (unset: nothing installed): SIGUSR1 blocks this event loop, a stuck operator's fault.
-    stall_injection = install_loop_stall()
+    # Tests only (unset, the default: nothing installed): SIGUSR1 blocks this event loop, a stuck operator.
+    stall_injection = install_loop_stall(settings.fault.stall_loop_seconds)
     try:
         if not crd_served:
             stop = stop_flag or asyncio.Event()
