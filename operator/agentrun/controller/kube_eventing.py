@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -50,6 +49,8 @@ POST_TIMEOUT_SECONDS = 5.0
 #: Posts made beside their runs, held until done (asyncio keeps only weak references to tasks).
 _POSTING: set[asyncio.Task[None]] = set()
 COMPONENT = "agentrun-operator"
+#: The most characters of reportingInstance the API server accepts (events.k8s.io validation).
+REPORTING_INSTANCE_CHARS = 128
 
 _CREDENTIALS = re.compile(
     r"(sk-ant-[A-Za-z0-9_\-]+|Bearer\s+[A-Za-z0-9._\-]+|"
@@ -141,7 +142,12 @@ class TokenBucket:
 def new_event(
     *, name: str, involved: dict[str, Any], kind: str, reason: str, message: str, instance: str
 ) -> dict[str, Any]:
-    """A first Event (count 1) about ``involved``, in its namespace; later repeats patch its count."""
+    """A first Event (count 1) about ``involved``, in its namespace; later repeats patch its count.
+
+    ``instance`` is the replica's name (Settings.replica_name, as in its Lease, Kopf's identity and its
+    quota reservations), so `kubectl get events` tells which replica reported; in a pod it is the pod's
+    name, which is also its host name.
+    """
     stamp = now_rfc3339()
     return {
         "apiVersion": "v1",
@@ -156,7 +162,7 @@ def new_event(
         "lastTimestamp": stamp,
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
-        "reportingInstance": instance,
+        "reportingInstance": instance[:REPORTING_INSTANCE_CHARS],
     }
 
 
@@ -168,6 +174,7 @@ class RunEvents:
         sink: EventSink,
         run: InvolvedRun,
         *,
+        instance: str,
         clock: Callable[[], float] = time.monotonic,
         burst: int = BURST,
         refill_seconds: float = REFILL_SECONDS,
@@ -178,7 +185,7 @@ class RunEvents:
         self._posted: dict[tuple[str, str, str], _Posted] = {}
         self._suppressed = 0
         self._failed = False
-        self._instance = socket.gethostname()
+        self._instance = instance
         self._beside_run: set[asyncio.Task[None]] = set()
 
     async def notify(self, event: Event) -> None:

@@ -83,6 +83,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
     quotas = Quotas(
         kube,
         metrics,
+        identity=settings.replica_name,
         retry=RetryPolicy.from_settings(settings),
         announce_interval=settings.status_interval_seconds,
     )
@@ -116,7 +117,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
         handoff=membership,
     )
     # AgentSchedules: the owner of a schedule's uid creates its runs (controller/schedules/).
-    schedules = ScheduleController(kube, metrics, handler.ownership)
+    schedules = ScheduleController(kube, metrics, handler.ownership, instance=settings.replica_name)
     # Agents: the owner of an Agent's uid validates it and writes its Ready condition (controller/agents/).
     agents = AgentValidator(kube, handler.ownership)
     # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).
@@ -142,7 +143,8 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             standalone=True,
             # Without an identity Kopf derives one from the login name, which a container running as a UID
             # with no passwd entry (the chart's 65532, OpenShift's arbitrary UIDs) does not have: it raised
-            # KeyError at start. The replica name is already this process's identity in its group.
+            # KeyError at start. The replica name is this process's one identity: in its group's Leases, its
+            # quota reservations' holder, its Events' reportingInstance, and here.
             identity=Identity(settings.replica_name),
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),

@@ -30,6 +30,8 @@ from agentrun.loop.events import (
 )
 
 RUN = InvolvedRun("default", "my-run", "0b6c7d1e-uid")
+#: The replica name (Settings.replica_name) the Events report as their instance.
+INSTANCE = "agentrun-operator-7d9f-x2"
 PROGRESS = Progress(3, 2, TokenUsage(100, 20), Decimal("0.0012"))
 
 
@@ -53,7 +55,7 @@ def _retry(attempt: int, retry_class: str = "rate_limited", message: str = "429 
 async def test_a_fresh_start_posts_no_event_and_the_terminal_outcome_is_an_event_on_the_run(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, instance=INSTANCE)
     await events.notify(RunStarted(resumed=False, progress=Progress(0, 0, TokenUsage(), None)))
     assert await _events(core) == []
     await events.notify(RunFinished(Outcome(StopReason.END_TURN, "the model finished its answer"), PROGRESS))
@@ -70,13 +72,14 @@ async def test_a_fresh_start_posts_no_event_and_the_terminal_outcome_is_an_event
             "0b6c7d1e-uid",
         )
         assert event.source.component == "agentrun-operator"
+        assert (event.reporting_component, event.reporting_instance) == ("agentrun-operator", INSTANCE)
         assert event.count == 1
 
 
 async def test_a_resumed_run_is_an_event_that_says_how_far_it_had_come(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, instance=INSTANCE)
     await events.notify(RunStarted(resumed=True, progress=PROGRESS))
     await events.settled()
     [resumed] = await _events(core)
@@ -102,7 +105,7 @@ async def test_a_resume_does_not_wait_for_its_event_and_the_terminal_event_comes
             self.posted.append("patch")
 
     sink = Slow()
-    events = RunEvents(sink, RUN)
+    events = RunEvents(sink, RUN, instance=INSTANCE)
     await asyncio.wait_for(events.notify(RunStarted(resumed=True, progress=PROGRESS)), 1)
     assert sink.posted == []
     finishing = asyncio.create_task(
@@ -118,7 +121,7 @@ async def test_a_resume_does_not_wait_for_its_event_and_the_terminal_event_comes
 async def test_a_failed_run_ends_with_a_warning_named_after_its_stop_reason(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, instance=INSTANCE)
     await events.notify(RunFinished(Outcome(StopReason.LOOP_DETECTED, "the same call repeated"), PROGRESS))
     [event] = await _events(core)
     assert (event.type, event.reason) == ("Warning", "LoopDetected")
@@ -127,7 +130,7 @@ async def test_a_failed_run_ends_with_a_warning_named_after_its_stop_reason(
 async def test_repeated_retries_bump_the_count_of_one_event(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, instance=INSTANCE)
     for attempt in (1, 2, 3):
         await events.notify(_retry(attempt))
     await events.notify(_retry(1, "overloaded", "529 overloaded"))
@@ -147,7 +150,9 @@ async def test_events_beyond_the_burst_are_dropped_until_the_bucket_refills_and_
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
     clock = Clock()
-    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, clock=clock, burst=2, refill_seconds=10)
+    events = RunEvents(
+        KubeEventSink(KubeClient(api_client)), RUN, instance=INSTANCE, clock=clock, burst=2, refill_seconds=10
+    )
     for call in ("toolu_1", "toolu_2", "toolu_3", "toolu_4"):
         await events.notify(ApprovalDecided(1, call, "deploy", True, "alice", None, False, 1.0))
     assert len(await _events(core)) == 2
@@ -163,7 +168,7 @@ async def test_events_beyond_the_burst_are_dropped_until_the_bucket_refills_and_
 async def test_approval_requests_are_never_rate_limited_and_never_show_the_tool_input(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, burst=1)
+    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, instance=INSTANCE, burst=1)
     for n in range(3):
         await events.notify(
             ApprovalRequested(1, f"toolu_{n}", "kubectl_delete", {"name": "prod-db-password"})
@@ -176,7 +181,14 @@ async def test_approval_requests_are_never_rate_limited_and_never_show_the_tool_
 async def test_a_count_bumped_while_rate_limited_is_written_before_the_terminal_event(
     api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
-    events = RunEvents(KubeEventSink(KubeClient(api_client)), RUN, clock=Clock(), burst=1, refill_seconds=60)
+    events = RunEvents(
+        KubeEventSink(KubeClient(api_client)),
+        RUN,
+        instance=INSTANCE,
+        clock=Clock(),
+        burst=1,
+        refill_seconds=60,
+    )
     for attempt in (1, 2, 3, 4):
         await events.notify(_retry(attempt))
     await events.notify(RunFinished(Outcome(StopReason.MODEL_ERROR, "still failing"), PROGRESS))
@@ -198,7 +210,7 @@ async def test_a_failing_events_api_never_fails_the_run(cluster: Any, api_client
             raise APIForbiddenError("events are forbidden", status=403, reason="Forbidden")
 
     sink = Broken()
-    events = RunEvents(sink, RUN)
+    events = RunEvents(sink, RUN, instance=INSTANCE)
     await events.notify(RunStarted(resumed=True, progress=PROGRESS))
     await events.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), PROGRESS))
     # Both Events were attempted, both refused, and neither refusal escaped into the run.

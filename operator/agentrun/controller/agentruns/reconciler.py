@@ -193,7 +193,11 @@ class AgentRunReconciler:
             writer,
             cancel,
             SpecApprovals(ref.spec.get("approvals") or []),
-            RunEvents(KubeEventSink(self.kube), InvolvedRun(ref.namespace, ref.name, ref.uid)),
+            RunEvents(
+                KubeEventSink(self.kube),
+                InvolvedRun(ref.namespace, ref.name, ref.uid),
+                instance=self.settings.replica_name,
+            ),
             log,
             yielding=yielding,
             held=held,

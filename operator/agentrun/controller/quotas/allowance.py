@@ -14,9 +14,7 @@ import contextlib
 import datetime as dt
 import itertools
 import logging
-import os
 import secrets
-import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -39,16 +37,11 @@ RECHECK_SECONDS = 30.0
 Write = Callable[[str, str, Callable[[Ledger, dt.datetime], Any]], Awaitable[Any]]
 
 
-def operator_id(environ: Mapping[str, str] | None = None) -> str:
-    """This operator process: POD_NAME if set, else host name and process id (a pod's host name is
-    its name). Unique per live process; each run execution adds its own nonce (new_holder)."""
-    env = os.environ if environ is None else environ
-    return env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-
-
-def new_holder(operator: str) -> str:
-    """One execution of one run in this process: "<operator id>/<execution>"."""
-    return f"{operator}/{secrets.token_hex(4)}"
+def new_holder(identity: str) -> str:
+    """One execution of one run in this process: "<identity>/<execution>", where the identity is the
+    process's (Settings.replica_name: AGENTRUN_REPLICA_NAME, else POD_NAME, else host name and process id)
+    and the execution's nonce tells apart two executions of one run in one process."""
+    return f"{identity}/{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True)

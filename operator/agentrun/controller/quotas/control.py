@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from agentrun.controller.quotas import collecting
 from agentrun.controller.quotas.admission import AdmissionGate
-from agentrun.controller.quotas.allowance import RunAllowance, new_holder, operator_id
+from agentrun.controller.quotas.allowance import RunAllowance, new_holder
 from agentrun.controller.quotas.watching import QuotaView
 from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter
 from agentrun.kube.calling import KubeClient
@@ -29,14 +29,15 @@ class Quotas:
         kube: KubeClient,
         metrics: Metrics,
         *,
+        identity: str,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
-        operator: str | None = None,
         announce_interval: float = 10.0,
     ) -> None:
+        """``identity``: this process (Settings.replica_name), the start of its reservations' holders."""
         self.kube = kube
         self.metrics = metrics
         self.retry = retry
-        self.operator = operator or operator_id()
+        self.identity = identity
         self.view = QuotaView(kube)
         self.view.listeners.append(self._publish)
         self.gate = AdmissionGate(self.view, self.write, metrics, announce_interval=announce_interval)
@@ -97,7 +98,7 @@ class Quotas:
             namespace=namespace,
             name=name,
             uid=uid,
-            holder=new_holder(self.operator),
+            holder=new_holder(self.identity),
         )
 
     async def collect(

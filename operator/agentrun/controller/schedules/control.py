@@ -51,10 +51,12 @@ class ScheduleController:
         metrics: Metrics,
         ownership: Ownership | None = None,
         *,
+        instance: str,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         resync_seconds: float = RESYNC_SECONDS,
     ) -> None:
-        self.server = ScheduleServer(kube, metrics, clock=clock)
+        """``instance``: this replica's name (Settings.replica_name), which its Events report."""
+        self.server = ScheduleServer(kube, metrics, instance=instance, clock=clock)
         self.metrics = metrics
         self.ownership: Ownership = ownership if ownership is not None else Standalone()
         self.clock = clock

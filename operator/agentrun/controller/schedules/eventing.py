@@ -7,7 +7,6 @@ minute posts at most one or two a minute. Posting never stops the schedule: a fa
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from typing import Any
 
@@ -20,9 +19,10 @@ logger = logging.getLogger(__name__)
 
 
 class ScheduleEvents:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: KubeClient, *, instance: str) -> None:
+        """``instance``: this replica's name (Settings.replica_name), the Events' reportingInstance."""
         self._kube = kube
-        self._instance = socket.gethostname()
+        self._instance = instance
         self._failed = False
 
     async def post(self, schedule: dict[str, Any], kind: str, reason: str, message: str) -> None:

@@ -103,12 +103,13 @@ class ScheduleServer:
         kube: KubeClient,
         metrics: Metrics,
         *,
+        instance: str,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.kube = kube
         self.metrics = metrics
         self.clock = clock
-        self.events = ScheduleEvents(kube)
+        self.events = ScheduleEvents(kube, instance=instance)
         self.written = WrittenStatus()
         # The latest time this process handled, by uid: a pass on a body older than that write must not
         # act on the time again. (A newer lastScheduleTime written by anyone else is taken as it is.)

@@ -26,7 +26,7 @@ async def test_waiting_runs_are_admitted_by_priority_then_age_as_room_appears(
 ) -> None:
     await make_quota(hard={"concurrentRuns": 1})
     # Every change of the message written at once (the default writes new numbers once per interval).
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test", announce_interval=0)
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test", announce_interval=0)
     said: dict[str, list[str]] = {}
 
     def announcer(name: str) -> Callable[[str, str], Awaitable[None]]:
@@ -66,7 +66,7 @@ async def test_a_run_cancelled_while_it_waits_leaves_the_line(
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"concurrentRuns": 0})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     cancel = asyncio.Event()
 
     async def announce(reason: str, message: str) -> None:
@@ -82,7 +82,7 @@ async def test_without_the_quota_crd_runs_are_admitted_and_one_warning_says_why(
         EmulatedCluster.running(crd_paths=[CRDS / "agentruns.agentrun.dev.yaml"]) as cluster,
         client_of(cluster) as kube,
     ):
-        quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+        quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
 
         async def announce(reason: str, message: str) -> None:
             raise AssertionError(f"a run without quotas waited: {reason}: {message}")
@@ -98,7 +98,7 @@ async def test_a_waiting_run_whose_priority_is_raised_goes_ahead_of_older_runs(
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"concurrentRuns": 1})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
 
     async def quiet(reason: str, message: str) -> None:
         return None
@@ -130,7 +130,7 @@ async def test_a_waiting_run_shows_new_numbers_at_most_once_per_announce_interva
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"tokens": 1000})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test", announce_interval=0.6)
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test", announce_interval=0.6)
     await quotas.write(
         "default", "team", lambda ledger, now: ledger.reserve("u0", "a", "r0", "op/1", 1000, None, now)
     )

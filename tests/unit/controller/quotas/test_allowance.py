@@ -21,7 +21,7 @@ async def test_a_request_that_fits_once_others_settle_waits_for_them_then_goes(
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"tokens": 1000})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     await quotas.view.quotas("default")
     first, second = quotas.allowance("default", "a", "uid-a"), quotas.allowance("default", "b", "uid-b")
     ticket = await first.reserve(Spend(600, Decimal("0.1")))
@@ -41,7 +41,7 @@ async def test_a_request_that_can_never_fit_is_refused_and_its_other_reservation
 ) -> None:
     await make_quota("a-roomy", hard={"tokens": 1_000_000})
     await make_quota("b-small", hard={"tokens": 500})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     await quotas.view.quotas("default")
     with pytest.raises(QuotaRefused) as refused:
         await quotas.allowance("default", "a", "uid-a").reserve(Spend(600, Decimal("0.1")))
@@ -55,7 +55,7 @@ async def test_an_unknown_outcome_is_charged_in_full_and_a_new_execution_charges
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"tokens": 10_000})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     await quotas.view.quotas("default")
     old = quotas.allowance("default", "a", "uid-a")
     await old.settle(await old.reserve(Spend(300, Decimal("0.1"))), None, None)
@@ -71,7 +71,7 @@ async def test_an_unknown_outcome_is_charged_in_full_and_a_new_execution_charges
 async def test_an_allowance_is_active_only_while_its_namespace_has_a_quota(
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     await quotas.view.quotas("default")
     allowance = quotas.allowance("default", "a", "uid-a")
     assert not allowance.active(), "no quota: requests go out unreserved"

@@ -42,7 +42,7 @@ async def test_runs_that_are_gone_or_finished_are_released_and_their_reservation
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"concurrentRuns": 10, "tokens": 100_000})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     assert await quotas.view.quotas("default")
     waiting = await create_run(kube, "waiting")
     finished = await create_run(kube, "finished", phase="Succeeded")
@@ -68,7 +68,7 @@ async def test_only_the_replica_owning_a_quota_cleans_its_ledger(
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"concurrentRuns": 10, "tokens": 100_000})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), operator="test")
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     [quota] = await quotas.view.quotas("default")
     quota_uid = quota["metadata"]["uid"]
     await quotas.write("default", "team", holding("deleted-uid", "deleted"))

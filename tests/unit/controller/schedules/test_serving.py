@@ -56,7 +56,7 @@ def created_at(schedule: dict[str, Any]) -> dt.datetime:
 
 
 def server(kube: KubeClient, clock: Callable[[], dt.datetime]) -> ScheduleServer:
-    return ScheduleServer(kube, Metrics(CollectorRegistry()), clock=clock)
+    return ScheduleServer(kube, Metrics(CollectorRegistry()), instance="test-replica", clock=clock)
 
 
 async def test_a_pass_after_the_due_time_creates_the_run_and_records_the_time(kube: KubeClient) -> None:
@@ -146,7 +146,9 @@ async def test_only_the_owner_of_the_schedule_serves_it(kube: KubeClient) -> Non
     schedule = await create_schedule(kube, "owned", schedule="* * * * *")
     clock = Clock(created_at(schedule).replace(second=0) + dt.timedelta(minutes=1, seconds=5))
     ownership = Owning()
-    controller = ScheduleController(kube, Metrics(CollectorRegistry()), ownership, clock=clock)
+    controller = ScheduleController(
+        kube, Metrics(CollectorRegistry()), ownership, instance="test-replica", clock=clock
+    )
     try:
         controller.observe(None, schedule)
         await asyncio.sleep(0.3)
