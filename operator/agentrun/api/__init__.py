@@ -42,12 +42,19 @@ LABEL_DEPTH = "agentrun.dev/depth"
 LABEL_SCHEDULE = "agentrun.dev/schedule"
 ANNOTATION_SCHEDULED_TIME = "agentrun.dev/scheduled-time"
 
+# What each operator replica publishes on its Lease (controller/replicas/membership.py): its group, and
+# the namespaces it serves ("*": all; else its --namespace values, comma-separated), which
+# `kubectl agentrun operators` reads to say whether a namespace is served.
+LABEL_REPLICA_GROUP = "agentrun.dev/replica-group"
+ANNOTATION_SERVES = "agentrun.dev/serves"
+
 __all__ = [
     "AGENT_KIND",
     "AGENT_PLURAL",
     "AGENT_SHORT_NAMES",
     "AGENT_SINGULAR",
     "ANNOTATION_SCHEDULED_TIME",
+    "ANNOTATION_SERVES",
     "API_VERSION",
     "CATEGORIES",
     "GROUP",
@@ -57,6 +64,7 @@ __all__ = [
     "LABEL_DEPTH",
     "LABEL_PARENT",
     "LABEL_PARENT_UID",
+    "LABEL_REPLICA_GROUP",
     "LABEL_SCHEDULE",
     "LABEL_TOOL_USE",
     "PLURAL",

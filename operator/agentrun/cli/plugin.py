@@ -1,9 +1,11 @@
 """`kubectl agentrun`: read a run's transcript and trace, cancel it, approve or deny its tool calls;
-show a run's tree of child runs; show a namespace's AgentRunQuotas.
+show a run's tree of child runs; show a namespace's AgentRunQuotas; say which operators serve which
+namespaces.
 
 kubectl finds the `kubectl-agentrun` executable on PATH. It acts as the kubeconfig user, with that
 user's RBAC: reading transcripts needs `get`/`list` on the chunk Secrets (or ConfigMaps), deciding
-and cancelling need `patch` on agentruns, `tree` needs `get`/`list` on agentruns, `quota` needs
+and cancelling need `patch` on agentruns, `tree` needs `get`/`list` on agentruns, `operators` needs `list` on
+leases (coordination.k8s.io) where the operator keeps them, `quota` needs
 `list` on agentrunquotas. Nothing here talks to the operator directly; everything goes through the
 AgentRun (or AgentRunQuota) object, so the plugin works whichever operator replica runs the loop.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
 import re
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from agentrun.api import INSTALL_CRDS, LABEL_PARENT_UID, PLURAL
+from agentrun.api import INSTALL_CRDS, LABEL_PARENT_UID, LABEL_REPLICA_GROUP, PLURAL
 from agentrun.api.transcripts import (
     StorageKind,
     Transcript,
@@ -30,6 +33,7 @@ from agentrun.api.transcripts import (
     object_kind,
     storage_of,
 )
+from agentrun.cli.plugin_operators import Replica, render_operators, replicas_of, verdict
 from agentrun.cli.plugin_rendering import (
     quota_row,
     render_quotas,
@@ -122,6 +126,10 @@ async def list_chunk_objects(
 
 
 async def read_transcript(session: Session, name: str) -> Transcript:
+    return (await read_run_transcript(session, name))[1]
+
+
+async def read_run_transcript(session: Session, name: str) -> tuple[dict[str, Any], Transcript]:
     run = await get_run(session, name)
     ref = (run.get("status") or {}).get("transcript") or {}
     try:
@@ -132,7 +140,7 @@ async def read_transcript(session: Session, name: str) -> Transcript:
             uid=run["metadata"].get("uid"),
             storage=storage_of(ref.get("kind")),
         )
-        return decode_objects(chunks)
+        return run, decode_objects(chunks)
     except APIStatusError as exc:
         raise await _api_error(session, exc, f"transcript of agentrun {session.namespace}/{name}") from exc
     except TranscriptError as exc:
@@ -140,11 +148,12 @@ async def read_transcript(session: Session, name: str) -> Transcript:
 
 
 async def cmd_transcript(session: Session, args: argparse.Namespace) -> str:
-    transcript = await read_transcript(session, args.name)
+    run, transcript = await read_run_transcript(session, args.name)
     if args.output == "json":
         return json.dumps(transcript.messages, indent=2, ensure_ascii=False) + "\n"
     if transcript.empty:
-        return f"agentrun {session.namespace}/{args.name} has no stored transcript yet\n"
+        note = await _unserved_note(session, run)
+        return f"agentrun {session.namespace}/{args.name} has no stored transcript yet\n{note}"
     text = render_transcript(transcript.messages)
     if transcript.outcome is not None:
         text += f"\nfinished: {transcript.outcome.stop_reason.value}: {transcript.outcome.message}\n"
@@ -152,11 +161,12 @@ async def cmd_transcript(session: Session, args: argparse.Namespace) -> str:
 
 
 async def cmd_trace(session: Session, args: argparse.Namespace) -> str:
-    transcript = await read_transcript(session, args.name)
+    run, transcript = await read_run_transcript(session, args.name)
     if args.output == "json":
         return json.dumps([row.as_dict() for row in transcript.trace_rows], indent=2) + "\n"
     if not transcript.trace_rows:
-        return f"agentrun {session.namespace}/{args.name} has no iterations recorded yet\n"
+        note = await _unserved_note(session, run)
+        return f"agentrun {session.namespace}/{args.name} has no iterations recorded yet\n{note}"
     context = transcript.state.get("context") or {}
     return render_trace(transcript.trace_rows, context.get("log") or ())
 
@@ -301,6 +311,54 @@ async def cmd_quota(session: Session, args: argparse.Namespace) -> str:
     return render_quotas(quotas, namespaces=args.all_namespaces)
 
 
+def _leases_scope(args: argparse.Namespace) -> str:
+    where = args.operator_namespace
+    return f"in namespace {where}" if where else "in all namespaces"
+
+
+async def list_replicas(session: Session, operator_namespace: str | None) -> list[Replica]:
+    leases = await session.kube.list_leases(operator_namespace, label_selector=LABEL_REPLICA_GROUP)
+    return replicas_of(leases)
+
+
+async def cmd_operators(session: Session, args: argparse.Namespace) -> str:
+    """The replicas' own Leases: who is alive, what each serves, and whether this namespace is served."""
+    where = _leases_scope(args)
+    try:
+        replicas = await list_replicas(session, args.operator_namespace)
+    except APIStatusError as exc:
+        hint = (
+            "; the operator's Leases are in its own namespace: pass --operator-namespace NS"
+            if exc.status == 403 and not args.operator_namespace
+            else ""
+        )
+        message = explain(exc, "list", f"leases {where}")
+        raise PluginError((message or f"cannot list leases {where}: {exc}") + hint) from exc
+    now = dt.datetime.now(dt.UTC)
+    if args.output == "json":
+        served, sentence = verdict(replicas, session.namespace, now)
+        document = {
+            "replicas": [replica.as_json(now) for replica in replicas],
+            "namespace": session.namespace,
+            "served": served,
+            "verdict": sentence,
+        }
+        return json.dumps(document, indent=2) + "\n"
+    return render_operators(replicas, session.namespace, now)
+
+
+async def _unserved_note(session: Session, run: dict[str, Any]) -> str:
+    """For a run nobody has written a status for: whether any live operator serves its namespace."""
+    if (run.get("status") or {}).get("phase"):
+        return ""
+    try:
+        replicas = await list_replicas(session, None)
+    except APIStatusError:
+        return ""  # the user may not read Leases: say nothing rather than guess
+    served, sentence = verdict(replicas, session.namespace, dt.datetime.now(dt.UTC))
+    return "" if served or not replicas else f"{sentence} (kubectl agentrun operators)\n"
+
+
 async def cmd_approve(session: Session, args: argparse.Namespace) -> str:
     return await decide(session, args, "approve")
 
@@ -362,6 +420,15 @@ def parser() -> argparse.ArgumentParser:
         "-A", "--all-namespaces", action="store_true", help="the quotas of every namespace (ignores -n)"
     )
     quota.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    operators = sub.add_parser(
+        "operators",
+        help="the operator replicas (their Leases), what each serves, whether the namespace is served",
+        parents=[common],
+    )
+    operators.add_argument(
+        "--operator-namespace", help="read the Leases of this namespace only (default: every namespace)"
+    )
+    operators.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return top
 
 
@@ -373,6 +440,7 @@ COMMANDS = {
     "approve": cmd_approve,
     "deny": cmd_deny,
     "quota": cmd_quota,
+    "operators": cmd_operators,
 }
 
 
@@ -387,6 +455,8 @@ async def run(args: argparse.Namespace) -> str:
         }.get(args.command, args.command)
         if args.command == "quota":
             action, subject = "list", f"agentrunquotas {_quota_scope(session, args)}"
+        elif args.command == "operators":
+            action, subject = "list", f"leases {_leases_scope(args)}"
         else:
             subject = f"agentrun {session.namespace}/{args.name}"
         with explained(action, subject, access=session.access):

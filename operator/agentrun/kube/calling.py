@@ -228,12 +228,17 @@ class KubeClient:
             self._coordination.replace_namespaced_lease(name, namespace, body, _preload_content=False)  # type: ignore[arg-type]
         )
 
-    async def list_leases(self, namespace: str, *, label_selector: str) -> list[dict[str, Any]]:
-        listing = await call_json(
-            self._coordination.list_namespaced_lease(
+    async def list_leases(self, namespace: str | None, *, label_selector: str) -> list[dict[str, Any]]:
+        """The Leases of ``namespace`` (None: of every namespace) that match ``label_selector``."""
+        if namespace is None:
+            request = self._coordination.list_lease_for_all_namespaces(
+                label_selector=label_selector, _preload_content=False
+            )
+        else:
+            request = self._coordination.list_namespaced_lease(
                 namespace, label_selector=label_selector, _preload_content=False
             )
-        )
+        listing = await call_json(request)
         return list(listing.get("items") or [])
 
     async def delete_lease(self, namespace: str, name: str, *, uid: str | None = None) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from agentrun.api import ANNOTATION_SERVES, LABEL_REPLICA_GROUP
 from agentrun.controller.replicas import ring
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
@@ -41,7 +42,7 @@ __all__ = ["APPLIED_VIEW", "GROUP_LABEL", "Membership", "Standing"]
 
 logger = logging.getLogger(__name__)
 
-GROUP_LABEL = "agentrun.dev/replica-group"
+GROUP_LABEL = LABEL_REPLICA_GROUP
 APPLIED_VIEW = "agentrun.dev/applied-view"
 #: The fence fires this long before ``duration - renew`` after the last renewal sent (scheduling slack).
 FENCE_MARGIN_SECONDS = 1.0
@@ -143,6 +144,8 @@ class Membership:
         self.group = settings.replica_group
         self.namespace = settings.lease_namespace
         self.lease_name = ring.lease_name(self.group, self.name)
+        #: Published on the Lease for `kubectl agentrun operators`: which namespaces this replica serves.
+        self.serves = ",".join(settings.namespaces) or "*"
         self.duration = float(settings.lease_duration_seconds)
         self.renew_seconds = settings.lease_renew_seconds
         self.stall_limit = settings.loop_stall_seconds
@@ -384,6 +387,7 @@ class Membership:
         metadata = body.setdefault("metadata", {})
         metadata.setdefault("labels", {})[GROUP_LABEL] = self.group
         annotations = metadata.setdefault("annotations", {}) or {}
+        annotations[ANNOTATION_SERVES] = self.serves
         if applying is None:
             annotations.pop(APPLIED_VIEW, None)
         else:
