@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,7 +26,7 @@ from agentrun.api import AGENT_KIND, API_VERSION, KIND, status_patches
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.status_patches import StatusPatch
-from agentrun.api.stops import StopReason
+from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.times import now_rfc3339
 from agentrun.controller.agentruns import phases
 from agentrun.controller.agentruns.observers import Fanout
@@ -45,6 +45,7 @@ from agentrun.loop.events import (
     RunFinished,
     ToolCallFinished,
 )
+from agentrun.loop.protocols import Tool
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings, describe_settings_error
@@ -183,39 +184,78 @@ async def local_tool_environment(
     return env
 
 
+class Refused(Exception):
+    """The command stops before or instead of the run: the line it says (after "error: "), its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_INVALID) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The file's run, admitted, and what it runs with."""
+
+    manifest: dict[str, Any]
+    spec: AgentRunSpec
+    settings: Settings
+    prices: PriceTable
+    api_key: str
+
+
+def admitted(path: Path) -> Admitted:
+    """The file's run, admitted as the operator admits it, with the operator's settings (Settings.from_env:
+    ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL, AGENTRUN_PRICE_FILE and AGENTRUN_CONTEXT_WINDOWS are the ones a
+    local run uses) and the price table."""
+    try:
+        manifest, agents = load_manifest(path)
+    except ManifestError as exc:
+        raise Refused(str(exc)) from exc
+    try:
+        raw_spec = local_spec(manifest, agents)
+    except ManifestError as exc:
+        raise Refused(f"{path}: {exc}") from exc
+    spec = phases.admit(raw_spec)
+    if isinstance(spec, Ending):
+        raise Refused(f"{path}: {spec.outcome.message}")
+    try:
+        settings = Settings.from_env()
+    except pydantic.ValidationError as exc:
+        raise Refused(describe_settings_error(exc)) from exc
+    prices = PriceTable.load(settings.price_file)
+    if (unknown := phases.check_model(spec, prices)) is not None:
+        raise Refused(f"{path}: {unknown.outcome.message}")
+    if settings.anthropic_api_key is None:
+        raise Refused("set ANTHROPIC_API_KEY (Secrets are not read when running locally)")
+    return Admitted(manifest, spec, settings, prices, settings.anthropic_api_key.get_secret_value())
+
+
+async def opened_tools(
+    path: Path, spec: AgentRunSpec, namespace: str, run_id: str, stack: contextlib.AsyncExitStack
+) -> Mapping[str, Tool]:
+    """The run's tools, open until ``stack`` closes."""
+    try:
+        env = await local_tool_environment(spec, namespace, run_id, stack)
+        tools = await phases.open_run_tools(spec, env, stack)
+    except ManifestError as exc:
+        raise Refused(f"{path}: {exc}") from exc
+    except KubeFailure as exc:
+        raise Refused(f"{path}: {exc}", EXIT_FAILED) from exc
+    if isinstance(tools, Ending):
+        code = EXIT_INVALID if tools.outcome.stop_reason is StopReason.INVALID_SPEC else EXIT_FAILED
+        raise Refused(f"{path}: {tools.outcome.message}", code)
+    return tools
+
+
 async def run_manifest(
     path: Path, *, output: str, stdout: TextIO, stderr: TextIO, namespace: str | None = None
 ) -> int:
     try:
-        manifest, agents = load_manifest(path)
-    except ManifestError as exc:
+        run = admitted(path)
+    except Refused as exc:
         print(f"error: {exc}", file=stderr)
-        return EXIT_INVALID
-    try:
-        raw_spec = local_spec(manifest, agents)
-    except ManifestError as exc:
-        print(f"error: {path}: {exc}", file=stderr)
-        return EXIT_INVALID
-    spec = phases.admit(raw_spec)
-    if isinstance(spec, Ending):
-        print(f"error: {path}: {spec.outcome.message}", file=stderr)
-        return EXIT_INVALID
-    prices = PriceTable.load(Path(p) if (p := os.environ.get("AGENTRUN_PRICE_FILE")) else None)
-    if (unknown := phases.check_model(spec, prices)) is not None:
-        print(f"error: {path}: {unknown.outcome.message}", file=stderr)
-        return EXIT_INVALID
-    windows = os.environ.get("AGENTRUN_CONTEXT_WINDOWS")
-    try:
-        context_windows = Settings.from_env(
-            {"AGENTRUN_CONTEXT_WINDOWS": windows} if windows else {}
-        ).context_windows
-    except pydantic.ValidationError as exc:
-        print(f"error: {describe_settings_error(exc)}", file=stderr)
-        return EXIT_INVALID
-    api_key = os.environ.get("ANTHROPIC_API_KEY")
-    if not api_key:
-        print("error: set ANTHROPIC_API_KEY (Secrets are not read when running locally)", file=stderr)
-        return EXIT_INVALID
+        return exc.code
+    manifest, spec, settings = run.manifest, run.spec, run.settings
     if spec.model.api_key_secret_ref is not None:
         print("note: spec.model.apiKeySecretRef is ignored locally; using ANTHROPIC_API_KEY", file=stderr)
     name = str((manifest.get("metadata") or {}).get("name", path.stem))
@@ -223,23 +263,15 @@ async def run_manifest(
     run_id = f"local-{name}"
     tools_open = contextlib.AsyncExitStack()
     try:
-        env = await local_tool_environment(spec, namespace, run_id, tools_open)
-        tools = await phases.open_run_tools(spec, env, tools_open)
-    except ManifestError as exc:
+        tools = await opened_tools(path, spec, namespace, run_id, tools_open)
+    except Refused as exc:
         await tools_open.aclose()
-        print(f"error: {path}: {exc}", file=stderr)
-        return EXIT_INVALID
-    except KubeFailure as exc:
-        await tools_open.aclose()
-        print(f"error: {path}: {exc}", file=stderr)
-        return EXIT_FAILED
-    if isinstance(tools, Ending):
-        await tools_open.aclose()
-        print(f"error: {path}: {tools.outcome.message}", file=stderr)
-        return EXIT_INVALID if tools.outcome.stop_reason is StopReason.INVALID_SPEC else EXIT_FAILED
+        print(f"error: {exc}", file=stderr)
+        return exc.code
     clients = ClientPool()
     model = clients.model(
-        api_key=api_key, base_url=spec.model.base_url or os.environ.get("ANTHROPIC_BASE_URL")
+        api_key=run.api_key,
+        base_url=spec.model.base_url or settings.anthropic_base_url,
     )
     cancel = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -247,7 +279,6 @@ async def run_manifest(
         loop.add_signal_handler(sig, cancel.set)
     started = now_rfc3339()
     final = FinishedKeeper()
-
     try:
         print(f"running {name} with model {spec.model.name}", file=stderr, flush=True)
         outcome = await phases.run_agent_loop(
@@ -257,15 +288,20 @@ async def run_manifest(
             tools=tools,
             observer=Fanout(ProgressPrinter(stderr), final),
             clock=SystemClock(),
-            pricer=prices,
+            pricer=run.prices,
             cancel=cancel,
-            context_windows=context_windows,
+            context_windows=settings.context_windows,
         )
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await clients.close()
         await tools_open.aclose()
+    return print_status(outcome, final, started, output, stdout)
+
+
+def print_status(outcome: Outcome, final: FinishedKeeper, started: str, output: str, stdout: TextIO) -> int:
+    """The status the operator would have written at the end, printed; the exit code it means."""
     assert final.event is not None  # run_loop always ends with RunFinished
     finished = status_patches.finished(outcome, final.event.progress, now=now_rfc3339(), generation=None)
     begun = StatusPatch(AgentRunStatus(start_time=started))
