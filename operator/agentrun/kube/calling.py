@@ -17,18 +17,17 @@ from urllib.parse import quote
 from kubernetes_asyncio import client
 
 from agentrun import __version__
-from agentrun.api import AGENT_PLURAL, GROUP, PLURAL, SCHEDULE_PLURAL, VERSION
+from agentrun.api import AGENT_PLURAL, GROUP, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, VERSION
 from agentrun.api.transcripts import StorageKind
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.errors import APINotFoundError, refused, translated
 from agentrun.kube.kubeconfig_loading import ClusterAccess
 
-__all__ = ["JSON_PATCH", "MERGE_PATCH", "QUOTA_PLURAL", "USER_AGENT", "KubeClient", "call", "connect"]
+__all__ = ["JSON_PATCH", "MERGE_PATCH", "USER_AGENT", "KubeClient", "call", "connect"]
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 USER_AGENT = f"agentrun-operator/{__version__}"
-QUOTA_PLURAL = "agentrunquotas"
 
 
 async def connect(access: ClusterAccess | None = None) -> KubeClient:

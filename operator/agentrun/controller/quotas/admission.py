@@ -31,7 +31,7 @@ from typing import Any
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import QuotaLimits
 from agentrun.controller.quotas import limits
-from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView
+from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
 from agentrun.metrics.observing import Metrics
 from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition
@@ -40,8 +40,7 @@ from agentrun.quotas.per_run import PerRunViolation
 logger = logging.getLogger(__name__)
 
 REASON = "QuotaExceeded"
-#: The longest a waiting run goes without looking again (a missed change still gets noticed).
-RECHECK_SECONDS = 30.0
+#: After a failed listing of the namespace's quotas, a waiting run tries again this soon.
 LISTING_RETRY_SECONDS = 5.0
 
 
@@ -332,9 +331,7 @@ class AdmissionGate:
         cancel: asyncio.Event,
         room_at: dt.datetime | None,
     ) -> None:
-        timeout = RECHECK_SECONDS
-        if room_at is not None:
-            timeout = min(timeout, max((room_at - self._clock()).total_seconds(), 0.0) + 0.5)
+        timeout = recheck_after(room_at, self._clock())
         waits = [asyncio.ensure_future(e.wait()) for e in (changed, moved, cancel)]
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

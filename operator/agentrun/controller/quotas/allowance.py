@@ -21,7 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentrun.api.usage import TokenUsage
-from agentrun.controller.quotas.watching import QuotaView
+from agentrun.controller.quotas.watching import QuotaView, recheck_after
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
 from agentrun.kube.errors import APIError
 from agentrun.kube.retrying import RetriesStopped
@@ -31,8 +31,6 @@ from agentrun.metrics.observing import Metrics
 from agentrun.quotas.ledger import Blocked, Ledger, Reserved
 
 logger = logging.getLogger(__name__)
-
-RECHECK_SECONDS = 30.0
 
 Write = Callable[[str, str, Callable[[Ledger, dt.datetime], Any]], Awaitable[Any]]
 
@@ -186,11 +184,8 @@ class RunAllowance:
             )
 
     async def _wait(self, changed: asyncio.Event, room_at: dt.datetime | None) -> None:
-        timeout = RECHECK_SECONDS
-        if room_at is not None:
-            timeout = min(timeout, max((room_at - self._clock()).total_seconds(), 0.0) + 0.5)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout)
+            await asyncio.wait_for(changed.wait(), recheck_after(room_at, self._clock()))
 
 
 def _reserved_in(obj: Mapping[str, Any], uid: str) -> bool:

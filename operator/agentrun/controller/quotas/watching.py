@@ -13,6 +13,7 @@ again now and then in case the CRD is installed later).
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -34,8 +35,19 @@ CRD_MISSING = (
 )
 #: How long a namespace's listing that found no CRD holds before it is listed again.
 RELIST_SECONDS = 60.0
+#: A run waiting for admission, or a model request for room, looks again at least this often besides
+#: the changes the view signals, in case a change came by no watch event it saw.
+RECHECK_SECONDS = 30.0
 
 Listener = Callable[[str, str, Mapping[str, Any] | None], None]
+
+
+def recheck_after(room_at: dt.datetime | None, now: dt.datetime) -> float:
+    """How long one waiting for room in a quota waits for a change before it looks again: until the
+    room is due (``room_at``, half a second later), at most RECHECK_SECONDS."""
+    if room_at is None:
+        return RECHECK_SECONDS
+    return min(RECHECK_SECONDS, max((room_at - now).total_seconds(), 0.0) + 0.5)
 
 
 class QuotaView:
