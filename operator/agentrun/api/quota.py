@@ -268,7 +268,7 @@ class QuotaLost(_Status):
     )
 
 
-class QuotaRefused(_Status):
+class QuotaRefusals(_Status):
     """What the quota refused since it was created."""
 
     runs: int = Field(default=0, description="Times a run was held back at admission.")
@@ -308,6 +308,6 @@ class AgentRunQuotaStatus(_Status):
             "Reservations charged in full because their operator stopped before the answer was recorded."
         ),
     )
-    refused: QuotaRefused = Field(
-        default_factory=QuotaRefused, description="Refusals since the quota was created."
+    refused: QuotaRefusals = Field(
+        default_factory=QuotaRefusals, description="Refusals since the quota was created."
     )
