@@ -53,7 +53,7 @@ class ClearToolResults(SpecModel):
     )
 
 
-class Compaction(SpecModel):
+class CompactionSpec(SpecModel):
     """A summary of the work so far replaces the older turns in what is sent, near the window's limit."""
 
     enabled: bool = Field(default=True, description="Whether the conversation is compacted.")
@@ -93,7 +93,9 @@ class ContextSpec(SpecModel):
     clear_tool_results: ClearToolResults = Field(
         default_factory=ClearToolResults, description="Clearing of old tool results."
     )
-    compaction: Compaction = Field(default_factory=Compaction, description="Summary-based compaction.")
+    compaction: CompactionSpec = Field(
+        default_factory=CompactionSpec, description="Summary-based compaction."
+    )
     context_window_tokens: int | None = Field(
         default=None,
         ge=1024,
