@@ -43,7 +43,10 @@ def new_holder(identity: str) -> str:
 
 
 @dataclass(frozen=True)
-class Ticket:
+class ReservedRequest:
+    """One model request reserved: its id in the ledgers, the quotas holding it, the most it may spend.
+    The loop holds it as the opaque ticket of Allowance.reserve and hands it back to settle."""
+
     request_id: str
     quotas: tuple[str, ...]
     spend: Spend
@@ -125,7 +128,7 @@ class RunAllowance:
                     break
                 done.append(quota)
             if blocked is None:
-                return Ticket(request_id, tuple(done), spend)
+                return ReservedRequest(request_id, tuple(done), spend)
             for quota in done:  # undone: it was never sent
                 await self._settle_in(quota, request_id, 0, Decimal(0))
             quota, verdict = blocked
@@ -155,8 +158,8 @@ class RunAllowance:
 
     async def settle(self, ticket: object, usage: TokenUsage | None, cost_usd: Decimal | None) -> None:
         """The real usage; None (the outcome is unknown: the API may have served it) charges in full."""
-        if not isinstance(ticket, Ticket):
-            raise TypeError(f"not a ticket of this allowance: {ticket!r}")
+        if not isinstance(ticket, ReservedRequest):
+            raise TypeError(f"not a request this allowance reserved: {ticket!r}")
         if usage is None:
             tokens, cost = ticket.spend.tokens, ticket.spend.cost_usd
         else:
