@@ -38,7 +38,7 @@ from agentrun.quotas.records import (
     Lost,
     Refused,
     Reservation,
-    Usage,
+    Tally,
 )
 from agentrun.quotas.windows import Window, bucket_expiry, bucket_start, counts, window_start
 
@@ -69,15 +69,15 @@ class Ledger:
 
     # Reading ------------------------------------------------------------------------------------
 
-    def used(self, now: dt.datetime) -> Usage:
+    def used(self, now: dt.datetime) -> Tally:
         """Runs started, tokens and dollars in the window at ``now``."""
         window = self.definition.window
-        return sum((u for s, u in self._state.buckets.items() if counts(window, s, now)), Usage())
+        return sum((u for s, u in self._state.buckets.items() if counts(window, s, now)), Tally())
 
-    def reserved(self) -> Usage:
+    def reserved(self) -> Tally:
         """Tokens and dollars held by requests in flight (runs is always 0)."""
         held = self._state.reservations.values()
-        return Usage(tokens=sum(r.tokens for r in held), cost_usd=sum((r.cost_usd for r in held), ZERO))
+        return Tally(tokens=sum(r.tokens for r in held), cost_usd=sum((r.cost_usd for r in held), ZERO))
 
     def uids(self) -> set[str]:
         """Runs with an admission or a reservation here: what the quota reconciler checks are alive."""
@@ -153,11 +153,11 @@ class Ledger:
         """
         if uid in self._state.admitted:
             return Admitted()
-        blocked = self._admission_blocked(now, Usage(tokens=need_tokens, cost_usd=need_cost_usd))
+        blocked = self._admission_blocked(now, Tally(tokens=need_tokens, cost_usd=need_cost_usd))
         if blocked is not None:
             return blocked
         self._state.admitted[uid] = AdmittedRun(uid=uid, name=name, at=to_second(now))
-        self._book(now, Usage(runs=1))
+        self._book(now, Tally(runs=1))
         return Admitted()
 
     def release(self, uid: str) -> None:
@@ -198,7 +198,7 @@ class Ledger:
         label, window, hard = self.definition.label, self.definition.window, self.definition.hard
         if cost_usd is None and hard.cost_usd is not None:
             return self._refuse(Blocked("costUSD", messages.unpriced(label, hard.cost_usd), None, final=True))
-        want = Usage(tokens=tokens, cost_usd=cost_usd if cost_usd is not None else ZERO)
+        want = Tally(tokens=tokens, cost_usd=cost_usd if cost_usd is not None else ZERO)
         used, reserved = self.used(now), self.reserved()
         checked = [(limit, read, _hard_of(hard, limit)) for limit, read in _SPENDS]
         for limit, read, limit_hard in checked:
@@ -237,7 +237,7 @@ class Ledger:
         if reservation is None:
             return
         cost = reservation.cost_usd if cost_usd is None else cost_usd
-        self._book(now, Usage(tokens=tokens, cost_usd=cost))
+        self._book(now, Tally(tokens=tokens, cost_usd=cost))
 
     def charge_lost(self, uid: str, *, keep_holder: str | None, now: dt.datetime) -> int:
         """Charge in full the reservations of ``uid`` not held by ``keep_holder``; how many there were.
@@ -250,7 +250,7 @@ class Ledger:
         ]
         for key in lost:
             reservation = self._state.reservations.pop(key)
-            charge = Usage(tokens=reservation.tokens, cost_usd=reservation.cost_usd)
+            charge = Tally(tokens=reservation.tokens, cost_usd=reservation.cost_usd)
             self._book(now, charge)
             before = self._state.lost
             self._state.lost = Lost(
@@ -262,7 +262,7 @@ class Ledger:
 
     # Inside -------------------------------------------------------------------------------------
 
-    def _admission_blocked(self, now: dt.datetime, need: Usage) -> Blocked | None:
+    def _admission_blocked(self, now: dt.datetime, need: Tally) -> Blocked | None:
         label, window, hard = self.definition.label, self.definition.window, self.definition.hard
         running = len(self._state.admitted)
         if hard.concurrent_runs is not None and running >= hard.concurrent_runs:
@@ -292,7 +292,7 @@ class Ledger:
             return Blocked(limit, message, room_at)
         return None
 
-    def _room_at(self, now: dt.datetime, fits: Callable[[Usage], bool]) -> dt.datetime | None:
+    def _room_at(self, now: dt.datetime, fits: Callable[[Tally], bool]) -> dt.datetime | None:
         """The earliest time enough buckets have left the window for ``fits`` to hold; None if never."""
         window = self.definition.window
         remaining = self.used(now)
@@ -303,17 +303,17 @@ class Ledger:
         for expiry, group in itertools.groupby(expiring, key=_expiry):
             if expiry <= utc(now):
                 continue  # already out of the window: not in ``remaining`` either
-            remaining -= sum((usage for _, usage in group), Usage())
+            remaining -= sum((usage for _, usage in group), Tally())
             if fits(remaining):
                 return expiry
         return None
 
-    def _book(self, now: dt.datetime, usage: Usage) -> None:
+    def _book(self, now: dt.datetime, usage: Tally) -> None:
         if usage.empty:
             return
         start = bucket_start(self.definition.window, now)
         buckets = self._state.buckets
-        buckets[start] = buckets.get(start, Usage()) + usage
+        buckets[start] = buckets.get(start, Tally()) + usage
 
     def _refuse(self, blocked: Blocked) -> Blocked:
         refused = self._state.refused
@@ -322,16 +322,16 @@ class Ledger:
 
 
 Amount = int | Decimal
-Read = Callable[[Usage], Amount]
+Read = Callable[[Tally], Amount]
 
-#: The limits a model request spends, in the order they are checked, and how to read them off a Usage.
+#: The limits a model request spends, in the order they are checked, and how to read them off a Tally.
 _SPENDS: tuple[tuple[str, Read], ...] = (
     ("tokens", lambda usage: usage.tokens),
     ("costUSD", lambda usage: usage.cost_usd),
 )
 
 
-def _expiry(item: tuple[dt.datetime, Usage]) -> dt.datetime:
+def _expiry(item: tuple[dt.datetime, Tally]) -> dt.datetime:
     return item[0]
 
 
@@ -339,10 +339,10 @@ def _hard_of(hard: Hard, limit: str) -> Amount | None:
     return hard.tokens if limit == "tokens" else hard.cost_usd
 
 
-def _within(read: Read, extra: Amount, hard: Amount, *, strictly: bool) -> Callable[[Usage], bool]:
+def _within(read: Read, extra: Amount, hard: Amount, *, strictly: bool) -> Callable[[Tally], bool]:
     """Whether a window's usage plus ``extra`` leaves room: below the limit (strictly) or within it."""
 
-    def fits(usage: Usage) -> bool:
+    def fits(usage: Tally) -> bool:
         total = read(usage) + extra
         return total < hard if strictly else total <= hard
 

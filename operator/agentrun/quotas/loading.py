@@ -32,7 +32,7 @@ from agentrun.quotas.records import (
     Lost,
     Refused,
     Reservation,
-    Usage,
+    Tally,
 )
 from agentrun.quotas.windows import Window, bucket_start, counts, written_at
 
@@ -179,19 +179,19 @@ def _load_buckets(
         damaged_cost |= cost is None
         # A bucket whose start cannot be read keeps its usage in the newest bucket it can have been.
         start = parse_time(item.get("start")) or bucket_start(window, place_at)
-        state.buckets[start] = state.buckets.get(start, Usage()) + Usage(runs or 0, tokens or 0, cost or ZERO)
-    counted = sum((u for s, u in state.buckets.items() if counts(window, s, compare_at)), Usage())
+        state.buckets[start] = state.buckets.get(start, Tally()) + Tally(runs or 0, tokens or 0, cost or ZERO)
+    counted = sum((u for s, u in state.buckets.items() if counts(window, s, compare_at)), Tally())
     hard = definition.hard
     want_runs = _target(parse_count(recorded.get("runs")), damaged_runs, hard.runs)
     want_tokens = _target(parse_count(recorded.get("tokens")), damaged_tokens, hard.tokens)
     want_cost = parse_decimal(recorded.get("costUSD"))
     if want_cost is None and damaged_cost:
         want_cost = hard.cost_usd
-    missing = Usage(
+    missing = Tally(
         runs=max(0, (want_runs or 0) - counted.runs),
         tokens=max(0, (want_tokens or 0) - counted.tokens),
         cost_usd=max(ZERO, (want_cost or ZERO) - counted.cost_usd),
     )
     if not missing.empty:
         start = bucket_start(window, place_at)
-        state.buckets[start] = state.buckets.get(start, Usage()) + missing
+        state.buckets[start] = state.buckets.get(start, Tally()) + missing

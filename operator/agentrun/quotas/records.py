@@ -14,18 +14,18 @@ ZERO = Decimal(0)
 
 
 @dataclass(frozen=True)
-class Usage:
-    """Runs started, tokens and dollars: the contents of one bucket, or of a whole window."""
+class Tally:
+    """Runs started, tokens and dollars counted against a quota: one bucket's, or a whole window's."""
 
     runs: int = 0
     tokens: int = 0
     cost_usd: Decimal = ZERO
 
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(self.runs + other.runs, self.tokens + other.tokens, self.cost_usd + other.cost_usd)
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.runs + other.runs, self.tokens + other.tokens, self.cost_usd + other.cost_usd)
 
-    def __sub__(self, other: Usage) -> Usage:
-        return Usage(self.runs - other.runs, self.tokens - other.tokens, self.cost_usd - other.cost_usd)
+    def __sub__(self, other: Tally) -> Tally:
+        return Tally(self.runs - other.runs, self.tokens - other.tokens, self.cost_usd - other.cost_usd)
 
     @property
     def empty(self) -> bool:
@@ -73,6 +73,6 @@ class LedgerState:
 
     admitted: dict[str, AdmittedRun] = field(default_factory=dict)
     reservations: dict[tuple[str, str], Reservation] = field(default_factory=dict)
-    buckets: dict[dt.datetime, Usage] = field(default_factory=dict)
+    buckets: dict[dt.datetime, Tally] = field(default_factory=dict)
     lost: Lost = field(default_factory=Lost)
     refused: Refused = field(default_factory=Refused)
