@@ -18,7 +18,7 @@ from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.collector import young_generation_threshold
-from agentrun.controller.handlers import build_registry
+from agentrun.controller.kopf_registry import build_registry
 from agentrun.controller.quotas.control import Quotas
 from agentrun.controller.replicas.detached import DetachedMembership
 from agentrun.controller.replicas.faults import install_loop_stall

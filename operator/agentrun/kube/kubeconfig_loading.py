@@ -5,7 +5,7 @@ kubectl reads a kubeconfig's relative file paths against that kubeconfig's folde
 name an entry wins) and uses the current context. Kopf's ``login_with_kubeconfig`` reads relative paths
 against the working directory and knows neither token files nor exec plugins, so a kubeconfig that
 kubectl accepts could stop the operator. Hence one resolution, here, for Kopf's login
-(controller/handlers.py), the operator's own client (kube/calling.py), the demo,
+(controller/kopf_registry.py), the operator's own client (kube/calling.py), the demo,
 `agentrun run` and the kubectl plugin. kubernetes_asyncio's loader does the credential work (exec
 plugins, embedded data written to private temporary files); this module merges the files, makes paths
 absolute against their own file, and words every problem as one line (kube/failures.py).

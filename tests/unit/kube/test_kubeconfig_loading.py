@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrun.controller.handlers import connection_info
+from agentrun.controller.kopf_registry import connection_info
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.kubeconfig_loading import ClusterAccess, KubeconfigError, load
 from tests.support.kubeconfigs import exec_calls, exec_plugin, exec_user, write_kubeconfig

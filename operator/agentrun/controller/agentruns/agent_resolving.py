@@ -35,7 +35,7 @@ class AgentSource(Protocol):
 
 @dataclass
 class AgentWaiters:
-    """Runs waiting for an Agent to exist, woken by the Agent watch (controller/handlers.py)."""
+    """Runs waiting for an Agent to exist, woken by the Agent watch (controller/kopf_registry.py)."""
 
     _events: dict[tuple[str, str], set[asyncio.Event]] = field(default_factory=dict)
 

@@ -47,7 +47,7 @@ class Quotas:
         self._first_writes: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """One watch event of an AgentRunQuota (Kopf's handler, controller/handlers.py)."""
+        """One watch event of an AgentRunQuota (Kopf's handler, controller/kopf_registry.py)."""
         self.view.observe(event_type, body)
         if event_type != "DELETED" and not body.get("status"):
             self._record_first(body)

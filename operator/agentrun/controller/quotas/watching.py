@@ -1,6 +1,6 @@
 """The quotas of each namespace as this process knows them, and a signal when any of them changes.
 
-Kopf's event handler for AgentRunQuotas (controller/handlers.py) feeds :meth:`QuotaView.observe`;
+Kopf's event handler for AgentRunQuotas (controller/kopf_registry.py) feeds :meth:`QuotaView.observe`;
 the ledger writers feed it what they stored. Why a listing of its own on a namespace's first use:
 Kopf's initial listing of quotas may come after the first runs want admission, and a run admitted
 against an empty view would pass a quota it never saw.

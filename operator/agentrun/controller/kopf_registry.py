@@ -1,4 +1,6 @@
-"""Kopf's handlers: thin. Each hands its event to the kind's handler (controller/agentruns/handling.py)."""
+"""Kopf's registry of the operator: which watch event goes to whom, and the login. Each handler is thin:
+it hands its event to the kind's own handler (AgentRuns: controller/agentruns/handling.py).
+"""
 
 from __future__ import annotations
 
