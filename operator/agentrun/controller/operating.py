@@ -25,7 +25,7 @@ from agentrun.controller.replicas.faults import install_loop_stall
 from agentrun.controller.replicas.ownership import Standalone
 from agentrun.controller.schedules.control import ScheduleController
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
-from agentrun.kube.retrying import RetryPolicy
+from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.metrics.observing import Metrics
 from agentrun.metrics.serving import keep_beating, start_health_server, start_metrics_server
 from agentrun.model.anthropic_calling import ClientPool
@@ -84,7 +84,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
         kube,
         metrics,
         identity=settings.replica_name,
-        retry=RetryPolicy.from_settings(settings),
+        retry=KubeRetryPolicy.from_settings(settings),
         announce_interval=settings.status_interval_seconds,
     )
     reconciler = AgentRunReconciler(

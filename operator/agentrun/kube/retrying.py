@@ -19,7 +19,7 @@ from agentrun.kube.errors import APIError
 if TYPE_CHECKING:
     from agentrun.settings import Settings
 
-__all__ = ["DEFAULT_RETRY_POLICY", "RetriesStopped", "RetryPolicy", "retried"]
+__all__ = ["DEFAULT_RETRY_POLICY", "KubeRetryPolicy", "RetriesStopped", "retried"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -30,7 +30,7 @@ RETRY_AFTER_LIMIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class KubeRetryPolicy:
     """Up to ``attempts`` retries; retry n waits ``first_seconds`` × ``factor``ⁿ, at most ``max_seconds``.
 
     The defaults are the operator's (Settings ``kube_retry_*``): 8 retries, 0.2 s doubling up to 5 s, about
@@ -43,7 +43,7 @@ class RetryPolicy:
     factor: float = 2.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RetryPolicy:
+    def from_settings(cls, settings: Settings) -> KubeRetryPolicy:
         return cls(
             attempts=settings.kube_retry_attempts,
             first_seconds=settings.kube_retry_first_seconds,
@@ -59,7 +59,7 @@ class RetryPolicy:
 
 
 #: For callers built without Settings (tests, `agentrun run`): the same numbers as the Settings defaults.
-DEFAULT_RETRY_POLICY = RetryPolicy()
+DEFAULT_RETRY_POLICY = KubeRetryPolicy()
 
 
 class RetriesStopped(Exception):
@@ -68,7 +68,7 @@ class RetriesStopped(Exception):
 
 async def retried(
     request: Callable[[], Awaitable[T]],
-    policy: RetryPolicy,
+    policy: KubeRetryPolicy,
     *,
     what: str,
     stopping: Callable[[], bool] = lambda: False,

@@ -17,8 +17,8 @@ from agentrun.kube.errors import (
 from agentrun.kube.retrying import (
     DEFAULT_RETRY_POLICY,
     RETRY_AFTER_LIMIT_SECONDS,
+    KubeRetryPolicy,
     RetriesStopped,
-    RetryPolicy,
     retried,
 )
 from agentrun.settings import Settings
@@ -52,7 +52,9 @@ def server_error() -> APIServerError:
     return APIServerError("etcd leader changed", status=500, reason="InternalError")
 
 
-async def run(script: Script, policy: RetryPolicy, stopping: Callable[[], bool] = lambda: False) -> FakeSleep:
+async def run(
+    script: Script, policy: KubeRetryPolicy, stopping: Callable[[], bool] = lambda: False
+) -> FakeSleep:
     sleep = FakeSleep()
     assert await retried(script, policy, what="test call", stopping=stopping, sleep=sleep) == "done"
     return sleep
@@ -66,7 +68,7 @@ async def test_retryable_failures_are_retried_with_a_doubling_backoff_capped_at_
         server_error(),
         server_error(),
     )
-    sleep = await run(script, RetryPolicy(attempts=8, first_seconds=0.5, max_seconds=3.0))
+    sleep = await run(script, KubeRetryPolicy(attempts=8, first_seconds=0.5, max_seconds=3.0))
     assert sleep.waits == [0.5, 1.0, 2.0, 3.0, 3.0]
     assert script.calls == 6
 
@@ -83,7 +85,7 @@ async def test_the_servers_retry_after_is_waited_instead_of_the_backoff() -> Non
     script = Script(
         APITooManyRequestsError("slow down", status=429, reason="TooManyRequests", retry_after=4.0)
     )
-    sleep = await run(script, RetryPolicy(attempts=3, first_seconds=0.2, max_seconds=1.0))
+    sleep = await run(script, KubeRetryPolicy(attempts=3, first_seconds=0.2, max_seconds=1.0))
     assert sleep.waits == [4.0]
 
 
@@ -91,7 +93,7 @@ async def test_an_absurd_retry_after_is_bounded_so_a_run_never_freezes_on_one_he
     script = Script(
         APITooManyRequestsError("slow down", status=429, reason="TooManyRequests", retry_after=86400.0)
     )
-    sleep = await run(script, RetryPolicy(attempts=3, first_seconds=0.2, max_seconds=1.0))
+    sleep = await run(script, KubeRetryPolicy(attempts=3, first_seconds=0.2, max_seconds=1.0))
     assert sleep.waits == [RETRY_AFTER_LIMIT_SECONDS]
 
 
@@ -100,7 +102,7 @@ async def test_the_last_failure_is_raised_once_the_attempts_are_spent() -> None:
     sleep = FakeSleep()
     with pytest.raises(APIServerError, match="etcd leader changed"):
         await retried(
-            script, RetryPolicy(attempts=3, first_seconds=1.0, max_seconds=10.0), what="x", sleep=sleep
+            script, KubeRetryPolicy(attempts=3, first_seconds=1.0, max_seconds=10.0), what="x", sleep=sleep
         )
     assert script.calls == 4, "the first try and three retries"
     assert sleep.waits == [1.0, 2.0, 4.0]
@@ -138,8 +140,8 @@ async def test_attempts_and_backoff_come_from_the_operators_settings() -> None:
             "AGENTRUN_KUBE_RETRY_MAX_SECONDS": "2",
         }
     )
-    policy = RetryPolicy.from_settings(settings)
-    assert policy == RetryPolicy(attempts=2, first_seconds=1.5, max_seconds=2.0)
+    policy = KubeRetryPolicy.from_settings(settings)
+    assert policy == KubeRetryPolicy(attempts=2, first_seconds=1.5, max_seconds=2.0)
     script = Script(server_error(), server_error(), server_error())
     sleep = FakeSleep()
     with pytest.raises(APIServerError):
@@ -148,7 +150,7 @@ async def test_attempts_and_backoff_come_from_the_operators_settings() -> None:
 
 
 def test_the_default_policy_is_the_settings_default_and_as_patient_as_the_loops_it_replaced() -> None:
-    policy = RetryPolicy.from_settings(Settings())
+    policy = KubeRetryPolicy.from_settings(Settings())
     assert policy == DEFAULT_RETRY_POLICY
     assert policy.attempts >= 8, "the transcript store retried 8 times, the status writer 5"
     assert [policy.delay(n, server_error()) for n in range(7)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]

@@ -42,7 +42,7 @@ from agentrun.controller.quotas.admission import Candidate, QuotaAdmission
 from agentrun.controller.quotas.allowance import RunAllowance
 from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
-from agentrun.kube.retrying import RetryPolicy
+from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.errors import HandedOff
 from agentrun.loop.events import RunFinished
@@ -164,7 +164,7 @@ class AgentRunReconciler:
         run; it has stopped the run by then, and nothing more is sent or written."""
         if held is not None:
             stopping = _or_not_held(stopping, held)
-        retry = RetryPolicy.from_settings(self.settings)
+        retry = KubeRetryPolicy.from_settings(self.settings)
         store = TranscriptStore(
             self.kube,
             RunIdentity(ref.namespace, ref.name, ref.uid),

@@ -30,7 +30,7 @@ from agentrun.api.times import now_rfc3339
 from agentrun.api.traces import Progress
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIError, APIGoneError, APINotFoundError
-from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetriesStopped, RetryPolicy, retried
+from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy, RetriesStopped, retried
 from agentrun.loop.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -70,7 +70,7 @@ class StatusWriter:
         generation: int | None,
         status: Mapping[str, Any],
         stopping: Callable[[], bool],
-        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         transcript: Callable[[], TranscriptRef | None] = lambda: None,
         progress_interval: float = 0.0,

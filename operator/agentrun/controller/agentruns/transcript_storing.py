@@ -43,7 +43,7 @@ from agentrun.api.transcripts import (
 )
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIConflictError, APIError, APINotFoundError
-from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetriesStopped, RetryPolicy, retried
+from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy, RetriesStopped, retried
 from agentrun.loop.events import Checkpoint, Event, RunFinished, RunYielded
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class TranscriptStore:
         stopping: Callable[[], bool] = lambda: False,
         loaded: Transcript | None = None,
         max_part_bytes: int = MAX_PART_BYTES,
-        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:

@@ -14,7 +14,7 @@ from agentrun.controller.quotas.allowance import RunAllowance, new_holder
 from agentrun.controller.quotas.watching import QuotaView
 from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter
 from agentrun.kube.calling import KubeClient
-from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetryPolicy
+from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy
 from agentrun.metrics.observing import Metrics
 from agentrun.quotas.ledger import Ledger
 
@@ -30,7 +30,7 @@ class Quotas:
         metrics: Metrics,
         *,
         identity: str,
-        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         announce_interval: float = 10.0,
     ) -> None:
         """``identity``: this process (Settings.replica_name), the start of its reservations' holders."""

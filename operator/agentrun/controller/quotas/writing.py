@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIConflictError, APIGoneError, APINotFoundError
-from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, RetryPolicy, retried
+from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy, retried
 from agentrun.quotas.ledger import Ledger, QuotaDefinition
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class QuotaWriter:
         *,
         latest: Callable[[], Mapping[str, Any] | None],
         written: Callable[[dict[str, Any]], None],
-        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         clock: Callable[[], dt.datetime] = utc_now,
     ) -> None:
         self.namespace = namespace

@@ -16,7 +16,7 @@ from agentrun.api.usage import TokenUsage
 from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIForbiddenError
-from agentrun.kube.retrying import RetryPolicy
+from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.loop.events import ApprovalRequested, Checkpoint, RunFinished, RunStarted
 from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
@@ -273,7 +273,9 @@ async def test_a_refused_status_write_is_retried_by_the_settings_policy_and_hono
     cluster: KubeEmulator, api_client: client.ApiClient
 ) -> None:
     sleep = FakeSleep()
-    policy = RetryPolicy.from_settings(Settings(kube_retry_first_seconds=0.5, kube_retry_max_seconds=0.75))
+    policy = KubeRetryPolicy.from_settings(
+        Settings(kube_retry_first_seconds=0.5, kube_retry_max_seconds=0.75)
+    )
     writer, status = await make_writer(api_client, 10.0, Clock(), retry=policy, sleep=sleep)
     faults = cluster.emulator.faults
     faults.add(verb="patch", resource="agentruns", subresource="status", status=409, times=1)

@@ -33,7 +33,7 @@ from agentrun.controller.agentruns.transcript_storing import (
 )
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIForbiddenError
-from agentrun.kube.retrying import RetryPolicy
+from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.loop.events import Checkpoint, RunFinished, RunYielded
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.kube_testing import eventually
@@ -547,7 +547,9 @@ async def test_a_chunk_the_server_refuses_for_now_is_retried_by_the_policy_and_w
     cluster: KubeEmulator, kube: KubeClient
 ) -> None:
     run, sleep = make_run(cluster), FakeSleep()
-    store = store_for(kube, run, FakeClock(), retry=RetryPolicy(attempts=3, first_seconds=1.0), sleep=sleep)
+    store = store_for(
+        kube, run, FakeClock(), retry=KubeRetryPolicy(attempts=3, first_seconds=1.0), sleep=sleep
+    )
     cluster.emulator.faults.add(verb="create", resource="secrets", status=500, times=2)
     cluster.emulator.faults.add(verb="create", resource="secrets", status=429, retry_after=2, times=1)
     await ask_for_tools(store)

@@ -13,12 +13,12 @@ import pytest
 
 from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter
 from agentrun.kube.calling import KubeClient
-from agentrun.kube.retrying import RetryPolicy
+from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.quotas.ledger import Admitted, Blocked, Ledger, Reserved
 from agentrun_sandbox.kube import EmulatedCluster
 from tests.unit.controller.quotas.conftest import QuotaFactory
 
-FAST = RetryPolicy(attempts=3, first_seconds=0.01, max_seconds=0.01)
+FAST = KubeRetryPolicy(attempts=3, first_seconds=0.01, max_seconds=0.01)
 
 
 class Copy:
