@@ -17,7 +17,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -25,6 +24,7 @@ from agentrun import logs
 from agentrun.api import status_patches
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentUsed, Phase
+from agentrun.api.times import unix_time
 from agentrun.controller.agentruns import phases
 from agentrun.controller.agentruns.agent_resolving import AgentWaiters, resolve_agent
 from agentrun.controller.agentruns.children import ChildWatch, Parent, RunChildren, depth_of
@@ -363,7 +363,7 @@ class AgentRunReconciler:
         tracing: TracingObserver | None = None
         tools_open = contextlib.AsyncExitStack()
         self.metrics.runs_active.inc()
-        self.metrics.run_began(ref.uid, _timestamp(ref.status.get("startTime")))
+        self.metrics.run_began(ref.uid, unix_time(ref.status.get("startTime")))
         if point.state is None:
             self.metrics.run_started_at_depth(ref.namespace, depth_of(ref.labels))
         try:
@@ -453,13 +453,3 @@ def _candidate(ref: RunRef, spec: AgentRunSpec, prices: PriceTable, priority: in
 def _or_not_held(stopping: Callable[[], bool], held: Callable[[], bool]) -> Callable[[], bool]:
     """The writes' check: the run is being stopped, or this replica no longer holds it."""
     return lambda: stopping() or not held()
-
-
-def _timestamp(value: Any) -> float | None:
-    """status.startTime as Unix time, so a resumed run's age counts from its real start."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None

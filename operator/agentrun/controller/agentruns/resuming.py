@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api.stops import Outcome
+from agentrun.api.times import seconds_since
 from agentrun.api.traces import Progress
 from agentrun.api.transcripts import Transcript
 from agentrun.api.usage import TokenUsage
@@ -35,20 +36,6 @@ class ResumePoint:
     progress: Progress  # what the run had spent before this start
     outcome: Outcome | None = None  # the transcript recorded the run's end
     transcript: Transcript | None = None
-
-
-def seconds_since(timestamp: Any, now: dt.datetime | None = None) -> float:
-    """Seconds since an RFC 3339 time (0 when absent or unreadable, never negative)."""
-    if not isinstance(timestamp, str) or not timestamp:
-        return 0.0
-    try:
-        started = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0
-    if started.tzinfo is None:
-        started = started.replace(tzinfo=dt.UTC)
-    now = now or dt.datetime.now(dt.UTC)
-    return max(0.0, (now - started).total_seconds())
 
 
 def resume_point_of(

@@ -28,10 +28,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from agentrun.api import ANNOTATION_SERVES, LABEL_REPLICA_GROUP
+from agentrun.api.times import micro_rfc3339
 from agentrun.controller.replicas import ring
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
@@ -117,10 +117,6 @@ class Standing:
         if self.passed == self.view:
             return True
         return bool(self.history) and all(ring.owner(uid, view) == self.name for view in self.history)
-
-
-def _micro_time() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Membership:
@@ -372,7 +368,7 @@ class Membership:
             )
 
     def _body(self, current: dict[str, Any] | None, applying: str | None) -> dict[str, Any]:
-        now = _micro_time()
+        now = micro_rfc3339()
         if current is None:
             body: dict[str, Any] = {
                 "apiVersion": "coordination.k8s.io/v1",
