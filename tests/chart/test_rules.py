@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from tests.chart.tooling import CHART, MONITORING_API, REPO, Renderer, Tool, one
 
 RULES = CHART / "rules" / "agentrun.rules.yaml"

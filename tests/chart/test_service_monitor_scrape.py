@@ -19,7 +19,8 @@ from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.events import RunFinished, RunStarted
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun.metrics.serving import start_metrics_server
 from tests.chart.tooling import MONITORING_API, NAMESPACE, Renderer, one
 from tests.support.kube_requests import until

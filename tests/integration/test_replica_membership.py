@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.controller.replicas.membership import GROUP_LABEL, Membership
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.settings import Settings
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import until

@@ -13,7 +13,8 @@ from agentrun.api.usage import TokenUsage
 from agentrun.cli.plugin_rendering import render_trace
 from agentrun.loop.config import LoopConfig, context_window_of
 from agentrun.loop.events import ContextCompacted
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun.settings import Settings
 
 

@@ -26,7 +26,7 @@ from agentrun.controller.replicas.ownership import Standalone
 from agentrun.controller.schedules.control import ScheduleController
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
 from agentrun.kube.retrying import KubeRetryPolicy
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.metrics.serving import keep_beating, start_health_server, start_metrics_server
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable

@@ -7,7 +7,7 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 
 
 def metrics_app(registry: CollectorRegistry, ready: asyncio.Event | None = None) -> web.Application:

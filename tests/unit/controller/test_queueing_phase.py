@@ -22,7 +22,7 @@ from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.kube.calling import KubeClient
 from agentrun.loop.events import RunFinished, RunStarted
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from tests.support.builders import agentrun
 
 

@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from agentrun.api.stops import StopReason
 from agentrun.loop.events import ModelRequestFinished
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun_sandbox.messages.script import Reply, ScriptUsage, text_block, tool_use_block
 from tests.support.loop_harness import FakeTool, LoopRun, run_scripted
 

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from agentrun.api.status_patches import finished
 from agentrun.api.stops import StopReason
 from agentrun.loop.config import RetryPolicy
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.script import (
     ConnectionReset,

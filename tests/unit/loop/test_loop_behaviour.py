@@ -11,7 +11,8 @@ from agentrun.api.stops import StopReason
 from agentrun.loop.config import RetryPolicy
 from agentrun.loop.errors import ToolError
 from agentrun.loop.events import ModelRetryScheduled
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun_sandbox.messages.script import (
     ConnectionReset,
     HttpError,

@@ -14,7 +14,8 @@ from agentrun.api.stops import StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.events import Checkpoint, UsageAdopted
 from agentrun.loop.protocols import CallBudget, ToolCall, ToolDefinition, ToolOutput
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun_sandbox.messages.script import Reply, ScriptUsage, text_block, tool_use_block
 from tests.support.loop_harness import FakeTool, run_scripted
 

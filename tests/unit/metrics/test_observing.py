@@ -12,7 +12,8 @@ from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.events import ApprovalDecided, ApprovalRequested, Checkpoint, RunFinished, RunStarted
-from agentrun.metrics.observing import UNDECLARED_TOOL, Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import UNDECLARED_TOOL, MetricsObserver
 from agentrun_sandbox.messages.script import Reply, ScriptUsage, text_block, tool_use_block
 from tests.support.loop_harness import FakeTool, run_scripted
 
@@ -161,6 +162,40 @@ def test_oldest_running_run_age_is_computed_at_scrape_time_without_per_run_label
     assert registry.get_sample_value("agentrun_oldest_running_run_age_seconds") == 500
     metrics.run_ended("uid-2")
     assert registry.get_sample_value("agentrun_oldest_running_run_age_seconds") == 0
+
+
+def test_runs_active_counts_the_runs_between_their_start_and_their_end_here() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.run_began("uid-1")
+    metrics.run_began("uid-2", started_at=9_000.0)
+    assert registry.get_sample_value("agentrun_runs_active") == 2
+    metrics.run_ended("uid-1")
+    assert registry.get_sample_value("agentrun_runs_active") == 1
+    metrics.run_ended("uid-2")
+    assert registry.get_sample_value("agentrun_runs_active") == 0
+
+
+async def test_a_run_that_ends_before_its_loop_is_counted_like_one_that_ends_in_it() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.run_finished("ns", StopReason.INVALID_SPEC)  # the reconciler's finish phase, no loop
+    observer = MetricsObserver(metrics, namespace="ns", started_monotonic=0.0)
+    await observer.notify(RunFinished(Outcome(StopReason.INVALID_SPEC, "bad tool"), _progress(None)))
+    await observer.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), _progress(None)))
+    finished = "agentrun_runs_finished_total"
+    assert (
+        registry.get_sample_value(
+            finished, {"namespace": "ns", "stop_reason": "InvalidSpec", "outcome": "failed"}
+        )
+        == 2
+    )
+    assert (
+        registry.get_sample_value(
+            finished, {"namespace": "ns", "stop_reason": "EndTurn", "outcome": "succeeded"}
+        )
+        == 1
+    )
 
 
 def test_heartbeat_and_build_info_are_exported_from_the_start() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 
 STATUS: dict[str, Any] = {
     "observedGeneration": 3,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 
 NEXT = "agentrun_schedule_next_run_timestamp_seconds"
 

@@ -16,7 +16,8 @@ from agentrun.loop.clocks import SystemClock
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import ToolCallFinished
 from agentrun.loop.running import run_loop
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun.model.anthropic_calling import AnthropicModel
 from agentrun.model.pricing import PriceTable
 from agentrun.tools.registry import open_tools

@@ -33,7 +33,7 @@ from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIError, APINotFoundError
 from agentrun.loop.errors import ToolError
 from agentrun.loop.events import Event, RunFinished
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.tools.agent_calling import ChildRequest, ChildResult, carve, child_name, tool_use_label
 
 logger = logging.getLogger(__name__)

@@ -48,7 +48,8 @@ from agentrun.loop.errors import HandedOff
 from agentrun.loop.events import RunFinished
 from agentrun.loop.protocols import ModelClient, Observer
 from agentrun.loop.reserving import first_request_floor
-from agentrun.metrics.observing import Metrics, MetricsObserver
+from agentrun.metrics.definitions import Metrics
+from agentrun.metrics.observing import MetricsObserver
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
@@ -362,7 +363,6 @@ class AgentRunReconciler:
         )
         tracing: TracingObserver | None = None
         tools_open = contextlib.AsyncExitStack()
-        self.metrics.runs_active.inc()
         self.metrics.run_began(ref.uid, unix_time(ref.status.get("startTime")))
         if point.state is None:
             self.metrics.run_started_at_depth(ref.namespace, depth_of(ref.labels))
@@ -422,14 +422,10 @@ class AgentRunReconciler:
             if tracing is not None:
                 tracing.close()
             self.metrics.run_ended(ref.uid)
-            self.metrics.runs_active.dec()
 
     async def _finish(self, run: _Run, ending: Ending) -> None:
         """The finish phase of a run that ends before its loop: counted, an Event, then the status."""
-        reason = ending.outcome.stop_reason
-        self.metrics.runs_finished.labels(
-            run.ref.namespace, reason.value, "succeeded" if reason.succeeded else "failed"
-        ).inc()
+        self.metrics.run_finished(run.ref.namespace, ending.outcome.stop_reason)
         finished = RunFinished(outcome=ending.outcome, progress=ending.progress)
         # The Event goes first: the terminal status patch is the run's last word.
         await run.events.notify(finished)

@@ -33,7 +33,7 @@ from agentrun.api.status import QuotaLimits
 from agentrun.controller.quotas import limits
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition
 from agentrun.quotas.per_run import PerRunViolation
 

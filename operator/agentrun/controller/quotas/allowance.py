@@ -27,7 +27,7 @@ from agentrun.kube.errors import APIError
 from agentrun.kube.retrying import RetriesStopped
 from agentrun.loop.errors import QuotaRefused
 from agentrun.loop.protocols import Spend
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.quotas.ledger import Blocked, Ledger, Reserved
 
 logger = logging.getLogger(__name__)

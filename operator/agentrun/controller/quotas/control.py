@@ -15,7 +15,7 @@ from agentrun.controller.quotas.watching import QuotaView
 from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.quotas.ledger import Ledger
 
 T = TypeVar("T")

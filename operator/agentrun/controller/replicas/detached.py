@@ -35,7 +35,7 @@ from agentrun.controller.replicas import ring
 from agentrun.controller.replicas.membership import Membership, Standing
 from agentrun.kube import calling
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.settings import Settings
 
 __all__ = ["DetachedMembership"]

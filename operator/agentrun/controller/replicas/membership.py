@@ -35,7 +35,7 @@ from agentrun.api.times import micro_rfc3339
 from agentrun.controller.replicas import ring
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.settings import Settings
 
 __all__ = ["APPLIED_VIEW", "GROUP_LABEL", "Membership", "Standing"]

@@ -21,7 +21,7 @@ from agentrun.api import SCHEDULE_KIND
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.controller.schedules.serving import ScheduleServer
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from agentrun.controller.schedules.eventing import ScheduleEvents
 from agentrun.controller.status_memory import WrittenStatus
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.schedules.cron import Cron, CronError, zone
 from agentrun.schedules.deciding import (
     Concurrency,

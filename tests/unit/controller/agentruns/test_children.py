@@ -16,7 +16,7 @@ from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APINotFoundError
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import CallBudget
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.tools.agent_calling import ChildRequest, child_name
 
 PARENT = Parent("team", "boss", "uid-boss", depth=1)

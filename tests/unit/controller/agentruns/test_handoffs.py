@@ -16,7 +16,7 @@ from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
 from agentrun.controller.replicas.ownership import Standalone
 from agentrun.loop.errors import HandedOff
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.settings import Settings
 
 REPLICA = "replica-a"

@@ -21,7 +21,7 @@ from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.replicas.ownership import Held
 from agentrun.kube.calling import KubeClient
 from agentrun.loop.protocols import ModelRequest, ToolCall
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings

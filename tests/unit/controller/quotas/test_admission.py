@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.controller.quotas.admission import Candidate
 from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun_sandbox.kube import EmulatedCluster
 from tests.unit.controller.quotas.conftest import CRDS, QuotaFactory, client_of
 

@@ -13,7 +13,7 @@ from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
 from agentrun.loop.errors import QuotaRefused
 from agentrun.loop.protocols import Spend
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from tests.unit.controller.quotas.conftest import QuotaFactory
 
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.quotas.ledger import Ledger
 from tests.unit.controller.quotas.conftest import QuotaFactory
 

@@ -22,7 +22,7 @@ from agentrun.controller.replicas.detached import DetachedMembership
 from agentrun.controller.replicas.membership import GROUP_LABEL
 from agentrun.kube import calling, kubeconfig_loading
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.kube_requests import until

@@ -26,7 +26,7 @@ from agentrun.controller.replicas.membership import (
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.controller.replicas.ring import owner
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.kube_requests import until

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.controller.schedules.control import ScheduleController
 from agentrun.controller.schedules.serving import ScheduleServer
 from agentrun.kube.calling import KubeClient
-from agentrun.metrics.observing import Metrics
+from agentrun.metrics.definitions import Metrics
 
 NAMESPACE = "default"
 
