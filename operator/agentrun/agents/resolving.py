@@ -2,104 +2,106 @@
 
 A run may narrow what its Agent allows, never widen it: the platform team that wrote the Agent
 decided how much one run may spend, and whoever creates runs from it cannot raise that. Every
-numeric limit of the run is therefore compared with the Agent's (its explicit value, or the built-in
-default when the Agent left it out), and loop detection cannot be switched off by a run.
+numeric limit the run declares is therefore compared with the Agent's (its explicit value, or the
+built-in default when the Agent left it out: the model's value either way), and loop detection
+cannot be switched off by a run.
+
+Both specs come in parsed; what each declares is its model's ``model_fields_set``, so a field left
+out is never mistaken for one set to its default.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.api.spec import AGENT_OWNED_FIELDS, Limits
+from pydantic import BaseModel
+
+from agentrun.api.agent import AgentSpec
+from agentrun.api.spec import AGENT_OWNED_FIELDS, AgentRunSpec, Limits
 
 __all__ = ["AGENT_OWNED_FIELDS", "AgentSpecConflict", "resolve"]
 
 #: The run's fields that are not part of the effective spec's definition (they select the Agent).
-_SELECTING = ("agentRef",)
-#: Merged per key instead of replaced: a run sets model.maxTokens without repeating model.name.
-_PER_KEY = ("model", "limits")
+_SELECTING = frozenset({"agent_ref"})
+#: Merged field by field instead of replaced (a run sets model.maxTokens without repeating
+#: model.name), recursively: what is merged within each.
+_PER_FIELD: Mapping[str, Mapping[str, Any]] = {"model": {}, "limits": {"loop_detection": {}}}
 
 
 class AgentSpecConflict(ValueError):
     """The run asks for something its Agent does not allow; the message is one line for the user."""
 
 
-def resolve(agent_spec: Mapping[str, Any], run_spec: Mapping[str, Any], agent_name: str) -> dict[str, Any]:
-    """The spec the run executes (camelCase, as stored), without agentRef.
+def resolve(agent: AgentSpec, run: AgentRunSpec, agent_name: str) -> AgentRunSpec:
+    """The spec the run executes, without agentRef; its declared fields are the Agent's and the run's.
 
-    Agent fields come first; the run's model and limits override per key (loopDetection too);
-    any other field the run sets replaces the Agent's. The Agent's own spec is never changed.
+    The run's model and limits override the Agent's field by field (loopDetection too); any other
+    field the run declares replaces the Agent's. Raises AgentSpecConflict for a field the Agent owns
+    or a limit the run loosens, and pydantic's ValidationError when the two together are refused
+    (e.g. the run's toolChoice forcing a tool of an Agent that thinks).
     """
+    declared = {_alias(run, name) for name in run.model_fields_set}
     for name in AGENT_OWNED_FIELDS:
-        if name in run_spec:
+        if name in declared:
             raise AgentSpecConflict(
                 f"spec.{name} comes from the Agent (spec.agentRef {agent_name}); a run cannot set it"
             )
-    effective: dict[str, Any] = copy.deepcopy(dict(agent_spec))
-    for name, value in run_spec.items():
-        if name in _SELECTING:
-            continue
-        if name in _PER_KEY and isinstance(value, Mapping) and isinstance(effective.get(name), Mapping):
-            effective[name] = _merged(effective[name], value)
-        else:
-            effective[name] = copy.deepcopy(value)
-    limits = run_spec.get("limits")
-    if isinstance(limits, Mapping):
-        _check_tightened(agent_spec.get("limits") or {}, limits, agent_name)
-    return effective
+    _check_tightened(agent.limits, run.limits, agent_name)
+    return AgentRunSpec.model_validate(_overlay(agent, run, _PER_FIELD, skip=_SELECTING))
 
 
-def _merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(dict(base))
-    for key, value in override.items():
-        if key == "loopDetection" and isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = {**merged[key], **copy.deepcopy(dict(value))}
+def _overlay(
+    base: BaseModel, over: BaseModel, per_field: Mapping[str, Any], skip: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """``base``'s declared fields with ``over``'s on top, as the API spells them (so that a refusal of
+    the whole names each field as the manifest does)."""
+    merged = base.model_dump(by_alias=True, exclude_unset=True)
+    for name in over.model_fields_set - skip:
+        alias, below = _alias(over, name), getattr(base, name, None)
+        if name in per_field and isinstance(below, BaseModel) and name in base.model_fields_set:
+            merged[alias] = _overlay(below, getattr(over, name), per_field[name])
         else:
-            merged[key] = copy.deepcopy(value)
+            merged[alias] = over.model_dump(by_alias=True, exclude_unset=True, include={name})[alias]
     return merged
 
 
-def _builtin_limits() -> dict[str, Any]:
-    defaults: dict[str, Any] = Limits().model_dump(by_alias=True, mode="json")
-    return defaults
+def _alias(model: BaseModel, name: str) -> str:
+    return type(model).model_fields[name].alias or name
 
 
-def _check_tightened(agent_limits: Mapping[str, Any], run_limits: Mapping[str, Any], agent_name: str) -> None:
-    builtin = _builtin_limits()
-    allowed = {**builtin, **agent_limits}
-    for key, value in run_limits.items():
-        if key == "loopDetection":
-            nested = value if isinstance(value, Mapping) else {}
-            agent_nested = {**builtin["loopDetection"], **(agent_limits.get("loopDetection") or {})}
-            _check_values(f"limits.{key}", agent_nested, nested, agent_name)
-        else:
-            _check_values("limits", allowed, {key: value}, agent_name)
-
-
-def _check_values(
-    prefix: str, allowed: Mapping[str, Any], wanted: Mapping[str, Any], agent_name: str
-) -> None:
-    for key, value in wanted.items():
-        limit = allowed.get(key)
-        field = f"spec.{prefix}.{key}"
-        if isinstance(value, bool) or isinstance(limit, bool):
-            if limit is True and value is False:
-                raise AgentSpecConflict(
-                    f"{field} false would switch off what the Agent {agent_name} enables; "
-                    "a run can only tighten its Agent's limits"
+def _check_tightened(allowed: Limits, wanted: Limits, agent_name: str) -> None:
+    for name in sorted(wanted.model_fields_set, key=list(Limits.model_fields).index):
+        if name == "loop_detection":
+            nested = wanted.loop_detection
+            for inner in sorted(nested.model_fields_set, key=list(type(nested).model_fields).index):
+                field = f"spec.limits.loopDetection.{_alias(nested, inner)}"
+                _check_value(
+                    field, getattr(allowed.loop_detection, inner), getattr(nested, inner), agent_name
                 )
-            continue
-        if not _number(limit):
-            continue  # the Agent sets no limit here (e.g. no tokenBudget): the run may set any
-        if not _number(value) or value > limit:
-            shown = "null (no limit)" if value is None else value
+        else:
+            field = f"spec.limits.{_alias(wanted, name)}"
+            _check_value(field, getattr(allowed, name), getattr(wanted, name), agent_name)
+
+
+def _check_value(field: str, limit: Any, value: Any, agent_name: str) -> None:
+    if isinstance(value, bool) or isinstance(limit, bool):
+        if limit is True and value is False:
             raise AgentSpecConflict(
-                f"{field} {shown} is above the Agent {agent_name}'s {limit}; "
+                f"{field} false would switch off what the Agent {agent_name} enables; "
                 "a run can only tighten its Agent's limits"
             )
+        return
+    if limit is None:
+        return  # the Agent sets no limit here (e.g. no tokenBudget): the run may set any
+    if value is None or value > limit:
+        shown = "null (no limit)" if value is None else _number(value)
+        raise AgentSpecConflict(
+            f"{field} {shown} is above the Agent {agent_name}'s {_number(limit)}; "
+            "a run can only tighten its Agent's limits"
+        )
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _number(value: int | float) -> str:
+    """As a manifest writes it: a whole number of dollars without a decimal point."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)

@@ -312,18 +312,13 @@ def bounded_output(value: Any) -> tuple[Any, bool]:
     return None, True
 
 
-def observed(status: Mapping[str, Any], generation: int | None) -> StatusPatch | None:
+def observed(status: AgentRunStatus, generation: int | None) -> StatusPatch | None:
     """Marks a finished run's latest generation observed, or None when it already is.
 
     A finished run's spec can still change (cancel, approvals, ttlSecondsAfterFinished); without
     this, kstatus (Flux) reads `observedGeneration != generation` as "in progress" forever.
     """
-    if generation is None or status.get("observedGeneration") in (None, generation):
+    if generation is None or status.observed_generation in (None, generation):
         return None
-    raw = [c for c in status.get("conditions") or () if isinstance(c, Mapping)]
-    try:
-        conditions = [Condition.model_validate({**c, "observedGeneration": generation}) for c in raw]
-    except pydantic.ValidationError:
-        # Someone else's conditions: leave them alone rather than rewrite what we cannot read.
-        return StatusPatch(AgentRunStatus(observed_generation=generation))
+    conditions = [c.model_copy(update={"observed_generation": generation}) for c in status.conditions]
     return StatusPatch(AgentRunStatus(observed_generation=generation, conditions=conditions))

@@ -1,7 +1,7 @@
 """`agentrun run FILE`: one AgentRun manifest, run here, no cluster.
 
 It goes through the operator's own phases (controller/agentruns/phases.py): the Agent (an Agent
-document in the same file, for a run with spec.agentRef), admit, open tools, loop,
+document in the same file, for a run with spec.agentRef), validate, open tools, loop,
 and the finish phase's status, printed instead of written. Resume and the queue have no meaning
 here; Secrets are looked for once, in the cluster KUBECONFIG points at, and a missing one is an error.
 """
@@ -23,6 +23,7 @@ import yaml
 
 from agentrun.agents import AgentSpecConflict, resolve
 from agentrun.api import AGENT_KIND, API_VERSION, KIND, status_patches
+from agentrun.api.agent import AgentSpec
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.status_patches import StatusPatch
@@ -83,22 +84,29 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return manifest, agents
 
 
-def local_spec(manifest: Mapping[str, Any], agents: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The spec to run: with spec.agentRef, the Agent of the same file overridden by the run."""
-    raw = manifest.get("spec") or {}
-    ref = raw.get("agentRef") if isinstance(raw, Mapping) else None
-    if not isinstance(ref, Mapping):
-        return raw
-    name = str(ref.get("name", ""))
-    agent = agents.get(name)
-    if agent is None:
-        raise ManifestError(
-            f"spec.agentRef: Agent {name} is not in the file; put its Agent document in the same file"
-        )
-    try:
-        return resolve(agent.get("spec") or {}, raw, name)
-    except AgentSpecConflict as exc:
-        raise ManifestError(str(exc)) from exc
+def local_spec(manifest: Mapping[str, Any], agents: Mapping[str, Any]) -> AgentRunSpec:
+    """The spec to run, parsed and validated as the operator does it: with spec.agentRef, the Agent
+    of the same file overridden by the run."""
+    spec = phases.parse_spec(manifest.get("spec") or {})
+    if isinstance(spec, Ending):
+        raise ManifestError(spec.outcome.message)
+    if spec.agent_ref is not None:
+        name = spec.agent_ref.name
+        agent = agents.get(name)
+        if agent is None:
+            raise ManifestError(
+                f"spec.agentRef: Agent {name} is not in the file; put its Agent document in the same file"
+            )
+        try:
+            spec = resolve(AgentSpec.model_validate(agent.get("spec") or {}), spec, name)
+        except AgentSpecConflict as exc:
+            raise ManifestError(str(exc)) from exc
+        except pydantic.ValidationError as exc:
+            raise ManifestError(phases.describe_validation_error(exc)) from exc
+    refused = phases.validate(spec)
+    if refused is not None:
+        raise ManifestError(refused.outcome.message)
+    return spec
 
 
 class ProgressPrinter:
@@ -212,12 +220,9 @@ def admitted(path: Path) -> Admitted:
     except ManifestError as exc:
         raise Refused(str(exc)) from exc
     try:
-        raw_spec = local_spec(manifest, agents)
+        spec = local_spec(manifest, agents)
     except ManifestError as exc:
         raise Refused(f"{path}: {exc}") from exc
-    spec = phases.admit(raw_spec)
-    if isinstance(spec, Ending):
-        raise Refused(f"{path}: {spec.outcome.message}")
     try:
         settings = Settings.from_env()
     except pydantic.ValidationError as exc:

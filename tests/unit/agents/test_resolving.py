@@ -7,7 +7,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from agentrun.agents import AGENT_OWNED_FIELDS, AgentSpecConflict, resolve
+from agentrun.agents import AGENT_OWNED_FIELDS, AgentSpecConflict, resolving
 from agentrun.api.agent import AgentSpec
 from agentrun.api.spec import AgentRunSpec, Limits, LoopDetection
 
@@ -23,6 +23,12 @@ AGENT: dict[str, Any] = {
 
 def run(**fields: Any) -> dict[str, Any]:
     return {"task": "review #12", "agentRef": {"name": "reviewer"}, **fields}
+
+
+def resolve(agent: dict[str, Any], run: dict[str, Any], name: str) -> dict[str, Any]:
+    """The effective spec of the two manifests' specs, as what it declares (camelCase)."""
+    effective = resolving.resolve(AgentSpec.model_validate(agent), AgentRunSpec.model_validate(run), name)
+    return effective.model_dump(by_alias=True, exclude_unset=True)
 
 
 def test_a_run_that_sets_nothing_gets_the_agents_spec_with_its_task_and_without_agent_ref() -> None:
@@ -57,8 +63,9 @@ def test_other_fields_the_run_sets_replace_the_agents() -> None:
 @pytest.mark.parametrize("field", AGENT_OWNED_FIELDS)
 def test_a_field_the_agent_owns_is_refused_by_resolution_and_by_the_model(field: str) -> None:
     value: Any = {"systemPrompt": "x", "serviceAccountName": "sa"}.get(field, [] if "ools" in field else {})
+    without_ref = {k: v for k, v in run(**{field: value}).items() if k != "agentRef"}
     with pytest.raises(AgentSpecConflict, match=rf"^spec\.{field} comes from the Agent"):
-        resolve(AGENT, run(**{field: value}), "reviewer")
+        resolve(AGENT, without_ref, "reviewer")
     with pytest.raises(
         pydantic.ValidationError, match=rf"spec\.{field} comes from the Agent \(spec\.agentRef\)"
     ):
@@ -84,6 +91,15 @@ def _alias(model: type[pydantic.BaseModel], name: str) -> str:
     return info.alias or pydantic.alias_generators.to_camel(name)
 
 
+def _inside(model: type[pydantic.BaseModel], name: str, wanted: int) -> int:
+    """``wanted``, moved inside the field's bounds so that one less and one more are valid too."""
+    low, high = -(10**9), 10**9
+    for bound in model.model_fields[name].metadata:
+        low = max(low, getattr(bound, "ge", low))
+        high = min(high, getattr(bound, "le", high))
+    return max(low + 1, min(high - 1, wanted))
+
+
 def test_every_numeric_limit_is_covered() -> None:
     names = {path[-1] for path in _numeric_limits()}
     assert {"max_iterations", "token_budget", "cost_budget_usd", "timeout_seconds", "repeats"} <= names
@@ -94,7 +110,7 @@ def test_every_numeric_limit_is_covered() -> None:
 def test_every_numeric_limit_may_only_be_tightened(path: tuple[str, ...]) -> None:
     if len(path) == 1:
         key = _alias(Limits, path[0])
-        agent_value = 100
+        agent_value = _inside(Limits, path[0], 100)
         agent = {"limits": {key: agent_value}}
 
         def limits(value: Any) -> dict[str, Any]:
@@ -103,7 +119,7 @@ def test_every_numeric_limit_may_only_be_tightened(path: tuple[str, ...]) -> Non
         field = f"spec.limits.{key}"
     else:
         key = _alias(LoopDetection, path[1])
-        agent_value = 10
+        agent_value = _inside(LoopDetection, path[1], 10)
         agent = {"limits": {"loopDetection": {key: agent_value}}}
 
         def limits(value: Any) -> dict[str, Any]:

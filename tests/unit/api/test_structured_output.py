@@ -23,7 +23,7 @@ SCHEMA = {"type": "object", "properties": {"pods": {"type": "integer"}}, "requir
 
 
 def _admitted(schema: Any, **output: Any) -> AgentRunSpec | Ending:
-    return phases.admit({"task": "t", "output": {"schema": schema, **output}})
+    return phases.read_spec({"task": "t", "output": {"schema": schema, **output}})
 
 
 @pytest.mark.parametrize(

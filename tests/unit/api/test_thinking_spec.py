@@ -18,7 +18,7 @@ TOOLS = [{"builtin": {"name": "current_time"}}]
 
 
 def _admit(model: dict[str, Any], **spec: Any) -> AgentRunSpec | phases.Ending:
-    return phases.admit({"task": "t", "model": model, **spec})
+    return phases.read_spec({"task": "t", "model": model, **spec})
 
 
 @pytest.mark.parametrize(

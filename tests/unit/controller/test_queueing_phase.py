@@ -12,13 +12,14 @@ from prometheus_client import CollectorRegistry
 
 from agentrun.api import status_patches
 from agentrun.api.crd import crd
+from agentrun.api.status import AgentRunStatus
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
 from agentrun.api.usage import TokenUsage
 from agentrun.controller.agentruns import phases
-from agentrun.controller.agentruns.handling import priority_of
 from agentrun.controller.agentruns.phases import Ending
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.kube.calling import KubeClient
 from agentrun.loop.events import RunFinished, RunStarted
@@ -159,7 +160,12 @@ async def test_status_shows_the_queue_position_while_queued_and_not_once_the_run
         return dict(obj.get("status") or {})
 
     writer = StatusWriter(
-        KubeClient(api_client), namespace="default", name="q", generation=1, status={}, stopping=lambda: False
+        KubeClient(api_client),
+        namespace="default",
+        name="q",
+        generation=1,
+        status=AgentRunStatus(),
+        stopping=lambda: False,
     )
     slots = FairQueue(50)
     for i in range(50):
@@ -188,7 +194,7 @@ async def test_a_run_resumed_with_a_stale_position_drops_it_when_it_ends(
         namespace="default",
         name="stale",
         generation=1,
-        status={"queuePosition": 7},
+        status=AgentRunStatus(queue_position=7),
         stopping=lambda: False,
     )
     ended = Outcome(StopReason.CANCELLED, "spec.cancel was set while queued")
@@ -210,9 +216,19 @@ def test_queued_runs_are_counted_in_total_and_per_namespace() -> None:
     assert registry.get_sample_value("agentrun_runs_queued_by_namespace", {"namespace": "team-b"}) == 1
 
 
-def test_a_runs_priority_is_read_from_its_spec_and_anything_but_an_integer_is_the_default() -> None:
+def priority_of(spec: dict[str, Any], status: dict[str, Any] | None = None) -> int:
+    return RunObject.parse(
+        {"metadata": {"uid": "u"}, "spec": {"task": "t", **spec}, "status": status or {}}
+    ).priority
+
+
+def test_a_runs_priority_is_its_own_else_its_recorded_agents_and_a_spec_the_model_refuses_waits_with_0() -> (
+    None
+):
     assert priority_of({"priority": 7}) == 7
     assert priority_of({"priority": -3}) == -3
     assert priority_of({}) == 0
-    assert priority_of({"priority": True}) == 0
-    assert priority_of({"priority": "9"}) == 0
+    from_agent = {"agentSpec": {"priority": 5}}
+    assert priority_of({"agentRef": {"name": "a"}}, from_agent) == 5
+    assert priority_of({"agentRef": {"name": "a"}, "priority": 1}, from_agent) == 1
+    assert priority_of({"priority": 5000}) == 0  # above the CRD's bound: the run ends InvalidSpec

@@ -15,12 +15,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import pydantic
+
 from agentrun.agents import AgentSpecConflict, resolve
-from agentrun.api.status import AgentUsed
+from agentrun.api.agent import AgentSpec
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus, AgentUsed
 from agentrun.api.stops import StopReason
 from agentrun.api.traces import Progress
-from agentrun.controller.agentruns.phases import Ending, admit
+from agentrun.controller.agentruns.phases import Ending, describe_validation_error, validate
 from agentrun.controller.agentruns.resuming import NO_PROGRESS
+from agentrun.kube.objects import ObjectMeta
 
 __all__ = ["AgentSource", "AgentWaiters", "agent_not_found", "resolve_agent"]
 
@@ -63,8 +68,8 @@ def agent_not_found(name: str, namespace: str) -> str:
 
 
 async def resolve_agent(
-    raw_spec: Mapping[str, Any],
-    status: Mapping[str, Any],
+    spec: AgentRunSpec,
+    status: AgentRunStatus,
     *,
     namespace: str,
     source: AgentSource,
@@ -74,21 +79,20 @@ async def resolve_agent(
     waiters: AgentWaiters | None = None,
     retry_seconds: float = 5.0,
     progress: Progress = NO_PROGRESS,
-) -> Mapping[str, Any] | Ending:
+) -> AgentRunSpec | Ending:
     """The spec the run executes: its own without agentRef, else its Agent's overridden by it.
 
     A run that asks for more than its Agent allows ends InvalidSpec naming the field, both values
-    and the Agent; an effective spec the run's admission refuses ends it InvalidSpec with the Agent and
-    its generation first; a cancel while waiting for the Agent ends it Cancelled.
+    and the Agent; an Agent's spec, or an effective spec, the run's validation refuses ends it
+    InvalidSpec with the Agent and its generation first; a cancel while waiting for the Agent ends it
+    Cancelled.
     """
-    ref = raw_spec.get("agentRef")
-    if not isinstance(ref, Mapping):
-        return raw_spec
-    name = str(ref.get("name", ""))
-    recorded = status.get("agentSpec")
-    if isinstance(recorded, Mapping):
-        agent_spec: Mapping[str, Any] = recorded
-        generation = (status.get("agent") or {}).get("generation")
+    if spec.agent_ref is None:
+        return spec
+    name = spec.agent_ref.name
+    if status.agent_spec is not None:
+        agent_spec: Mapping[str, Any] = status.agent_spec
+        generation = status.agent.generation if status.agent is not None else None
     else:
         found = await _wait_for_agent(
             name,
@@ -103,22 +107,21 @@ async def resolve_agent(
             return Ending.of(
                 StopReason.CANCELLED, "spec.cancel was set while waiting for the Agent", progress=progress
             )
-        metadata = found.get("metadata") or {}
-        agent_spec = found.get("spec") or {}
-        generation = metadata.get("generation")
-        await record(
-            AgentUsed(name=name, uid=str(metadata.get("uid", "")), generation=metadata.get("generation")),
-            agent_spec,
-        )
+        meta = ObjectMeta.of(found)
+        agent_spec, generation = found.get("spec") or {}, meta.generation
+        await record(AgentUsed(name=name, uid=meta.uid, generation=meta.generation), agent_spec)
     try:
-        effective = resolve(agent_spec, raw_spec, name)
+        effective = resolve(AgentSpec.model_validate(agent_spec), spec, name)
     except AgentSpecConflict as exc:
         return Ending.of(StopReason.INVALID_SPEC, str(exc), progress=progress)
-    # Admitted here too (the reconciler admits again, cheaply) so that a refusal names the Agent and the
-    # generation it comes from: the fields at fault are most often the Agent's, not the run's.
-    admitted = admit(effective)
-    if isinstance(admitted, Ending):
-        message = f"Agent {name} generation {generation}: {admitted.outcome.message}"
+    except pydantic.ValidationError as exc:
+        refused: Ending | None = Ending.of(StopReason.INVALID_SPEC, describe_validation_error(exc))
+    else:
+        # Validated here (the reconciler validates again, cheaply) so that a refusal names the Agent and
+        # the generation it comes from: the fields at fault are most often the Agent's, not the run's.
+        refused = validate(effective)
+    if refused is not None:
+        message = f"Agent {name} generation {generation}: {refused.outcome.message}"
         return Ending.of(StopReason.INVALID_SPEC, message, progress=progress)
     return effective
 

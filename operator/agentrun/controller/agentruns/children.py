@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,9 +27,11 @@ from agentrun.api import (
     status_patches,
 )
 from agentrun.api.model_spec import ModelSpec
-from agentrun.api.status import FINISHED_PHASES
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import Phase
 from agentrun.api.status_patches import StatusPatch
 from agentrun.api.usage import TokenUsage
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIError, APINotFoundError
 from agentrun.loop.errors import ToolError
@@ -38,7 +41,7 @@ from agentrun.tools.agent_calling import ChildRequest, ChildResult, carve, child
 
 logger = logging.getLogger(__name__)
 
-Listener = Callable[[str | None, Mapping[str, Any]], None]
+Listener = Callable[[str | None, RunObject], None]
 
 
 def depth_of(labels: Mapping[str, Any]) -> int:
@@ -60,11 +63,10 @@ class ChildWatch:
     def __init__(self) -> None:
         self._listeners: dict[str, list[Listener]] = {}
 
-    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        labels = (body.get("metadata") or {}).get("labels") or {}
-        parent = labels.get(LABEL_PARENT_UID)
-        for listener in list(self._listeners.get(str(parent), ())) if parent else ():
-            listener(event_type, body)
+    def observe(self, event_type: str | None, run: RunObject) -> None:
+        parent = run.labels.get(LABEL_PARENT_UID)
+        for listener in list(self._listeners.get(parent, ())) if parent else ():
+            listener(event_type, run)
 
     @contextlib.contextmanager
     def listening(self, parent_uid: str, listener: Listener) -> Any:
@@ -104,7 +106,7 @@ class RunChildren:
     poll_seconds: float = 30.0
     summary_interval: float = 5.0
     clock: Callable[[], float] = field(default=lambda: asyncio.get_running_loop().time())
-    _bodies: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    _bodies: dict[str, RunObject] = field(default_factory=dict)
     _changed: dict[str, asyncio.Event] = field(default_factory=dict)
     _summary: asyncio.Task[None] | None = None
     _summary_wanted: bool = False
@@ -134,18 +136,15 @@ class RunChildren:
                 self._summarise()
         return result_of(name, body)
 
-    def _heard(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        name = str((body.get("metadata") or {}).get("name") or "")
-        if event_type == "DELETED":
-            self._bodies[name] = _deleted(body)
-        else:
-            self._bodies[name] = body
+    def _heard(self, event_type: str | None, child: RunObject) -> None:
+        name = child.name
+        self._bodies[name] = _deleted(child) if event_type == "DELETED" else child
         event = self._changed.get(name)
         if event is not None:
             event.set()
         self._summarise()
 
-    async def _find_or_create(self, name: str, request: ChildRequest, depth: int) -> Mapping[str, Any]:
+    async def _find_or_create(self, name: str, request: ChildRequest, depth: int) -> RunObject:
         parent = self.parent
         try:
             existing = await self.kube.get_run(parent.namespace, name)
@@ -193,30 +192,29 @@ class RunChildren:
             # Created between the GET and now (another execution of this parent): that one is the child.
             return self._ours(await self.kube.get_run(parent.namespace, name))
         self.metrics.child_created(parent.namespace, request.agent)
-        return created
+        return RunObject.parse(created)
 
-    def _ours(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        labels = (body.get("metadata") or {}).get("labels") or {}
-        if labels.get(LABEL_PARENT_UID) != self.parent.uid:
-            name = (body.get("metadata") or {}).get("name")
+    def _ours(self, body: Mapping[str, Any]) -> RunObject:
+        child = RunObject.parse(body)
+        if child.labels.get(LABEL_PARENT_UID) != self.parent.uid:
             raise ToolError(
                 "child_conflict",
-                f"a run named {name} exists and is not a child of this run",
+                f"a run named {child.name} exists and is not a child of this run",
                 hint="try again later",
             )
-        return body
+        return child
 
-    async def _wait(self, name: str, changed: asyncio.Event) -> Mapping[str, Any]:
+    async def _wait(self, name: str, changed: asyncio.Event) -> RunObject:
         while True:
-            body = self._bodies[name]
-            if _finished(body):
-                return body
+            child = self._bodies[name]
+            if child.finished:
+                return child
             changed.clear()
             try:
                 await asyncio.wait_for(changed.wait(), timeout=self.poll_seconds)
             except TimeoutError:
                 try:
-                    self._bodies[name] = await self.kube.get_run(self.parent.namespace, name)
+                    self._bodies[name] = RunObject.parse(await self.kube.get_run(self.parent.namespace, name))
                 except APINotFoundError:
                     self._bodies[name] = _deleted(self._bodies[name])
                 except APIError as exc:  # the watch or the next poll tells
@@ -266,7 +264,7 @@ class RunChildren:
         if self._bodies or self._last_summary is not None:
             self._summary_wanted = False
             children = await self._write_summary()
-            if any(not _finished(c) for c in children):
+            if any(not RunObject.parse(c).finished for c in children):
                 with contextlib.suppress(APIError):
                     await cancel_children(self.kube, self.parent.namespace, self.parent.uid)
 
@@ -276,38 +274,37 @@ class RunChildren:
             self._summary.cancel()
 
 
-def _deleted(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    status = dict(body.get("status") or {})
-    if status.get("phase") not in FINISHED_PHASES:
-        status.update(phase="Failed", stopReason="Deleted", message="the child run was deleted")
-    return {**body, "status": status}
-
-
-def _finished(body: Mapping[str, Any]) -> bool:
-    return (body.get("status") or {}).get("phase") in FINISHED_PHASES
-
-
-def result_of(name: str, body: Mapping[str, Any]) -> ChildResult:
-    status = body.get("status") or {}
-    spec = body.get("spec") or {}
-    agent_spec = status.get("agentSpec") or {}
-    model = (spec.get("model") or {}).get("name") or (agent_spec.get("model") or {}).get("name")
-    used = status.get("usage") or {}
-    usage = TokenUsage(
-        input_tokens=int(used.get("inputTokens") or 0),
-        output_tokens=int(used.get("outputTokens") or 0),
-        cache_creation_input_tokens=int(used.get("cacheCreationInputTokens") or 0),
-        cache_read_input_tokens=int(used.get("cacheReadInputTokens") or 0),
+def _deleted(child: RunObject) -> RunObject:
+    if child.finished:
+        return child
+    status = child.status.model_copy(
+        update={"phase": Phase.FAILED, "stop_reason": "Deleted", "message": "the child run was deleted"}
     )
-    by_model = {str(model or ModelSpec().name): usage} if usage.total else {}
+    return dataclasses.replace(child, status=status)
+
+
+def result_of(name: str, child: RunObject) -> ChildResult:
+    status, spec = child.status, child.spec
+    if isinstance(spec, AgentRunSpec) and "name" in spec.model.model_fields_set:
+        model = spec.model.name
+    else:  # the Agent's, as the child recorded it
+        model = child.agent.model.name if child.agent is not None else ModelSpec().name
+    used = status.usage
+    usage = TokenUsage(
+        input_tokens=used.input_tokens,
+        output_tokens=used.output_tokens,
+        cache_creation_input_tokens=used.cache_creation_input_tokens,
+        cache_read_input_tokens=used.cache_read_input_tokens,
+    )
+    by_model = {model: usage} if usage.total else {}
     return ChildResult(
         name=name,
-        phase=str(status.get("phase")),
-        stop_reason=status.get("stopReason"),
-        message=status.get("message"),
-        result=status.get("result"),
-        output=status.get("output"),
-        has_output="output" in status and status.get("output") is not None,
+        phase=str(status.phase.value if status.phase is not None else None),
+        stop_reason=status.stop_reason,
+        message=status.message,
+        result=status.result,
+        output=status.output,
+        has_output=status.output is not None,
         usage_by_model=by_model,
     )
 
@@ -315,10 +312,11 @@ def result_of(name: str, body: Mapping[str, Any]) -> ChildResult:
 async def cancel_children(kube: KubeClient, namespace: str, parent_uid: str) -> None:
     """spec.cancel on every unfinished child; each child's own cancel reaches its children in turn."""
     listed = await kube.list_runs(namespace, label_selector=children_selector(parent_uid))
-    for child in listed.get("items") or []:
-        if _finished(child) or (child.get("spec") or {}).get("cancel"):
+    for item in listed.get("items") or []:
+        child = RunObject.parse(item)
+        if child.finished or child.spec.cancel:
             continue
-        name = child["metadata"]["name"]
+        name = child.name
         try:
             await kube.patch_run(namespace, name, {"spec": {"cancel": True}})
         except APINotFoundError:

@@ -22,14 +22,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentrun.api.status import FINISHED_PHASES
+import pydantic
+
 from agentrun.controller.agentruns.children import cancel_children, delete_children
-from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
+from agentrun.controller.agentruns.phases import describe_validation_error
+from agentrun.controller.agentruns.reconciler import AgentRunReconciler
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.status_writing import mark_observed
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.agentruns.ttl_reaping import TTLReaper
 from agentrun.controller.replicas.ownership import Held, Ownership, Standalone
-from agentrun.controller.snapshots import plain
+from agentrun.kube.objects import ObjectMeta
 
 run_logger = logging.getLogger("agentrun.run")
 logger = logging.getLogger(__name__)
@@ -50,22 +53,8 @@ class _Finished:
 
     namespace: str
     name: str
-    spec: Mapping[str, Any]
-    status: Mapping[str, Any]
-
-
-def priority_of(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> int:
-    """spec.priority (default 0); the CRD bounds it, so anything else is read as the default."""
-    value = run_field(spec, status or {}, "priority")
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def run_field(spec: Mapping[str, Any], status: Mapping[str, Any], name: str) -> Any:
-    """A field as the run has it: its own, else its Agent's as recorded (status.agentSpec)."""
-    if name in spec:
-        return spec[name]
-    agent_spec = status.get("agentSpec") if spec.get("agentRef") else None
-    return agent_spec.get(name) if isinstance(agent_spec, Mapping) else None
+    ttl: int | None
+    completion_time: str | None
 
 
 class AgentRunHandler:
@@ -84,7 +73,7 @@ class AgentRunHandler:
         self.replica = reconciler.settings.replica_name
         self.grace = reconciler.settings.handoff_grace_seconds
         # The newest body of every unfinished run seen (by uid), owned here or not.
-        self.unfinished: dict[str, Mapping[str, Any]] = {}
+        self.unfinished: dict[str, RunObject] = {}
         # Finished runs with a TTL (by uid): whoever owns one deletes it when its time is up.
         self.finished: dict[str, _Finished] = {}
         self._rebalance_wanted = False
@@ -97,100 +86,96 @@ class AgentRunHandler:
         self._closed = False
         self.ownership.subscribe(self._ownership_changed)
 
-    async def _execute(
-        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
-    ) -> None:
-        metadata = body.get("metadata") or {}
-        ref = RunRef(
-            namespace=metadata.get("namespace") or "",
-            name=metadata.get("name") or "",
-            uid=metadata.get("uid") or "",
-            generation=metadata.get("generation"),
-            spec=plain(body.get("spec") or {}),
-            status=plain(body.get("status") or {}),
-            created=str(metadata.get("creationTimestamp") or ""),
-            priority=priority_of(body.get("spec") or {}, body.get("status") or {}),
-            labels=dict(metadata.get("labels") or {}),
-        )
+    async def _execute(self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
         if self.handoff is None:  # alone: every run is this replica's for good
-            await self.reconciler.reconcile(ref, stopping=stopping, log=run_logger, yielding=yielding)
+            await self.reconciler.reconcile(run, stopping=stopping, log=run_logger, yielding=yielding)
             return
-        held = self._holds[ref.uid] = Held(self.ownership, ref.uid, lambda: self.supervisor.stop(ref.uid))
+        held = self._holds[run.uid] = Held(self.ownership, run.uid, lambda: self.supervisor.stop(run.uid))
         try:
             await self.reconciler.reconcile(
-                ref, stopping=stopping, log=run_logger, yielding=yielding, held=held
+                run, stopping=stopping, log=run_logger, yielding=yielding, held=held
             )
         finally:
-            if self._holds.get(ref.uid) is held:
-                del self._holds[ref.uid]
+            if self._holds.get(run.uid) is held:
+                del self._holds[run.uid]
 
     async def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """One watch event (None: from the initial listing)."""
-        metadata = body.get("metadata") or {}
-        uid = metadata.get("uid") or ""
-        spec, status = body.get("spec") or {}, body.get("status") or {}
-        finished = status.get("phase") in FINISHED_PHASES
-        self.reconciler.child_watch.observe(event_type, body)
-        if event_type == "DELETED" or finished:
+        """One watch event (None: from the initial listing): the run parsed, then acted on."""
+        try:
+            run = RunObject.parse(body)
+        except pydantic.ValidationError as exc:  # the CRD's schema admits no such status
+            meta = ObjectMeta.of(body)
+            logger.error(
+                "AgentRun %s/%s: its status does not match the CRD's schema, the run is left alone: %s",
+                meta.namespace,
+                meta.name,
+                describe_validation_error(exc, "status"),
+            )
+            return
+        self.reconciler.child_watch.observe(event_type, run)
+        await self._observe(event_type, run)
+
+    async def _observe(self, event_type: str | None, run: RunObject) -> None:
+        uid = run.uid
+        if event_type == "DELETED" or run.finished:
             self.unfinished.pop(uid, None)
         elif uid:
-            self.unfinished[uid] = body
+            self.unfinished[uid] = run
         owned = self._owns(uid)
-        if owned or event_type == "DELETED" or metadata.get("deletionTimestamp"):
+        if owned or event_type == "DELETED" or run.deleting:
             # A run owned elsewhere is not started here; one being stopped is stopped either way.
-            self.supervisor.observe(event_type, body)
+            self.supervisor.observe(event_type, run)
             self.metrics.replica_owns(self.replica, self.supervisor.running)
         if event_type == "DELETED":
             self.finished.pop(uid, None)
             self.reaper.forget(uid)
             self.reconciler.forget(uid)
             self._passed_on.discard(uid)
-            if owned and status.get("children"):
-                self._pass_on(delete_children, metadata, uid)
+            if owned and run.status.children is not None:
+                self._pass_on(delete_children, run.namespace, uid)
             return
-        namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
-        if finished:
-            # Only what the reaper reads: thousands of finished runs' results need not stay in memory.
-            kept = _Finished(
-                namespace,
-                name,
-                {"ttlSecondsAfterFinished": run_field(spec, status, "ttlSecondsAfterFinished")},
-                {"completionTime": status.get("completionTime")},
-            )
-            if self.reaper.wants(kept.spec):
-                self.finished[uid] = kept
-            else:
-                self.finished.pop(uid, None)
-            if not owned:
-                return
-            self.reaper.observe(namespace, name, uid, kept.spec, kept.status)
-            # A spec change after (or racing) the end: observed, so kstatus reads the run as final.
-            await mark_observed(
-                self.reconciler.kube, namespace, name, plain(status), metadata.get("generation")
-            )
+        if run.finished:
+            await self._finished(run, owned)
             return
-        if spec.get("cancel"):
+        if run.spec.cancel:
             # Also before the run task registered the run: it finds the request when it starts.
             self.reconciler.request_cancel(uid)
             if (
                 owned
                 and uid not in self._passed_on
-                and (status.get("children") or uid in self.reconciler.runs)
+                and (run.status.children is not None or uid in self.reconciler.runs)
             ):
                 self._passed_on.add(uid)
-                self._pass_on(cancel_children, metadata, uid)
+                self._pass_on(cancel_children, run.namespace, uid)
         # spec.priority is mutable: a run waiting for a slot takes its new place in the queue.
-        self.reconciler.update_priority(uid, priority_of(spec, status))
-        approvals = spec.get("approvals")
-        if approvals:
-            self.reconciler.update_approvals(uid, plain(approvals))
+        self.reconciler.update_priority(uid, run.priority)
+        if run.spec.approvals:
+            self.reconciler.update_approvals(uid, run.spec.approvals)
 
-    def _pass_on(self, action: Callable[[Any, str, str], Any], metadata: Mapping[str, Any], uid: str) -> None:
+    async def _finished(self, run: RunObject, owned: bool) -> None:
+        # Only what the reaper reads: thousands of finished runs' results need not stay in memory.
+        kept = _Finished(
+            run.namespace,
+            run.name,
+            self.reaper.ttl(run.ttl_seconds_after_finished),
+            run.status.completion_time,
+        )
+        if kept.ttl is not None:
+            self.finished[run.uid] = kept
+        else:
+            self.finished.pop(run.uid, None)
+        if not owned:
+            return
+        self.reaper.observe(run.namespace, run.name, run.uid, kept.ttl, kept.completion_time)
+        # A spec change after (or racing) the end: observed, so kstatus reads the run as final.
+        await mark_observed(self.reconciler.kube, run.namespace, run.name, run.status, run.generation)
+
+    def _pass_on(self, action: Callable[[Any, str, str], Any], namespace: str, uid: str) -> None:
         """A parent's cancel or deletion, passed on to its children in the background."""
 
         async def passing() -> None:
             try:
-                await action(self.reconciler.kube, metadata.get("namespace") or "", uid)
+                await action(self.reconciler.kube, namespace, uid)
             except Exception as exc:  # garbage collection, or the children's own limits, end them later
                 logger.warning("could not pass %s on to the children of %s: %s", action.__name__, uid, exc)
 
@@ -260,7 +245,7 @@ class AgentRunHandler:
             self.metrics.replica_handoff(self.replica, "in", started)
         for uid, kept in self.finished.items():
             if self._owns(uid):
-                self.reaper.observe(kept.namespace, kept.name, uid, kept.spec, kept.status)
+                self.reaper.observe(kept.namespace, kept.name, uid, kept.ttl, kept.completion_time)
             else:
                 self.reaper.forget(uid)
         self.metrics.replica_owns(self.replica, self.supervisor.running)

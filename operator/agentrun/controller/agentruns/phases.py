@@ -1,10 +1,11 @@
-"""The life of one AgentRun as named phases: admit, resume, wait for Secrets, quota, queue, open
+"""The life of one AgentRun as named phases: validate, resume, wait for Secrets, quota, queue, open
 tools, loop, finish.
 
 Each phase returns what the next one needs, or an :class:`Ending`: the run ends there, and the
 finish phase writes why. The reconciler (reconciler.py) runs them in that order for the operator;
-`agentrun run` (cli/local.py) runs admit, open tools and loop, and prints the finish phase's
-status instead of writing it. Nothing here knows Kopf: phases get what they use as arguments.
+`agentrun run` (cli/local.py) runs validate, open tools and loop, and prints the finish phase's
+status instead of writing it. Nothing here knows Kopf: phases get what they use as arguments, the
+spec already parsed into its model where the run arrived (run_objects.py, or the manifest's file).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pydantic
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
@@ -43,14 +45,16 @@ from agentrun.tools.registry import (
 
 __all__ = [
     "Ending",
-    "admit",
     "admit_to_quotas",
     "describe_validation_error",
     "open_run_tools",
+    "parse_spec",
     "queue",
     "queued_message",
+    "read_spec",
     "resume",
     "run_agent_loop",
+    "validate",
     "wait_for_secrets",
 ]
 
@@ -85,20 +89,35 @@ def describe_validation_error(exc: pydantic.ValidationError, prefix: str = "spec
     return "; ".join(lines)
 
 
-def admit(raw_spec: Mapping[str, Any]) -> AgentRunSpec | Ending:
-    """The spec as the loop will use it, or InvalidSpec naming every field that is wrong.
+def parse_spec(raw: Mapping[str, Any]) -> AgentRunSpec | Ending:
+    """The spec as its model, or InvalidSpec naming every field pydantic refuses (one line each).
 
-    The CRD schema refuses most bad input at the API server; what it cannot express (tool
-    configuration, cross-field rules) ends the run here, before anything is spent.
+    Called where a spec arrives (the watch event, the manifest's file): the CRD schema is generated
+    from the same model, so what the API server admitted parses; what it cannot say (a usable JSON
+    Schema in output.schema) ends the run here, before anything is spent.
     """
     try:
-        spec = AgentRunSpec.model_validate(raw_spec)
-        check_tools(spec)
+        return AgentRunSpec.model_validate(raw)
     except pydantic.ValidationError as exc:
         return Ending.of(StopReason.INVALID_SPEC, describe_validation_error(exc))
+
+
+def validate(spec: AgentRunSpec) -> Ending | None:
+    """The validate phase: InvalidSpec for what neither the CRD schema nor the model can check alone
+    (tool configuration, the tools requiredTools and toolChoice name); None when the run may go on."""
+    try:
+        check_tools(spec)
     except InvalidToolSpec as exc:
         return Ending.of(StopReason.INVALID_SPEC, str(exc))
-    return spec
+    return None
+
+
+def read_spec(raw: Mapping[str, Any]) -> AgentRunSpec | Ending:
+    """A whole spec from a manifest, parsed and validated: what `agentrun run` and an Agent's check use."""
+    spec = parse_spec(raw)
+    if isinstance(spec, Ending):
+        return spec
+    return validate(spec) or spec
 
 
 #: Where the docs say how to add a price (an entry of AGENTRUN_PRICE_FILE).
@@ -135,7 +154,7 @@ def check_model(spec: AgentRunSpec, prices: PriceTable) -> Ending | None:
 
 
 async def resume(
-    store: TranscriptStore, status: Mapping[str, Any], cancel: asyncio.Event
+    store: TranscriptStore, status: AgentRunStatus, cancel: asyncio.Event
 ) -> ResumePoint | Ending:
     """Where the run continues from: its last persisted checkpoint (nothing, for a new run).
 
@@ -223,8 +242,7 @@ async def admit_to_quotas(
     run: Candidate,
     spec: AgentRunSpec,
     *,
-    raw_spec: Mapping[str, Any],
-    status: Mapping[str, Any],
+    status: AgentRunStatus,
     started: bool,
     cancel: asyncio.Event,
     announce: Callable[[str, str], Awaitable[None]],
@@ -234,9 +252,7 @@ async def admit_to_quotas(
     (reason QuotaExceeded) until there is. A run above a quota's per-run maximum ends InvalidSpec
     naming the quota and the field; one whose first request alone passes a quota's whole limit ends
     QuotaExceeded (it would wait forever); a cancel while waiting ends it Cancelled."""
-    admitted = await gate.admit_run(
-        run, spec, raw_spec, status, started=started, cancel=cancel, announce=announce
-    )
+    admitted = await gate.admit_run(run, spec, status, started=started, cancel=cancel, announce=announce)
     if admitted is None:
         return Ending.of(
             StopReason.CANCELLED, "spec.cancel was set while waiting for quota", progress=progress

@@ -1,9 +1,10 @@
 """The AgentRun reconciler: one run from its watch event to its terminal status.
 
-    resolve the Agent → admit → resume → wait for Secrets → quota → queue → open tools → loop → finish
+    resolve the Agent → validate → resume → wait for Secrets → quota → queue → open tools → loop → finish
 
 The phases are in phases.py; this module gives each run what its phases share (its transcript
-store, its status writer, its cancel signal, its approvals, its Events) and runs them in order.
+store, its status writer, its cancel signal, its approvals, its Events) and runs them in order,
+starting from the run as its watch event showed it, parsed (run_objects.py).
 Every phase may end the run instead (an :class:`~phases.Ending`), and then only the finish phase
 follows. Errors are translated here, once: an invalid spec or a tool that cannot start is an
 outcome; a missing Secret keeps the run Pending; everything the model or tools do is the loop's
@@ -15,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from agentrun import logs
 from agentrun.api import status_patches
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunSpec, Approval
 from agentrun.api.status import AgentUsed, Phase
+from agentrun.api.stops import StopReason
 from agentrun.api.times import unix_time
 from agentrun.controller.agentruns import phases
 from agentrun.controller.agentruns.agent_resolving import AgentWaiters, resolve_agent
@@ -33,6 +35,7 @@ from agentrun.controller.agentruns.observers import Fanout, LogObserver
 from agentrun.controller.agentruns.phases import Ending
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import ResumePoint
+from agentrun.controller.agentruns.run_objects import InvalidRunSpec, RunObject
 from agentrun.controller.agentruns.spec_approvals import SpecApprovals
 from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
@@ -60,26 +63,11 @@ run_quota_logger = logging.getLogger("agentrun.quotas")
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
-@dataclass(frozen=True)
-class RunRef:
-    """The run as one watch event showed it: plain data, a stable snapshot for one execution."""
-
-    namespace: str
-    name: str
-    uid: str
-    generation: int | None
-    spec: Mapping[str, Any]
-    status: Mapping[str, Any]
-    created: str = ""  # metadata.creationTimestamp: the queue's order within a namespace
-    priority: int = 0  # spec.priority as this event showed it; later changes reach the queue
-    labels: Mapping[str, str] = field(default_factory=dict)  # LABEL_DEPTH: where it is in a tree of runs
-
-
 @dataclass
 class _Run:
     """What the phases of one execution share."""
 
-    ref: RunRef
+    ref: RunObject
     store: TranscriptStore
     writer: StatusWriter
     cancel: asyncio.Event
@@ -144,7 +132,7 @@ class AgentRunReconciler:
         run = self.runs.get(uid)
         return run is not None and run.looping
 
-    def update_approvals(self, uid: str, entries: list[Any]) -> None:
+    def update_approvals(self, uid: str, entries: Sequence[Approval]) -> None:
         """A new version of spec.approvals; only runs executing here care."""
         run = self.runs.get(uid)
         if run is not None:
@@ -152,7 +140,7 @@ class AgentRunReconciler:
 
     async def reconcile(
         self,
-        ref: RunRef,
+        ref: RunObject,
         *,
         stopping: Callable[[], bool],
         log: Log,
@@ -186,14 +174,14 @@ class AgentRunReconciler:
             retry=retry,
         )
         cancel = self.cancels.setdefault(ref.uid, asyncio.Event())
-        if ref.spec.get("cancel"):
+        if ref.spec.cancel:
             cancel.set()
         run = _Run(
             ref,
             store,
             writer,
             cancel,
-            SpecApprovals(ref.spec.get("approvals") or []),
+            SpecApprovals(ref.spec.approvals),
             RunEvents(
                 KubeEventSink(self.kube),
                 InvolvedRun(ref.namespace, ref.name, ref.uid),
@@ -216,14 +204,9 @@ class AgentRunReconciler:
             self.runs.pop(ref.uid, None)
 
     async def _run_phases(self, run: _Run) -> None:
-        raw_spec = await self._resolve_agent(run)
-        if isinstance(raw_spec, Ending):
-            return await self._finish(run, raw_spec)
-        spec = phases.admit(raw_spec)
+        spec = await self._definition(run)
         if isinstance(spec, Ending):
             return await self._finish(run, spec)
-        if "priority" not in run.ref.spec:  # a run from an Agent waits with the Agent's priority
-            run.priority = spec.priority
         point = await phases.resume(run.store, run.ref.status, run.cancel)
         if isinstance(point, Ending):
             return await self._finish(run, point)
@@ -256,7 +239,7 @@ class AgentRunReconciler:
         )
         if isinstance(api_key, Ending):
             return await self._finish(run, api_key)
-        admission = await self._admit_to_quotas(run, spec, raw_spec, point)
+        admission = await self._admit_to_quotas(run, spec, point)
         if isinstance(admission, Ending):
             return await self._finish(run, admission)
         spec = admission.spec
@@ -268,7 +251,20 @@ class AgentRunReconciler:
         finally:
             self.queue.leave(ticket)
 
-    async def _resolve_agent(self, run: _Run) -> Mapping[str, Any] | Ending:
+    async def _definition(self, run: _Run) -> AgentRunSpec | Ending:
+        """What the run executes: its spec as the watch event showed it parsed, its Agent's merged in
+        (spec.agentRef), validated; InvalidSpec when the model refused the spec already."""
+        own = run.ref.spec
+        if isinstance(own, InvalidRunSpec):
+            return Ending.of(StopReason.INVALID_SPEC, own.problem)
+        spec = await self._resolve_agent(run, own)
+        if isinstance(spec, Ending):
+            return spec
+        if "priority" not in own.model_fields_set:  # a run from an Agent waits with the Agent's priority
+            run.priority = spec.priority
+        return phases.validate(spec) or spec
+
+    async def _resolve_agent(self, run: _Run, spec: AgentRunSpec) -> AgentRunSpec | Ending:
         ref = run.ref
 
         async def record(agent: AgentUsed, agent_spec: Mapping[str, Any]) -> None:
@@ -280,7 +276,7 @@ class AgentRunReconciler:
             )
 
         return await resolve_agent(
-            ref.spec,
+            spec,
             ref.status,
             namespace=ref.namespace,
             source=self.kube,
@@ -292,7 +288,7 @@ class AgentRunReconciler:
         )
 
     async def _admit_to_quotas(
-        self, run: _Run, spec: AgentRunSpec, raw_spec: Mapping[str, Any], point: ResumePoint
+        self, run: _Run, spec: AgentRunSpec, point: ResumePoint
     ) -> QuotaAdmission | Ending:
         if self.quotas is None:
             return QuotaAdmission(spec)
@@ -301,7 +297,6 @@ class AgentRunReconciler:
             self.quotas.gate,
             _candidate(ref, spec, self.prices, run.priority),
             spec,
-            raw_spec=raw_spec,
             status=ref.status,
             started=point.state is not None,
             cancel=run.cancel,
@@ -320,7 +315,7 @@ class AgentRunReconciler:
             )
         return admission
 
-    async def _release_quotas(self, ref: RunRef) -> None:
+    async def _release_quotas(self, ref: RunObject) -> None:
         """The run finished: its place in concurrentRuns is free (GC does it if this fails)."""
         if self.quotas is None:
             return
@@ -363,7 +358,7 @@ class AgentRunReconciler:
         )
         tracing: TracingObserver | None = None
         tools_open = contextlib.AsyncExitStack()
-        self.metrics.run_began(ref.uid, unix_time(ref.status.get("startTime")))
+        self.metrics.run_began(ref.uid, unix_time(ref.status.start_time))
         if point.state is None:
             self.metrics.run_started_at_depth(ref.namespace, depth_of(ref.labels))
         try:
@@ -432,7 +427,7 @@ class AgentRunReconciler:
         await run.writer.notify(finished)
 
 
-def _candidate(ref: RunRef, spec: AgentRunSpec, prices: PriceTable, priority: int) -> Candidate:
+def _candidate(ref: RunObject, spec: AgentRunSpec, prices: PriceTable, priority: int) -> Candidate:
     """The run as the quota line sees it, with the least room its first request needs."""
     floor = first_request_floor(spec.model.name, spec.system_prompt, spec.task, spec.model.max_tokens, prices)
     return Candidate(

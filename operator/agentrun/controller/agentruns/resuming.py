@@ -18,6 +18,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from agentrun.api.status import AgentRunStatus
 from agentrun.api.stops import Outcome
 from agentrun.api.times import seconds_since
 from agentrun.api.traces import Progress
@@ -55,13 +56,11 @@ def resume_point_of(
     )
 
 
-async def find_resume_point(store: TranscriptStore, status: Any) -> ResumePoint:
+async def find_resume_point(store: TranscriptStore, status: AgentRunStatus) -> ResumePoint:
     """A run whose loop never started (no status.startTime) wrote no chunks: nothing to read.
 
     The others are read by name from what their status counts on (see `read_chunk_objects`).
     """
-    status = status or {}
-    start_time = status.get("startTime")
-    if not start_time:
+    if not status.start_time:
         return resume_point_of(None, None)
-    return resume_point_of(await store.load(counted=store.counted(status)), start_time)
+    return resume_point_of(await store.load(counted=store.counted(status.transcript)), status.start_time)

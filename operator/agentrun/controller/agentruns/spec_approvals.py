@@ -1,6 +1,6 @@
 """spec.approvals as the loop's Approvals: watch events feed decisions in, waiting calls wake up.
 
-No polling: the Kopf event handler calls `update` with each new version of spec.approvals. The
+No polling: the Kopf event handler calls `update` with each new version of spec.approvals, parsed. The
 run task seeds it from the object it started with, so decisions made while the operator was down
 (or before a call was even requested) apply as soon as the call asks.
 """
@@ -8,45 +8,30 @@ run task seeds it from the object it started with, so decisions made while the o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
+from agentrun.api.spec import Approval
 from agentrun.loop.approving import Decision
 from agentrun.loop.protocols import ToolCall
 
 
-def parse_approvals(entries: Iterable[Any]) -> list[tuple[str, Decision]]:
-    """Entries the CRD schema admitted; anything else (an older schema, a hand edit) is skipped."""
-    parsed: list[tuple[str, Decision]] = []
-    for entry in entries:
-        if not isinstance(entry, Mapping):
-            continue
-        tool_use_id, decision = entry.get("toolUseId"), entry.get("decision")
-        if not isinstance(tool_use_id, str) or decision not in ("approve", "deny"):
-            continue
-        by, reason = entry.get("by"), entry.get("reason")
-        parsed.append(
-            (
-                tool_use_id,
-                Decision(
-                    approved=decision == "approve",
-                    by=by if isinstance(by, str) else None,
-                    reason=reason if isinstance(reason, str) else None,
-                ),
-            )
-        )
-    return parsed
+def decisions(entries: Iterable[Approval]) -> list[tuple[str, Decision]]:
+    """Each entry of spec.approvals (the model admitted it: decision is approve or deny) as the loop's."""
+    return [
+        (entry.tool_use_id, Decision(approved=entry.decision == "approve", by=entry.by, reason=entry.reason))
+        for entry in entries
+    ]
 
 
 class SpecApprovals:
-    def __init__(self, entries: Iterable[Any] = ()) -> None:
+    def __init__(self, entries: Iterable[Approval] = ()) -> None:
         self._decisions: dict[str, Decision] = {}
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
         self.update(entries)
 
-    def update(self, entries: Iterable[Any]) -> None:
+    def update(self, entries: Iterable[Approval]) -> None:
         """The first decision for an id counts: a later entry cannot undo a call that already ran."""
-        for tool_use_id, decision in parse_approvals(entries):
+        for tool_use_id, decision in decisions(entries):
             if tool_use_id in self._decisions:
                 continue
             self._decisions[tool_use_id] = decision

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentrun.api import status_patches
-from agentrun.api.status import PendingApproval, Phase, TranscriptRef
+from agentrun.api.status import AgentRunStatus, PendingApproval, Phase, TranscriptRef
 from agentrun.api.status_patches import StatusPatch
 from agentrun.api.times import now_rfc3339
 from agentrun.api.traces import Progress
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 async def mark_observed(
-    kube: KubeClient, namespace: str, name: str, status: Mapping[str, Any], generation: int | None
+    kube: KubeClient, namespace: str, name: str, status: AgentRunStatus, generation: int | None
 ) -> None:
     """A finished run's newer generation marked observed (status_patches.observed), best effort.
 
@@ -68,7 +68,7 @@ class StatusWriter:
         namespace: str,
         name: str,
         generation: int | None,
-        status: Mapping[str, Any],
+        status: AgentRunStatus,
         stopping: Callable[[], bool],
         retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
@@ -80,26 +80,27 @@ class StatusWriter:
         self._namespace = namespace
         self._name = name
         self._generation = generation
-        self._conditions: list[Mapping[str, Any]] = list(status.get("conditions") or [])
-        self._start_time = status.get("startTime")
+        self._conditions: list[Mapping[str, Any]] = [
+            c.model_dump(by_alias=True, exclude_unset=True) for c in status.conditions
+        ]
+        self._start_time = status.start_time
         self._stopping = stopping
         # Calls waiting for approval, in request order; `since` survives an operator restart.
         self._pending: dict[str, PendingApproval] = {}
-        previous = status.get("pendingApprovals") or []
-        self._since = {p.get("toolUseId"): p.get("since") for p in previous if isinstance(p, Mapping)}
-        self._clear_pending = bool(previous)
+        self._since = {p.tool_use_id: p.since for p in status.pending_approvals}
+        self._clear_pending = bool(status.pending_approvals)
         # status.queuePosition is removed by the next write that is not a queue position.
-        self._clear_queue_position = status.get("queuePosition") is not None
+        self._clear_queue_position = status.queue_position is not None
         self._progress: Progress | None = None  # latest, so a wait for approval shows what was spent
         # A run resumed while its status already says Running for this generation (its replica died or
         # handed it over, or the operator restarted) writes nothing to say so again: that write would
         # stand between hundreds of resuming runs and their next model requests on a busy API server.
         self._still_running = (
-            status.get("phase") == Phase.RUNNING
+            status.phase == Phase.RUNNING
             and bool(self._start_time)
-            and all(c.get("observedGeneration") == generation for c in self._conditions)
+            and all(c.observed_generation == generation for c in status.conditions)
         )
-        self._stored_counts = (status.get("iterations"), status.get("toolCalls"))
+        self._stored_counts = (status.iterations, status.tool_calls)
         self._retry = retry
         self._sleep = sleep
         # status.transcript rides along with the patches we make anyway: no write of its own.

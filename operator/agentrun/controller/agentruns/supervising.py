@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from agentrun.api.status import FINISHED_PHASES
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.loop.errors import HandedOff
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ MAX_RETRY_SECONDS = 60.0
 
 class Execute(Protocol):
     def __call__(
-        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
+        self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event
     ) -> Awaitable[None]:
         """Run it to its end; raise HandedOff when `yielding` stopped it at a checkpoint."""
         ...
@@ -46,7 +46,7 @@ class Execute(Protocol):
 
 @dataclass
 class _Task:
-    body: Mapping[str, Any]  # the newest seen: a restarted attempt starts from the current status
+    run: RunObject  # the newest seen: a restarted attempt starts from the current status
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     yielding: asyncio.Event = field(default_factory=asyncio.Event)  # stop at the next checkpoint
     task: asyncio.Task[None] | None = None
@@ -77,28 +77,27 @@ class RunSupervisor:
         """The uids of the runs with a task here (running, or waiting to be started again)."""
         return set(self._running)
 
-    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+    def observe(self, event_type: str | None, run: RunObject) -> None:
         """One watch event (None: from the initial listing) of one AgentRun."""
-        metadata = body.get("metadata") or {}
-        uid = metadata.get("uid")
+        uid = run.uid
         if not uid:
             return
         if event_type == "DELETED":
             self.stop(uid)
             self._ended.discard(uid)
             return
-        if metadata.get("deletionTimestamp"):
+        if run.deleting:
             self.stop(uid)
             return
-        if (body.get("status") or {}).get("phase") in FINISHED_PHASES:
+        if run.finished:
             return
         running = self._running.get(uid)
         if running is not None:
-            running.body = body
+            running.run = run
             return
         if self._closed or uid in self._ended:
             return
-        entry = _Task(body)
+        entry = _Task(run)
         self._running[uid] = entry
         entry.task = asyncio.create_task(self._supervise(uid, entry), name=f"agentrun:{uid}")
 
@@ -171,7 +170,7 @@ class RunSupervisor:
         try:
             while not entry.stopped.is_set():
                 try:
-                    await self._execute(entry.body, entry.stopped.is_set, entry.yielding)
+                    await self._execute(entry.run, entry.stopped.is_set, entry.yielding)
                 except asyncio.CancelledError:
                     raise
                 except HandedOff:

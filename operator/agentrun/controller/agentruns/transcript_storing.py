@@ -187,17 +187,11 @@ class TranscriptStore:
         self._position(transcript)
         return transcript
 
-    def counted(self, status: Mapping[str, Any]) -> int:
+    def counted(self, ref: TranscriptRef | None) -> int:
         """How many of this store's chunks a run's status names (`status.transcript`)."""
-        ref = status.get("transcript")
-        if (
-            not isinstance(ref, Mapping)
-            or ref.get("namePrefix") != self.prefix
-            or ref.get("kind") != self.kind
-        ):
+        if ref is None or ref.name_prefix != self.prefix or ref.kind != self.kind:
             return 0
-        chunks = ref.get("chunks")
-        return chunks if isinstance(chunks, int) and chunks > 0 else 0
+        return max(ref.chunks, 0)
 
     async def notify(self, event: Event) -> None:
         match event:

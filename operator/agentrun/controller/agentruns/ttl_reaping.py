@@ -14,8 +14,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 from agentrun.api.times import parse_time
 from agentrun.kube.calling import KubeClient
@@ -25,14 +23,9 @@ logger = logging.getLogger(__name__)
 RETRY_SECONDS = 5.0
 
 
-def ttl_of(spec: Mapping[str, Any], default: int | None) -> int | None:
-    value = spec.get("ttlSecondsAfterFinished")
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def due_time(status: Mapping[str, Any], ttl: int, now: dt.datetime) -> dt.datetime:
+def due_time(completion_time: str | None, ttl: int, now: dt.datetime) -> dt.datetime:
     """completionTime + ttl; a finished run without completionTime counts from now."""
-    finished = parse_time(status.get("completionTime")) or now
+    finished = parse_time(completion_time) or now
     return finished + dt.timedelta(seconds=ttl)
 
 
@@ -46,19 +39,18 @@ class TTLReaper:
     def scheduled(self) -> int:
         return len(self._tasks)
 
-    def wants(self, spec: Mapping[str, Any]) -> bool:
-        """Whether a finished run with this spec is ever deleted by the reaper."""
-        return ttl_of(spec, self._default) is not None
+    def ttl(self, declared: int | None) -> int | None:
+        """A run's time to live: its spec.ttlSecondsAfterFinished, else the operator's default."""
+        return declared if declared is not None else self._default
 
     def observe(
-        self, namespace: str, name: str, uid: str, spec: Mapping[str, Any], status: Mapping[str, Any]
+        self, namespace: str, name: str, uid: str, ttl: int | None, completion_time: str | None
     ) -> None:
         """Called with every event of a finished run: (re)schedules or drops its deletion."""
-        ttl = ttl_of(spec, self._default)
         if ttl is None:
             self.forget(uid)
             return
-        due = due_time(status, ttl, dt.datetime.now(dt.UTC))
+        due = due_time(completion_time, ttl, dt.datetime.now(dt.UTC))
         current = self._tasks.get(uid)
         if current is not None and current[0] == due and not current[1].done():
             return

@@ -1,8 +1,9 @@
 """What an Agent's status should say: its spec checked exactly as a run of it would be admitted.
 
-The check is the run's own admission (controller/agentruns/phases.py) on the Agent's spec with a task,
-i.e. the effective spec of a run that sets nothing but agentRef and task: the verdict and the message are
-the ones such a run would end with, never a second set of rules that could drift from the first.
+The check is the run's own parse and validation (controller/agentruns/phases.py) on the Agent's spec
+with a task, i.e. the effective spec of a run that sets nothing but agentRef and task: the verdict and
+the message are the ones such a run would end with, never a second set of rules that could drift from
+the first.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun.api.conditions import INVALID_SPEC, condition
-from agentrun.controller.agentruns.phases import Ending, admit
+from agentrun.controller.agentruns.phases import Ending, read_spec
 
 __all__ = ["INVALID_SPEC", "VALID", "VALID_MESSAGE", "agent_status", "check"]
 
@@ -23,8 +24,8 @@ _TASK = "(the run's task)"
 
 def check(spec: Mapping[str, Any]) -> str | None:
     """None when a run of the Agent would be admitted; else one line naming every field that is wrong."""
-    admitted = admit({**spec, "task": _TASK})
-    return admitted.outcome.message if isinstance(admitted, Ending) else None
+    read = read_spec({**spec, "task": _TASK})
+    return read.outcome.message if isinstance(read, Ending) else None
 
 
 def agent_status(body: Mapping[str, Any], now: str) -> dict[str, Any]:

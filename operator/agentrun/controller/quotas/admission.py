@@ -29,7 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.api.status import QuotaLimits
+from agentrun.api.status import AgentRunStatus, QuotaLimits
 from agentrun.controller.quotas import limits
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
@@ -142,8 +142,7 @@ class AdmissionGate:
         self,
         run: Candidate,
         spec: AgentRunSpec,
-        raw_spec: Mapping[str, Any],
-        status: Mapping[str, Any],
+        status: AgentRunStatus,
         *,
         started: bool,
         cancel: asyncio.Event,
@@ -159,7 +158,7 @@ class AdmissionGate:
         if not definitions and kept is None:
             return QuotaAdmission(spec)
         if not started and kept is None:
-            refused = limits.violation(definitions, raw_spec)
+            refused = limits.violation(definitions, spec)
             if refused is not None:
                 self._metrics.quota_refused(run.namespace, refused.quota, refused.field, "spec")
                 return refused
@@ -169,7 +168,7 @@ class AdmissionGate:
         if kept is not None or started:  # a run that started without quota limits keeps none
             imposed = kept
         else:
-            imposed = limits.imposed(await self.definitions(run.namespace), raw_spec)
+            imposed = limits.imposed(await self.definitions(run.namespace), spec)
         return QuotaAdmission(
             limits.applied(spec, imposed), imposed, record=kept is None and imposed is not None
         )

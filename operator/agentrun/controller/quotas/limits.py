@@ -7,12 +7,11 @@ the typed spec the loop uses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
-from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.api.status import QuotaLimits
+from agentrun.api.status import AgentRunStatus, QuotaLimits
 from agentrun.quotas.definitions import DOLLAR_FIELDS, Amount, QuotaDefinition
 from agentrun.quotas.per_run import (
     LIMITS_ATTRIBUTES,
@@ -23,29 +22,25 @@ from agentrun.quotas.per_run import (
 )
 
 
-def declared(raw_spec: Mapping[str, Any]) -> dict[str, Amount | None]:
-    """The per-run limits the run's manifest sets itself (None: left out)."""
-    limits = raw_spec.get("limits") or {}
+def declared(spec: AgentRunSpec) -> dict[str, Amount | None]:
+    """The per-run limits the run's manifest (or its Agent's) sets itself (None: left out)."""
+    limits = spec.limits
     found: dict[str, Amount | None] = {}
     for api_name in PER_RUN_FIELDS:
-        value = limits.get(api_name, limits.get(LIMITS_ATTRIBUTES[api_name]))
-        if value is None or isinstance(value, bool):
-            found[api_name] = None
-        elif isinstance(value, int):
-            found[api_name] = value
-        else:
-            found[api_name] = Decimal(str(value))
+        attribute = LIMITS_ATTRIBUTES[api_name]
+        value = getattr(limits, attribute) if attribute in limits.model_fields_set else None
+        found[api_name] = None if value is None else value if isinstance(value, int) else Decimal(str(value))
     return found
 
 
-def violation(definitions: Sequence[QuotaDefinition], raw_spec: Mapping[str, Any]) -> PerRunViolation | None:
+def violation(definitions: Sequence[QuotaDefinition], spec: AgentRunSpec) -> PerRunViolation | None:
     """The first quota (by name) whose perRun max the run's own limits pass, said in one line."""
-    return per_run_violation(definitions, declared(raw_spec))
+    return per_run_violation(definitions, declared(spec))
 
 
-def imposed(definitions: Sequence[QuotaDefinition], raw_spec: Mapping[str, Any]) -> QuotaLimits | None:
+def imposed(definitions: Sequence[QuotaDefinition], spec: AgentRunSpec) -> QuotaLimits | None:
     """The limits the quotas set for what the run left out; None when they set nothing."""
-    values = imposed_limits(definitions, declared(raw_spec))
+    values = imposed_limits(definitions, declared(spec))
     if not values:
         return None
     return QuotaLimits.model_validate(
@@ -53,23 +48,16 @@ def imposed(definitions: Sequence[QuotaDefinition], raw_spec: Mapping[str, Any])
     )
 
 
-def recorded(status: Mapping[str, Any]) -> QuotaLimits | None:
-    raw = status.get("quotaLimits")
-    if not isinstance(raw, Mapping):
-        return None
-    limits = QuotaLimits.model_validate(raw)
-    return limits if limits.model_dump(exclude_none=True) else None
+def recorded(status: AgentRunStatus) -> QuotaLimits | None:
+    """What the quotas set at the run's admission (status.quotaLimits), if anything."""
+    limits = status.quota_limits
+    return limits if limits is not None and limits.model_dump(exclude_none=True) else None
 
 
 def applied(spec: AgentRunSpec, limits: QuotaLimits | None) -> AgentRunSpec:
-    """``spec`` with the quota's limits in spec.limits, as the loop uses them."""
-    if limits is None:
-        return spec
-    update = {
-        LIMITS_ATTRIBUTES[api_name]: value
-        for api_name, value in limits.model_dump(by_alias=True, exclude_none=True).items()
-        if api_name in LIMITS_ATTRIBUTES
-    }
+    """``spec`` with the quota's limits in spec.limits, as the loop uses them (QuotaLimits names its
+    fields as Limits does)."""
+    update = limits.model_dump(exclude_none=True) if limits is not None else {}
     if not update:
         return spec
     return spec.model_copy(update={"limits": spec.limits.model_copy(update=update)})

@@ -6,12 +6,15 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.api.status import AgentUsed
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus, AgentUsed
 from agentrun.api.stops import StopReason
 from agentrun.controller.agentruns.agent_resolving import AgentWaiters, resolve_agent
 from agentrun.controller.agentruns.phases import Ending
 
-RUN = {"task": "t", "agentRef": {"name": "writer"}, "model": {"maxTokens": 100}}
+RUN_SPEC: dict[str, Any] = {"task": "t", "agentRef": {"name": "writer"}, "model": {"maxTokens": 100}}
+RUN = AgentRunSpec.model_validate(RUN_SPEC)
+NO_STATUS = AgentRunStatus()
 AGENT = {
     "metadata": {"name": "writer", "uid": "u-1", "generation": 3},
     "spec": {"systemPrompt": "Write.", "model": {"name": "m", "maxTokens": 200}},
@@ -47,10 +50,10 @@ class Recorder:
 
 async def test_a_run_without_agent_ref_keeps_its_own_spec_and_reads_nothing() -> None:
     source, recorder = Source(), Recorder()
-    spec = {"task": "t"}
+    spec = AgentRunSpec(task="t")
     got = await resolve_agent(
         spec,
-        {},
+        NO_STATUS,
         namespace="ns",
         source=source,
         cancel=asyncio.Event(),
@@ -64,21 +67,26 @@ async def test_a_found_agent_is_recorded_once_and_merged_with_the_run() -> None:
     source, recorder = Source(AGENT), Recorder()
     got = await resolve_agent(
         RUN,
-        {},
+        NO_STATUS,
         namespace="ns",
         source=source,
         cancel=asyncio.Event(),
         announce=recorder.announce,
         record=recorder.record,
     )
-    assert got == {"task": "t", "systemPrompt": "Write.", "model": {"name": "m", "maxTokens": 100}}
+    assert got == AgentRunSpec.model_validate(
+        {"task": "t", "systemPrompt": "Write.", "model": {"name": "m", "maxTokens": 100}}
+    )
+    assert isinstance(got, AgentRunSpec) and got.model.model_fields_set == {"name", "max_tokens"}
     assert recorder.recorded == [(AgentUsed(name="writer", uid="u-1", generation=3), AGENT["spec"])]
     assert recorder.announced == []
 
 
 async def test_a_resumed_run_uses_the_recorded_spec_and_never_reads_the_agent_again() -> None:
     source, recorder = Source({**AGENT, "spec": {"systemPrompt": "Changed."}}), Recorder()
-    status = {"agent": {"name": "writer", "uid": "u-1", "generation": 3}, "agentSpec": AGENT["spec"]}
+    status = AgentRunStatus.model_validate(
+        {"agent": {"name": "writer", "uid": "u-1", "generation": 3}, "agentSpec": AGENT["spec"]}
+    )
     got = await resolve_agent(
         RUN,
         status,
@@ -88,7 +96,7 @@ async def test_a_resumed_run_uses_the_recorded_spec_and_never_reads_the_agent_ag
         announce=recorder.announce,
         record=recorder.record,
     )
-    assert isinstance(got, Mapping) and got["systemPrompt"] == "Write."
+    assert isinstance(got, AgentRunSpec) and got.system_prompt == "Write."
     assert source.reads == 0 and recorder.recorded == []
 
 
@@ -97,7 +105,7 @@ async def test_a_missing_agent_keeps_the_run_pending_until_an_agent_event_wakes_
     task = asyncio.create_task(
         resolve_agent(
             RUN,
-            {},
+            NO_STATUS,
             namespace="ns",
             source=source,
             cancel=asyncio.Event(),
@@ -118,7 +126,7 @@ async def test_a_missing_agent_keeps_the_run_pending_until_an_agent_event_wakes_
     source.agent = AGENT
     waiters.changed("ns", "writer")
     got = await asyncio.wait_for(task, 5)
-    assert isinstance(got, Mapping) and got["systemPrompt"] == "Write."
+    assert isinstance(got, AgentRunSpec) and got.system_prompt == "Write."
     assert len(recorder.announced) == 1 and len(recorder.recorded) == 1
 
 
@@ -128,7 +136,7 @@ async def test_cancel_while_waiting_for_the_agent_ends_the_run_cancelled() -> No
     task = asyncio.create_task(
         resolve_agent(
             RUN,
-            {},
+            NO_STATUS,
             namespace="ns",
             source=source,
             cancel=cancel,
@@ -146,8 +154,8 @@ async def test_cancel_while_waiting_for_the_agent_ends_the_run_cancelled() -> No
 async def test_a_run_loosening_its_agents_limit_ends_invalid_spec_naming_the_agent() -> None:
     source, recorder = Source(AGENT), Recorder()
     got = await resolve_agent(
-        {**RUN, "limits": {"maxIterations": 500}},
-        {},
+        AgentRunSpec.model_validate({**RUN_SPEC, "limits": {"maxIterations": 500}}),
+        NO_STATUS,
         namespace="ns",
         source=source,
         cancel=asyncio.Event(),
@@ -165,7 +173,7 @@ async def test_a_run_from_an_agent_its_admission_refuses_ends_invalid_spec_namin
     source, recorder = Source(broken), Recorder()
     got = await resolve_agent(
         RUN,
-        {},
+        NO_STATUS,
         namespace="ns",
         source=source,
         cancel=asyncio.Event(),
@@ -180,10 +188,9 @@ async def test_a_run_from_an_agent_its_admission_refuses_ends_invalid_spec_namin
 
 
 async def test_a_resumed_run_names_the_generation_it_recorded_when_refused() -> None:
-    status = {
-        "agent": {"name": "writer", "uid": "u-1", "generation": 7},
-        "agentSpec": {"model": {"name": ""}},
-    }
+    status = AgentRunStatus.model_validate(
+        {"agent": {"name": "writer", "uid": "u-1", "generation": 7}, "agentSpec": {"model": {"name": ""}}}
+    )
     got = await resolve_agent(
         RUN,
         status,

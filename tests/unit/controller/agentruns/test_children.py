@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.api import LABEL_PARENT_UID
 from agentrun.api.status_patches import StatusPatch
 from agentrun.controller.agentruns.children import ChildWatch, Parent, RunChildren, depth_of
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APINotFoundError
 from agentrun.loop.errors import ToolError
@@ -26,7 +27,7 @@ def child_body(name: str, phase: str | None = None, parent_uid: str = PARENT.uid
     status = {"phase": phase, "result": f"{name} done", "usage": {"inputTokens": 7}} if phase else {}
     return {
         "metadata": {"name": name, "labels": {LABEL_PARENT_UID: parent_uid}},
-        "spec": {},
+        "spec": {"task": "t", "agentRef": {"name": "helper"}},
         "status": status,
     }
 
@@ -84,11 +85,13 @@ async def test_a_new_child_is_created_with_carved_limits_and_its_finish_is_heard
     assert created["metadata"]["name"] == name
     assert created["spec"]["limits"]["tokenBudget"] == 300
     assert created["metadata"]["labels"]["agentrun.dev/depth"] == "2"
-    watch.observe("MODIFIED", child_body("someone-else", "Succeeded", parent_uid="uid-other"))
-    watch.observe("MODIFIED", child_body(name, "Running"))
+    watch.observe(
+        "MODIFIED", RunObject.parse(child_body("someone-else", "Succeeded", parent_uid="uid-other"))
+    )
+    watch.observe("MODIFIED", RunObject.parse(child_body(name, "Running")))
     await asyncio.sleep(0)
     assert not call.done()
-    watch.observe("MODIFIED", child_body(name, "Succeeded"))
+    watch.observe("MODIFIED", RunObject.parse(child_body(name, "Succeeded")))
     result = await asyncio.wait_for(call, 5)
     assert (result.phase, result.result) == ("Succeeded", f"{name} done")
     assert sum(u.total for u in result.usage_by_model.values()) == 7

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
+from agentrun.api.spec import Approval
 from agentrun.controller.agentruns.children import ChildWatch
 from agentrun.controller.agentruns.handling import AgentRunHandler
-from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
+from agentrun.controller.agentruns.reconciler import AgentRunReconciler
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.replicas.ownership import Standalone
 from agentrun.loop.errors import HandedOff
 from agentrun.metrics.definitions import Metrics
@@ -106,7 +108,7 @@ class FakeReconciler:
 
     async def reconcile(
         self,
-        ref: RunRef,
+        ref: RunObject,
         *,
         stopping: Callable[[], bool],
         log: Any,
@@ -114,7 +116,7 @@ class FakeReconciler:
         held: Callable[[], bool] | None = None,
     ) -> None:
         self.holds[ref.uid] = held
-        self.started.append((ref.uid, ref.status.get("iterations", 0)))
+        self.started.append((ref.uid, ref.status.iterations))
         self.active.add(ref.uid)
         try:
             if ref.uid in self.in_loop and yielding is not None:
@@ -136,7 +138,7 @@ class FakeReconciler:
     def forget(self, uid: str) -> None: ...
     def request_cancel(self, uid: str) -> None: ...
     def update_priority(self, uid: str, priority: int) -> None: ...
-    def update_approvals(self, uid: str, entries: list[Any]) -> None: ...
+    def update_approvals(self, uid: str, entries: Sequence[Approval]) -> None: ...
 
 
 def handler_of(

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from agentrun.controller.agentruns.holding import HeldModel, HeldTool
 from agentrun.controller.agentruns.queueing import FairQueue
-from agentrun.controller.agentruns.reconciler import AgentRunReconciler, RunRef
+from agentrun.controller.agentruns.reconciler import AgentRunReconciler
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.replicas.ownership import Held
 from agentrun.kube.calling import KubeClient
@@ -134,22 +135,19 @@ async def lapse_during(
             f"held-{where}", f"{TAG} record", model={"name": "claude-haiku-4-5"}, tools=[tool]
         )
         created = cluster.emulator.create_object("agentruns", manifest)
-        metadata: dict[str, Any] = created["metadata"]
-        ref = RunRef(
-            "default", metadata["name"], metadata["uid"], metadata.get("generation"), manifest["spec"], {}
-        )
+        ref = RunObject.parse(created)
         stops: list[str] = []
 
         def lost() -> None:
             stops.append(ref.uid)
             supervisor.stop(ref.uid)
 
-        async def execute(body: Any, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
+        async def execute(run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
             held = Held(membership, ref.uid, lost)  # as the run handler does, with replicas
             await reconciler.reconcile(ref, stopping=stopping, log=logging.getLogger("test"), held=held)
 
         supervisor = RunSupervisor(execute)
-        supervisor.observe(None, created)
+        supervisor.observe(None, ref)
         try:
             if where == "model":
                 while not model.requests_for(TAG):

@@ -29,7 +29,7 @@ class Announcements:
 
 
 def test_admit_ends_an_invalid_spec_naming_every_wrong_field() -> None:
-    ending = phases.admit({"task": "", "model": {"name": "m", "maxTokens": 0}, "extra": 1})
+    ending = phases.read_spec({"task": "", "model": {"name": "m", "maxTokens": 0}, "extra": 1})
     assert isinstance(ending, Ending)
     assert ending.outcome.stop_reason is StopReason.INVALID_SPEC
     assert "spec.model.maxTokens" in ending.outcome.message
@@ -37,7 +37,9 @@ def test_admit_ends_an_invalid_spec_naming_every_wrong_field() -> None:
 
 
 def test_admit_ends_a_tool_configuration_the_schema_cannot_check() -> None:
-    ending = phases.admit({**SPEC, "tools": [{"builtin": {"name": "http_fetch", "config": {"bogus": 1}}}]})
+    ending = phases.read_spec(
+        {**SPEC, "tools": [{"builtin": {"name": "http_fetch", "config": {"bogus": 1}}}]}
+    )
     assert isinstance(ending, Ending)
     assert ending.outcome.stop_reason is StopReason.INVALID_SPEC
     assert ending.outcome.message.startswith(
@@ -47,20 +49,22 @@ def test_admit_ends_a_tool_configuration_the_schema_cannot_check() -> None:
 
 def test_admit_ends_an_unknown_builtin_naming_the_known_ones() -> None:
     """What a run applied before its CRD had the enum, or run with `agentrun run`, is told."""
-    ending = phases.admit({**SPEC, "tools": [{"builtin": {"name": "no_such_tool"}}]})
+    ending = phases.read_spec({**SPEC, "tools": [{"builtin": {"name": "no_such_tool"}}]})
     assert isinstance(ending, Ending)
     assert ending.outcome.message.startswith("spec.tools[0].builtin.name: Input should be 'calculator', ")
 
 
 def test_admit_returns_the_validated_spec() -> None:
-    spec = phases.admit(SPEC)
+    spec = phases.read_spec(SPEC)
     assert isinstance(spec, AgentRunSpec) and spec.task == "t"
 
 
 async def test_a_run_waits_pending_once_for_its_key_secret_and_starts_when_it_appears(
     kube: KubeClient, core: client.CoreV1Api
 ) -> None:
-    spec = phases.admit({**SPEC, "model": {**SPEC["model"], "apiKeySecretRef": {"name": "key", "key": "k"}}})
+    spec = phases.read_spec(
+        {**SPEC, "model": {**SPEC["model"], "apiKeySecretRef": {"name": "key", "key": "k"}}}
+    )
     assert isinstance(spec, AgentRunSpec)
     announce, cancel = Announcements(), asyncio.Event()
     env = RunToolEnvironment(kube, "default", "uid-1", None)
@@ -87,7 +91,7 @@ async def test_a_run_waits_pending_once_for_its_key_secret_and_starts_when_it_ap
 
 
 async def test_without_a_key_anywhere_the_run_says_so_and_a_cancel_ends_it() -> None:
-    spec = phases.admit(SPEC)
+    spec = phases.read_spec(SPEC)
     assert isinstance(spec, AgentRunSpec)
     announce, cancel = Announcements(), asyncio.Event()
     env = RunToolEnvironment(None, "default", "uid-1", None)
@@ -105,7 +109,7 @@ async def test_without_a_key_anywhere_the_run_says_so_and_a_cancel_ends_it() -> 
 
 
 async def test_the_operators_key_is_used_when_the_spec_names_none() -> None:
-    spec = phases.admit(SPEC)
+    spec = phases.read_spec(SPEC)
     assert isinstance(spec, AgentRunSpec)
     env = RunToolEnvironment(None, "default", "uid-1", None)
     found = await phases.secrets_ready(spec, env, operator_key="sk-operator")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from agentrun.api.status import AgentRunStatus
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress, TraceRow
 from agentrun.api.usage import TokenUsage
@@ -61,15 +62,17 @@ async def make_writer(
     await custom.create_namespaced_custom_object(
         "agentrun.dev", "v1alpha1", "default", "agentruns", agentrun(NAME, "count")
     )
-    if options.get("status"):  # what an earlier owner of the run left in its status
-        await KubeClient(api_client).patch_run_status("default", NAME, options["status"])
+    left = options.pop("status", None)
+    if left:  # what an earlier owner of the run left in its status
+        await KubeClient(api_client).patch_run_status("default", NAME, left)
     writer = StatusWriter(
         KubeClient(api_client),
         namespace="default",
         name=NAME,
         progress_interval=interval,
         clock=clock,
-        **{"stopping": lambda: False, "generation": 1, "status": {}, **options},
+        status=AgentRunStatus.model_validate(left or {}),
+        **{"stopping": lambda: False, "generation": 1, **options},
     )
 
     async def status() -> dict[str, Any]:

@@ -6,33 +6,37 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.loop.errors import HandedOff
 
 
-def run_body(uid: str, phase: str | None = None, **metadata: Any) -> dict[str, Any]:
-    status = {"phase": phase} if phase else {}
-    return {
-        "metadata": {"uid": uid, "name": f"run-{uid}", "namespace": "default", **metadata},
-        "status": status,
-    }
+def run_body(
+    uid: str, phase: str | None = None, *, status: Mapping[str, Any] = {}, **metadata: Any
+) -> RunObject:
+    """The run as the handler hands it on: parsed from its watch event."""
+    return RunObject.parse(
+        {
+            "metadata": {"uid": uid, "name": f"run-{uid}", "namespace": "default", **metadata},
+            "spec": {"task": "t"},
+            "status": {**status, **({"phase": phase} if phase else {})},
+        }
+    )
 
 
 class Executions:
     """Records every start; each execution waits until released (or fails when told to)."""
 
     def __init__(self) -> None:
-        self.started: list[tuple[str, Mapping[str, Any]]] = []
+        self.started: list[tuple[str, RunObject]] = []
         self.stopping: dict[str, Callable[[], bool]] = {}
         self.cancelled: list[str] = []
         self.release = asyncio.Event()
         self.failures = 0
 
-    async def __call__(
-        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
-    ) -> None:
-        uid = body["metadata"]["uid"]
-        self.started.append((uid, body))
+    async def __call__(self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
+        uid = run.uid
+        self.started.append((uid, run))
         self.stopping[uid] = stopping
         if self.failures:
             self.failures -= 1
@@ -104,15 +108,13 @@ async def test_a_failed_task_starts_again_after_a_backoff_from_the_newest_body()
     supervisor = RunSupervisor(executions, first_retry_seconds=0.01, max_retry_seconds=0.02)
     supervisor.observe("ADDED", run_body("a"))
     await settle()
-    newer = run_body("a", "Running")
-    newer["status"]["startTime"] = "2026-11-22T00:00:00Z"
-    supervisor.observe("MODIFIED", newer)
+    supervisor.observe("MODIFIED", run_body("a", "Running", status={"startTime": "2026-11-22T00:00:00Z"}))
     for _ in range(100):
         if len(executions.started) == 3:
             break
         await asyncio.sleep(0.01)
     assert len(executions.started) == 3
-    assert executions.started[-1][1]["status"]["startTime"] == "2026-11-22T00:00:00Z"
+    assert executions.started[-1][1].status.start_time == "2026-11-22T00:00:00Z"
     assert supervisor.running == 1
     await supervisor.close()
 
@@ -153,9 +155,7 @@ class Checkpointing:
         self.cancelled = 0
         self.yielded = 0
 
-    async def __call__(
-        self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
-    ) -> None:
+    async def __call__(self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
         self.starts += 1
         try:
             await yielding.wait()
@@ -228,7 +228,7 @@ async def test_a_run_with_nothing_under_way_and_a_zero_grace_are_stopped_at_once
 async def test_an_execution_that_fails_while_yielding_is_not_started_again() -> None:
     class FailsWhenAsked(Checkpointing):
         async def __call__(
-            self, body: Mapping[str, Any], stopping: Callable[[], bool], yielding: asyncio.Event
+            self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event
         ) -> None:
             self.starts += 1
             await yielding.wait()
