@@ -99,5 +99,6 @@ async def measure(section: Section, *, repeats: int, calls: int, seconds: float)
     )
     section.add(Figure("tool phase", median(phases) * 1000, "ms", len(phases)))
     section.notes.append(
-        f"limits.toolConcurrency is the default ({config.tool_concurrency}); {calls} calls run at once."
+        f"limits.toolConcurrency is the default ({config.limits.tool_concurrency}); "
+        f"{calls} calls run at once."
     )

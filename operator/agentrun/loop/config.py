@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.context_spec import ContextSpec
+from agentrun.api.spec import AgentRunSpec, Limits
+from agentrun.api.tool_specs import ToolChoice
 from agentrun.loop.answers import with_instructions
 from agentrun.loop.protocols import ServerContextEdits, Thinking
 
@@ -66,6 +68,24 @@ class ContextConfig:
     clear_on_server: bool = False
     compact_on_server: bool = False
 
+    @classmethod
+    def of(cls, context: ContextSpec, model: str, windows: Sequence[tuple[str, int]] = ()) -> ContextConfig:
+        """spec.context, with the window of ``model`` (spec.context.contextWindowTokens, else known)."""
+        clearing, compaction = context.clear_tool_results, context.compaction
+        window = context.context_window_tokens
+        return cls(
+            clear_tool_results=clearing.enabled,
+            keep_tool_results=clearing.keep_newest,
+            clear_min_chars=clearing.min_chars,
+            clear_batch=clearing.batch,
+            compaction=compaction.enabled,
+            threshold_percent=compaction.threshold_percent,
+            keep_turns=compaction.keep_newest_turns,
+            clear_on_server=clearing.strategy == "Server",
+            compact_on_server=compaction.strategy == "Server",
+            window_tokens=window if window is not None else context_window_of(model, windows),
+        )
+
     @property
     def threshold_tokens(self) -> int | None:
         """Where the loop compacts; None where it does not (off, on the server, or no window)."""
@@ -94,10 +114,16 @@ class ContextConfig:
 
 @dataclass(frozen=True)
 class LoopConfig:
+    """What the loop runs by. ``limits`` is the run's spec.limits as it is (with what the namespace's
+    quotas set, controller/quotas/limits.py), read by the steps as the API declares it; the rest is
+    derived from the spec where the loop needs another shape (the system prompt with the answer's
+    instructions, the first request's tool choice, the context window)."""
+
     run_id: str
     task: str
     model: str
     max_tokens: int
+    limits: Limits = field(default_factory=Limits)
     system: str | None = None
     temperature: float | None = None
     thinking: Thinking | None = None
@@ -105,18 +131,8 @@ class LoopConfig:
     finish_sequences: tuple[str, ...] = ()
     first_tool_choice: dict[str, Any] | None = None
     required_tools: tuple[str, ...] = ()
-    max_iterations: int = 20
-    token_budget: int | None = None
-    cost_budget_usd: Decimal | None = None
-    timeout_seconds: float = 1800.0
-    tool_concurrency: int = 8
-    tool_timeout_seconds: float = 120.0
-    max_tool_result_chars: int = 20_000
-    max_consecutive_tool_errors: int = 5
-    loop_detection: bool = True
-    loop_repeats: int = 3
-    loop_failures_per_tool: int = 5
-    # How long a call of a requiresApproval tool waits for a decision before it is denied.
+    # How long a call of a requiresApproval tool waits for a decision before it is denied:
+    # limits.approvalTimeoutSeconds, else the operator's default.
     approval_timeout_seconds: float = 600.0
     # Bounds on the corrective turns the loop may spend on one response kind.
     max_continuations: int = 3
@@ -129,6 +145,12 @@ class LoopConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     context: ContextConfig = field(default_factory=ContextConfig)
 
+    @property
+    def cost_budget_usd(self) -> Decimal | None:
+        """limits.costBudgetUSD as an exact amount, compared with exact spend."""
+        budget = self.limits.cost_budget_usd
+        return Decimal(str(budget)) if budget is not None else None
+
     @classmethod
     def from_spec(
         cls,
@@ -140,69 +162,39 @@ class LoopConfig:
         context_windows: Sequence[tuple[str, int]] = (),
     ) -> LoopConfig:
         """`approval_timeout_seconds` is the operator's default, used when the spec sets none."""
-        limits = spec.limits
-        choice: dict[str, Any] | None = None
-        if spec.tool_choice is not None and spec.tool_choice.type != "auto":
-            choice = {"type": spec.tool_choice.type}
-            if spec.tool_choice.name is not None:
-                choice["name"] = spec.tool_choice.name
+        model, output = spec.model, spec.output
+        own_timeout = spec.limits.approval_timeout_seconds
         return cls(
             run_id=run_id,
             task=spec.task,
-            model=spec.model.name,
-            max_tokens=spec.model.max_tokens,
+            model=model.name,
+            max_tokens=model.max_tokens,
+            limits=spec.limits,
             # The answer's schema goes into the system prompt: stable, so cached, and never
             # compacted away like an early user turn could be.
             system=(
-                with_instructions(spec.system_prompt, spec.output.json_schema)
-                if spec.output is not None
-                else spec.system_prompt
+                with_instructions(spec.system_prompt, output.json_schema) if output else spec.system_prompt
             ),
-            output_schema=dict(spec.output.json_schema) if spec.output is not None else None,
-            max_output_retries=spec.output.max_retries if spec.output is not None else 2,
-            temperature=spec.model.temperature,
+            output_schema=dict(output.json_schema) if output else None,
+            max_output_retries=output.max_retries if output else 2,
+            temperature=model.temperature,
             thinking=(
-                Thinking(spec.model.thinking.budget_tokens, spec.model.thinking.interleaved)
-                if spec.model.thinking is not None
-                else None
+                Thinking(model.thinking.budget_tokens, model.thinking.interleaved) if model.thinking else None
             ),
-            stop_sequences=tuple(spec.model.stop_sequences),
-            finish_sequences=tuple(spec.model.finish_sequences),
-            first_tool_choice=choice,
+            stop_sequences=tuple(model.stop_sequences),
+            finish_sequences=tuple(model.finish_sequences),
+            first_tool_choice=_first_tool_choice(spec.tool_choice),
             required_tools=tuple(spec.required_tools),
-            max_iterations=limits.max_iterations,
-            token_budget=limits.token_budget,
-            cost_budget_usd=(
-                Decimal(str(limits.cost_budget_usd)) if limits.cost_budget_usd is not None else None
-            ),
-            timeout_seconds=float(limits.timeout_seconds),
-            tool_concurrency=limits.tool_concurrency,
-            tool_timeout_seconds=float(limits.tool_timeout_seconds),
-            max_tool_result_chars=limits.max_tool_result_chars,
-            max_consecutive_tool_errors=limits.max_consecutive_tool_errors,
-            loop_detection=limits.loop_detection.enabled,
-            loop_repeats=limits.loop_detection.repeats,
-            loop_failures_per_tool=limits.loop_detection.failures_per_tool,
             approval_timeout_seconds=float(
-                limits.approval_timeout_seconds
-                if limits.approval_timeout_seconds is not None
-                else approval_timeout_seconds
+                own_timeout if own_timeout is not None else approval_timeout_seconds
             ),
             retry=retry or RetryPolicy(),
-            context=ContextConfig(
-                clear_tool_results=spec.context.clear_tool_results.enabled,
-                keep_tool_results=spec.context.clear_tool_results.keep_newest,
-                clear_min_chars=spec.context.clear_tool_results.min_chars,
-                clear_batch=spec.context.clear_tool_results.batch,
-                compaction=spec.context.compaction.enabled,
-                threshold_percent=spec.context.compaction.threshold_percent,
-                keep_turns=spec.context.compaction.keep_newest_turns,
-                clear_on_server=spec.context.clear_tool_results.strategy == "Server",
-                compact_on_server=spec.context.compaction.strategy == "Server",
-                window_tokens=(
-                    spec.context.context_window_tokens
-                    if spec.context.context_window_tokens is not None
-                    else context_window_of(spec.model.name, context_windows)
-                ),
-            ),
+            context=ContextConfig.of(spec.context, model.name, context_windows),
         )
+
+
+def _first_tool_choice(choice: ToolChoice | None) -> dict[str, Any] | None:
+    """spec.toolChoice as the first request sends it; None for auto (the API's own default)."""
+    if choice is None or choice.type == "auto":
+        return None
+    return {"type": choice.type, **({"name": choice.name} if choice.name is not None else {})}

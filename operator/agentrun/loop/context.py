@@ -184,6 +184,6 @@ class Context:
 
     def user_message(self, blocks: list[Block]) -> Message:
         """Every user turn we write carries the final-turn notice once the iteration limit is hit."""
-        if self.state.iterations >= self.config.max_iterations and not self.state.final_turn:
+        if self.state.iterations >= self.config.limits.max_iterations and not self.state.final_turn:
             blocks = [*blocks, {"type": "text", "text": FINAL_TURN_PROMPT}]
         return {"role": "user", "content": blocks}

@@ -62,17 +62,22 @@ async def judge(ctx: Context, outcomes: Sequence[ToolOutcome], calls: Sequence[T
         state.consecutive_error_turns += 1
     else:
         state.consecutive_error_turns = 0
-    if state.consecutive_error_turns >= cfg.max_consecutive_tool_errors:
+    if state.consecutive_error_turns >= cfg.limits.max_consecutive_tool_errors:
         return Finish(
             Outcome(
                 StopReason.TOO_MANY_TOOL_ERRORS,
                 f"every tool call failed in {state.consecutive_error_turns} consecutive turns",
             )
         )
-    if cfg.loop_detection and outcomes:
+    if cfg.limits.loop_detection.enabled and outcomes:
         described = describe(outcomes, {c.id: c.input for c in calls})
         watch_turn(state.loop_watch, outcomes, label_of(described))
-        loop = find_loop(state.loop_watch, described, cfg.loop_repeats, cfg.loop_failures_per_tool)
+        loop = find_loop(
+            state.loop_watch,
+            described,
+            cfg.limits.loop_detection.repeats,
+            cfg.limits.loop_detection.failures_per_tool,
+        )
         if loop is not None:
             await ctx.observer.notify(LoopDetected(state.iterations, loop.message, loop.tool))
             return Finish(Outcome(StopReason.LOOP_DETECTED, loop.message))

@@ -22,12 +22,12 @@ async def prepare(ctx: Context) -> CallModel | Compact | Finish:
     if ctx.cancel.is_set():
         return Finish(Outcome(StopReason.CANCELLED, "spec.cancel was set"))
     if ctx.clock.monotonic() >= ctx.deadline:
-        return Finish(Outcome(StopReason.TIMEOUT, f"timeoutSeconds={cfg.timeout_seconds:g} reached"))
-    if cfg.token_budget is not None and state.usage.total >= cfg.token_budget:
+        return Finish(Outcome(StopReason.TIMEOUT, f"timeoutSeconds={cfg.limits.timeout_seconds:g} reached"))
+    if cfg.limits.token_budget is not None and state.usage.total >= cfg.limits.token_budget:
         return Finish(
             Outcome(
                 StopReason.TOKEN_BUDGET_EXCEEDED,
-                f"used {state.usage.total} of tokenBudget {cfg.token_budget} tokens",
+                f"used {state.usage.total} of tokenBudget {cfg.limits.token_budget} tokens",
             )
         )
     if cfg.cost_budget_usd is not None:
@@ -53,12 +53,12 @@ async def prepare(ctx: Context) -> CallModel | Compact | Finish:
     crowded = crowding(ctx)
     if crowded is not None:
         return crowded
-    if state.iterations >= cfg.max_iterations:
+    if state.iterations >= cfg.limits.max_iterations:
         if state.final_turn:
             return Finish(
                 Outcome(
                     StopReason.MAX_ITERATIONS,
-                    f"maxIterations={cfg.max_iterations} reached; final answer turn also used",
+                    f"maxIterations={cfg.limits.max_iterations} reached; final answer turn also used",
                 )
             )
         return CallModel(final=True)

@@ -167,7 +167,7 @@ def finish_max_iterations(step: Handle, ctx: Context) -> Finish:
     return Finish(
         Outcome(
             StopReason.MAX_ITERATIONS,
-            f"maxIterations={ctx.config.max_iterations} reached; "
+            f"maxIterations={ctx.config.limits.max_iterations} reached; "
             + ("result holds the final answer turn" if text else "the final answer turn gave no text"),
             result=text or None,
         )

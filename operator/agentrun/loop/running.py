@@ -80,9 +80,9 @@ async def run_loop(
     dispatcher = Dispatcher(
         tools,
         clock=clock,
-        concurrency=config.tool_concurrency,
-        timeout_seconds=config.tool_timeout_seconds,
-        max_result_chars=config.max_tool_result_chars,
+        concurrency=config.limits.tool_concurrency,
+        timeout_seconds=config.limits.tool_timeout_seconds,
+        max_result_chars=config.limits.max_tool_result_chars,
     )
     ctx = Context(
         config=config,
@@ -100,7 +100,7 @@ async def run_loop(
             observer,
             config.approval_timeout_seconds,
         ),
-        deadline=clock.monotonic() + config.timeout_seconds - elapsed_before,
+        deadline=clock.monotonic() + config.limits.timeout_seconds - elapsed_before,
         allowance=allowance,
     )
     await observer.notify(
@@ -119,7 +119,7 @@ async def run_loop(
             message = (
                 "spec.cancel was set"
                 if exc.reason is StopReason.CANCELLED
-                else (f"timeoutSeconds={config.timeout_seconds:g} reached")
+                else (f"timeoutSeconds={config.limits.timeout_seconds:g} reached")
             )
             step = Finish(Outcome(exc.reason, message))
     outcome = step.outcome

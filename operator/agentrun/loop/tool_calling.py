@@ -142,7 +142,7 @@ def call_budget(ctx: Context, names: list[str]) -> CallBudget:
     siblings = sum(1 for n in names if n in ctx.tools and ctx.tools[n].definition.spawns_runs)
     if not siblings:
         return CallBudget()
-    tokens = None if cfg.token_budget is None else max(cfg.token_budget - state.usage.total, 0)
+    tokens = None if cfg.limits.token_budget is None else max(cfg.limits.token_budget - state.usage.total, 0)
     cost_usd = None
     if cfg.cost_budget_usd is not None:
         spent, _ = state.cost(ctx.pricer)

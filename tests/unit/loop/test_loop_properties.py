@@ -28,6 +28,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from agentrun.api.spec import Limits
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.config import LoopConfig, RetryPolicy
@@ -193,12 +194,16 @@ turn_lists = st.lists(st.tuples(turns(), st.integers(1, 4)), max_size=8).map(
 
 configs = st.fixed_dictionaries(
     {
-        "max_iterations": st.integers(1, 6),
-        "token_budget": st.one_of(st.none(), st.integers(100, 3000)),
-        "cost_budget_usd": st.one_of(st.none(), st.decimals("0.1", "3", places=2)),
-        "timeout_seconds": st.sampled_from([30.0, 1000.0]),
-        "max_consecutive_tool_errors": st.integers(1, 4),
-        "tool_concurrency": st.integers(1, 3),
+        "limits": st.builds(
+            Limits,
+            max_iterations=st.integers(1, 6),
+            token_budget=st.one_of(st.none(), st.integers(100, 3000)),
+            cost_budget_usd=st.one_of(st.none(), st.decimals("0.1", "3", places=2).map(float)),
+            timeout_seconds=st.sampled_from([30, 1000]),
+            max_consecutive_tool_errors=st.integers(1, 4),
+            tool_concurrency=st.integers(1, 3),
+            tool_timeout_seconds=st.just(60),
+        ),
         "required_tools": st.sampled_from([(), ("alpha",)]),
     }
 )
@@ -261,7 +266,6 @@ async def play(turns_: Sequence[Turn], config: Mapping[str, Any]) -> Played:
         max_tokens=100,
         finish_sequences=(FINISH,),
         stop_sequences=(DRIFT,),
-        tool_timeout_seconds=60,
         retry=RetryPolicy(max_retries=2, base_seconds=1, max_seconds=4),
         **config,
     )
@@ -300,17 +304,17 @@ def test_the_loop_keeps_its_invariants_whatever_the_model_does(
     progress = last.progress
 
     # Iterations: bounded by the limit plus the final turn; one per answered request.
-    assert progress.iterations <= loop_config.max_iterations + 1
+    assert progress.iterations <= loop_config.limits.max_iterations + 1
     if outcome.stop_reason is StopReason.MAX_ITERATIONS:
-        assert progress.iterations >= loop_config.max_iterations
+        assert progress.iterations >= loop_config.limits.max_iterations
 
     # Usage in Progress is exactly what the responses reported.
     assert progress.usage == model.received
 
     # Budgets are checked before each request.
     for before in model.usage_before_request:
-        if loop_config.token_budget is not None:
-            assert before.total < loop_config.token_budget
+        if loop_config.limits.token_budget is not None:
+            assert before.total < loop_config.limits.token_budget
         if loop_config.cost_budget_usd is not None:
             assert Decimal(before.total) / 1000 < loop_config.cost_budget_usd
 
