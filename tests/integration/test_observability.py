@@ -414,7 +414,8 @@ async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_e
         "x",
         namespace=cluster.namespace,
         model=MODEL,
-        tools=[{"builtin": {"name": "no_such_tool"}}],
+        # The CRD refuses an unknown tool name at the API server; a built-in's config it cannot check.
+        tools=[{"builtin": {"name": "calculator", "config": {"precision": 3}}}],
     )
     runs["obs-invalid"] = await cluster.request("POST", cluster.runs_path, json=invalid)
     deadline = time.monotonic() + 60
@@ -439,7 +440,7 @@ async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_e
     # A run that never starts its loop still says why, on the run itself.
     [invalid_event] = by_run["obs-invalid"]
     assert (invalid_event["type"], invalid_event["reason"]) == ("Warning", "InvalidSpec")
-    assert "spec.tools[0].builtin.name" in invalid_event["message"]
+    assert "spec.tools[0].builtin.config: calculator: calculator takes no config" in invalid_event["message"]
     retries = [e for e in by_run["obs-tools"] if e["reason"] == "ModelRetry"]
     assert len(retries) == 1 and retries[0]["count"] == 2, "repeated retries are aggregated into one Event"
     for items in by_run.values():
