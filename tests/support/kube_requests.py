@@ -1,13 +1,12 @@
-"""Talking to the scenario's API server from integration tests: plain requests and waiting for runs."""
+"""Talking to the scenario's API server from integration tests: plain requests and waiting for runs
+(`until` is tests/support/waiting.py's, here too for the tests that import it from here)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tests.support.clusters import TestCluster
+from tests.support.waiting import until as until
 
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 
@@ -17,26 +16,13 @@ async def request(cluster: TestCluster, method: str, path: str, **kwargs: Any) -
     return await cluster.request(method, path, **kwargs)
 
 
-async def until(check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def wait_finished(cluster: TestCluster, name: str, timeout: float = 45.0) -> dict[str, Any]:
     """The run in the test namespace once its phase is final."""
-    found: dict[str, Any] = {}
-
-    async def finished() -> bool:
-        nonlocal found
-        found = await cluster.request("GET", f"{cluster.runs_path}/{name}")
-        return found.get("status", {}).get("phase") in FINISHED
-
-    await until(finished, f"{name} to finish", timeout)
-    return found
+    run: dict[str, Any] = await until(
+        lambda: cluster.request("GET", f"{cluster.runs_path}/{name}"),
+        f"{name} to finish",
+        timeout,
+        done=lambda run: run.get("status", {}).get("phase") in FINISHED,
+        every=0.1,
+    )
+    return run
