@@ -21,8 +21,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
-import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -119,12 +117,16 @@ class AdmissionGate:
         metrics: Metrics,
         *,
         clock: Callable[[], dt.datetime] = utc_now,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         announce_interval: float = 10.0,
     ) -> None:
+        """``clock`` and ``sleep``: the time the gate reads and waits by (tests pass a fake pair: when
+        new numbers are due and when to look again come from them alone)."""
         self._view = view
         self._write = write
         self._metrics = metrics
         self._clock = clock
+        self._sleep = sleep
         self._announce_interval = announce_interval
         self._queues: dict[str, _Queue] = {}
         self._verdicts: dict[str, tuple[Any, tuple[str, Blocked] | None]] = {}
@@ -188,7 +190,7 @@ class AdmissionGate:
         # new numbers (usage, runs ahead) at most once per announce interval. Else every settled
         # request of the namespace would rewrite the status of every run waiting there.
         announced_cause: tuple[str, str] | None = None
-        announced_at = -math.inf
+        announced_at: dt.datetime | None = None
         refused: set[str] = set()
         try:
             while not cancel.is_set():
@@ -232,15 +234,14 @@ class AdmissionGate:
                     )
                     room_at = verdict.room_at
                     cause = (quota, verdict.limit)
-                due = time.monotonic() - announced_at >= self._announce_interval
+                now = self._clock()
+                due = announced_at is None or (now - announced_at).total_seconds() >= self._announce_interval
                 if message != announced and (cause != announced_cause or due):
                     await announce(REASON, message)
-                    announced, announced_cause, announced_at = message, cause, time.monotonic()
+                    announced, announced_cause, announced_at = message, cause, now
                 elif message != announced:
                     # Newer numbers to show: look again once they may be written.
-                    room_at = _earliest(
-                        room_at, self._clock() + dt.timedelta(seconds=self._announce_interval)
-                    )
+                    room_at = _earliest(room_at, now + dt.timedelta(seconds=self._announce_interval))
                 await self._wait(changed, moved, cancel, room_at)
             return False
         finally:
@@ -330,10 +331,10 @@ class AdmissionGate:
         cancel: asyncio.Event,
         room_at: dt.datetime | None,
     ) -> None:
-        timeout = recheck_after(room_at, self._clock())
-        waits = [asyncio.ensure_future(e.wait()) for e in (changed, moved, cancel)]
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(e.wait()) for e in (changed, moved, cancel)]
+        waits.append(asyncio.ensure_future(self._sleep(recheck_after(room_at, self._clock()))))
         try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in waits:
                 task.cancel()

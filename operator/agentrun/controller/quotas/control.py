@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 from agentrun.controller.quotas import collecting
 from agentrun.controller.quotas.admission import AdmissionGate
 from agentrun.controller.quotas.allowance import RunAllowance, new_holder
 from agentrun.controller.quotas.watching import QuotaView
-from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter
+from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter, utc_now
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy
 from agentrun.metrics.definitions import Metrics
@@ -32,15 +32,22 @@ class Quotas:
         identity: str,
         retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         announce_interval: float = 10.0,
+        clock: Callable[[], dt.datetime] = utc_now,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """``identity``: this process (Settings.replica_name), the start of its reservations' holders."""
+        """``identity``: this process (Settings.replica_name), the start of its reservations' holders.
+        ``clock``: the time the ledgers are written and read at; ``sleep``: how admission waits to look
+        again (both real but in tests)."""
         self.kube = kube
         self.metrics = metrics
         self.retry = retry
         self.identity = identity
         self.view = QuotaView(kube)
         self.view.listeners.append(self._publish)
-        self.gate = AdmissionGate(self.view, self.write, metrics, announce_interval=announce_interval)
+        self.clock = clock
+        self.gate = AdmissionGate(
+            self.view, self.write, metrics, clock=clock, sleep=sleep, announce_interval=announce_interval
+        )
         self._writers: dict[tuple[str, str], QuotaWriter] = {}
         #: Whether this replica looks after a quota (by uid), known once collecting starts; None: nobody.
         self._owns: Callable[[str], bool] | None = None
@@ -85,6 +92,7 @@ class Quotas:
                 latest=lambda: self.view.get(namespace, name),
                 written=self.view.update,
                 retry=self.retry,
+                clock=self.clock,
             )
             self._writers[(namespace, name)] = writer
         return await writer.apply(change)
@@ -99,6 +107,7 @@ class Quotas:
             name=name,
             uid=uid,
             holder=new_holder(self.identity),
+            clock=self.clock,
         )
 
     async def collect(

@@ -14,6 +14,8 @@ from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics
 from agentrun_sandbox.kube import EmulatedCluster
+from tests.support.clocks import ManualTime
+from tests.support.waiting import until
 from tests.unit.controller.quotas.conftest import CRDS, QuotaFactory, client_of
 
 
@@ -46,10 +48,12 @@ async def test_waiting_runs_are_admitted_by_priority_then_age_as_room_appears(
     old = candidate("old", created="2026-01-01T00:00:01Z")
     young_but_urgent = candidate("urgent", created="2026-01-01T00:00:02Z", priority=5)
     waiting = [asyncio.create_task(wait(old)), asyncio.create_task(wait(young_but_urgent))]
-    await asyncio.sleep(0.2)
+    last = await until(
+        lambda: said.get("old", [""])[-1], "old to say a run is ahead of it", done=lambda m: "ahead" in m
+    )
     assert admitted == []
-    assert "QuotaExceeded" in said["old"][-1] and "default/team" in said["old"][-1]
-    assert "1 run of the namespace ahead" in said["old"][-1]
+    assert "QuotaExceeded" in last and "default/team" in last
+    assert "1 run of the namespace ahead" in last
 
     await quotas.gate.release("default", first.uid)
     await asyncio.wait_for(asyncio.shield(waiting[1]), 5)
@@ -99,16 +103,20 @@ async def test_a_waiting_run_whose_priority_is_raised_goes_ahead_of_older_runs(
 ) -> None:
     await make_quota(hard={"concurrentRuns": 1})
     quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
+    in_line: set[str] = set()
 
-    async def quiet(reason: str, message: str) -> None:
-        return None
+    def announcer(name: str) -> Callable[[str, str], Awaitable[None]]:
+        async def announce(reason: str, message: str) -> None:
+            in_line.add(name)
+
+        return announce
 
     holder = candidate("holder", created="2026-01-01T00:00:00Z")
-    assert await quotas.gate.admit(holder, asyncio.Event(), quiet)
+    assert await quotas.gate.admit(holder, asyncio.Event(), announcer("holder"))
     admitted: list[str] = []
 
     async def wait(run: Candidate) -> None:
-        assert await quotas.gate.admit(run, asyncio.Event(), quiet)
+        assert await quotas.gate.admit(run, asyncio.Event(), announcer(run.name))
         admitted.append(run.name)
 
     older, later = (
@@ -116,7 +124,7 @@ async def test_a_waiting_run_whose_priority_is_raised_goes_ahead_of_older_runs(
         candidate("later", created="2026-01-01T00:00:02Z"),
     )
     waiting = [asyncio.create_task(wait(older)), asyncio.create_task(wait(later))]
-    await asyncio.sleep(0.1)
+    await until(lambda: in_line == {"older", "later"}, "both runs to wait in line")
     quotas.gate.reprioritise("default", later.uid, 10)
     await quotas.gate.release("default", holder.uid)
     await asyncio.wait_for(asyncio.shield(waiting[1]), 5)
@@ -130,7 +138,15 @@ async def test_a_waiting_run_shows_new_numbers_at_most_once_per_announce_interva
     kube: KubeClient, make_quota: QuotaFactory
 ) -> None:
     await make_quota(hard={"tokens": 1000})
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test", announce_interval=0.6)
+    time = ManualTime()
+    quotas = Quotas(
+        kube,
+        Metrics(CollectorRegistry()),
+        identity="test",
+        announce_interval=10,
+        clock=time,
+        sleep=time.sleep,
+    )
     await quotas.write(
         "default", "team", lambda ledger, now: ledger.reserve("u0", "a", "r0", "op/1", 1000, None, now)
     )
@@ -142,15 +158,23 @@ async def test_a_waiting_run_shows_new_numbers_at_most_once_per_announce_interva
     cancel = asyncio.Event()
     waiter = asyncio.create_task(quotas.gate.admit(candidate("waiter", created="t"), cancel, announce))
     try:
-        await asyncio.sleep(0.2)
+        await until(lambda: said, "the run to say why it waits")
         assert len(said) == 1 and "1000 reserved" in said[0]
         # Same quota and limit, new numbers: not rewritten at once (every settle would rewrite
-        # every waiting run's status), but within the interval.
+        # every waiting run's status); the gate looks again when the interval is over.
         await quotas.write("default", "team", lambda ledger, now: ledger.settle("u0", "r0", 1000, None, now))
-        await asyncio.sleep(0.2)
+        await until(
+            lambda: time.sleeping,
+            "the gate to wait for the end of the interval",
+            done=lambda left: len(left) == 1 and 10 <= left[0] <= 10.5,
+        )
         assert len(said) == 1
-        await asyncio.sleep(1.0)
-        assert len(said) == 2 and "(1000 used in" in said[1]
+        time.advance(9)
+        await until(lambda: time.sleeping, "the gate to go on waiting", done=lambda left: left == [1.5])
+        assert len(said) == 1
+        time.advance(1.5)
+        await until(lambda: len(said) == 2, "the new numbers once the interval is over")
+        assert "(1000 used in" in said[1]
     finally:
         cancel.set()
         assert await asyncio.wait_for(waiter, 5) is False
