@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from agentrun.controller.status_memory import WrittenStatus
+from typing import Any
+
+from agentrun.api.schedule import AgentScheduleStatus
+from agentrun.controller.status_memory import WrittenStatus, status_patch
 
 
 def test_what_was_written_overlays_an_older_body_until_forgotten() -> None:
@@ -25,3 +28,25 @@ def test_a_body_without_status_reads_as_what_was_written() -> None:
     assert written.current({"metadata": {"uid": "u1"}}) == {}
     written.wrote("u1", {"observedGeneration": 2})
     assert written.current({"metadata": {"uid": "u1"}, "status": None}) == {"observedGeneration": 2}
+
+
+def test_a_status_model_is_patched_as_the_fields_it_sets_and_a_none_only_clears_what_is_named() -> None:
+    status = AgentScheduleStatus(last_schedule_time=None, next_schedule_time=None, active=[])
+    assert status_patch(status) == {"active": []}
+    assert status_patch(status, cleared={"next_schedule_time"}) == {"active": [], "nextScheduleTime": None}
+
+
+async def test_the_writer_sends_a_patch_only_when_it_changes_what_this_process_knows() -> None:
+    written, sent = WrittenStatus(), []
+
+    async def send(patch: dict[str, Any]) -> None:
+        sent.append(patch)
+
+    body = {"metadata": {"uid": "u1"}, "status": {"observedGeneration": 1}}
+    assert await written.write(body, AgentScheduleStatus(observed_generation=1), send) is None
+    patch = await written.write(body, AgentScheduleStatus(observed_generation=2), send)
+    assert patch == {"observedGeneration": 2} and sent == [patch]
+    assert (
+        await written.write(body, AgentScheduleStatus(observed_generation=2), send) is None
+    )  # its own write
+    assert sent == [patch]

@@ -19,6 +19,7 @@ from agentrun.controller.agents.validating import agent_status
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.controller.status_memory import WrittenStatus
 from agentrun.kube.errors import APIError, APINotFoundError
+from agentrun.kube.objects import ObjectMeta
 
 __all__ = ["AgentStatusTarget", "AgentValidator"]
 
@@ -26,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 #: After a failed status write (API server unreachable, refused), the next try comes this much later.
 RETRY_SECONDS = 5.0
-_KEYS = ("observedGeneration", "conditions")
 
 
 class AgentStatusTarget(Protocol):
@@ -57,17 +57,16 @@ class AgentValidator:
 
     async def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event of an Agent (None: from the initial listing)."""
-        metadata = body.get("metadata") or {}
-        uid = metadata.get("uid") or ""
-        if not uid:
+        meta = ObjectMeta.of(body)
+        if not meta.uid:
             return
-        if event_type == "DELETED" or metadata.get("deletionTimestamp"):
-            self.agents.pop(uid, None)
-            self.written.forget(uid)
+        if event_type == "DELETED" or meta.deletion_timestamp is not None:
+            self.agents.pop(meta.uid, None)
+            self.written.forget(meta.uid)
             return
-        self.agents[uid] = body
-        if self._owns(uid):
-            await self.validate(uid)
+        self.agents[meta.uid] = body
+        if self._owns(meta.uid):
+            await self.validate(meta.uid)
 
     async def validate(self, uid: str) -> bool:
         """Writes the Agent's status if it would change; False when the write failed (retried later)."""
@@ -75,36 +74,36 @@ class AgentValidator:
             body = self.agents.get(uid)
             if body is None or not self._owns(uid):
                 return True
-            metadata = body.get("metadata") or {}
-            current = self.written.current(body)
-            wanted = agent_status({**body, "status": current}, self.clock())
-            if all(current.get(key) == wanted[key] for key in _KEYS):
-                return True
-            namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
+            meta = ObjectMeta.of(body)
+            wanted = agent_status({**body, "status": self.written.current(body)}, self.clock())
+
+            async def send(patch: dict[str, Any]) -> None:
+                await self.kube.patch_agent_status(meta.namespace, meta.name, patch)
+
             try:
-                await self.kube.patch_agent_status(namespace, name, wanted)
+                written = await self.written.write(body, wanted, send)
             except APINotFoundError:
                 return True  # deleted meanwhile: its DELETED event follows
             except APIError as exc:
                 logger.warning(
                     "Agent %s/%s: status not written, trying again in %.0f s: %s",
-                    namespace,
-                    name,
+                    meta.namespace,
+                    meta.name,
                     self.retry_seconds,
                     exc,
                 )
                 self._spawn(self._retry(uid))
                 return False
-            self.written.wrote(uid, wanted)
-            ready = wanted["conditions"][0]
-            logger.info(
-                "Agent %s/%s generation %s: Ready %s (%s)",
-                namespace,
-                name,
-                wanted["observedGeneration"],
-                ready["status"],
-                ready["message"],
-            )
+            if written is not None:
+                ready = wanted.conditions[0]
+                logger.info(
+                    "Agent %s/%s generation %s: Ready %s (%s)",
+                    meta.namespace,
+                    meta.name,
+                    wanted.observed_generation,
+                    ready.status,
+                    ready.message,
+                )
             return True
 
     def _owns(self, uid: str) -> bool:

@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentrun.api.agent import AgentStatus
 from agentrun.api.conditions import INVALID_SPEC, condition
+from agentrun.api.status import Condition
 from agentrun.controller.agentruns.phases import Ending, read_spec
+from agentrun.kube.objects import ObjectMeta
 
 __all__ = ["INVALID_SPEC", "VALID", "VALID_MESSAGE", "agent_status", "check"]
 
@@ -28,18 +31,17 @@ def check(spec: Mapping[str, Any]) -> str | None:
     return read.outcome.message if isinstance(read, Ending) else None
 
 
-def agent_status(body: Mapping[str, Any], now: str) -> dict[str, Any]:
+def agent_status(body: Mapping[str, Any], now: str) -> AgentStatus:
     """The status the Agent should have: observedGeneration and the Ready condition.
 
     lastTransitionTime stays what it was while Ready keeps its status, so a rewrite for a new
     generation with the same verdict does not pretend the Agent just became (in)valid.
     """
-    metadata = body.get("metadata") or {}
-    generation = metadata.get("generation")
+    generation = ObjectMeta.of(body).generation
     problem = check(body.get("spec") or {})
     status, reason, message = (
         ("True", VALID, VALID_MESSAGE) if problem is None else ("False", INVALID_SPEC, problem)
     )
     previous = (body.get("status") or {}).get("conditions") or []
     ready = condition("Ready", status, reason, message, now=now, previous=previous, generation=generation)
-    return {"observedGeneration": generation, "conditions": [ready]}
+    return AgentStatus(observed_generation=generation, conditions=[Condition.model_validate(ready)])

@@ -21,6 +21,7 @@ from agentrun.api import SCHEDULE_KIND
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.controller.schedules.serving import ScheduleServer
 from agentrun.kube.calling import KubeClient
+from agentrun.kube.objects import ObjectMeta
 from agentrun.metrics.definitions import Metrics
 
 logger = logging.getLogger(__name__)
@@ -67,15 +68,15 @@ class ScheduleController:
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event of an AgentSchedule (None: from the initial listing)."""
-        metadata = body.get("metadata") or {}
-        uid = metadata.get("uid") or ""
+        meta = ObjectMeta.of(body)
+        uid = meta.uid
         if not uid:
             return
-        if event_type == "DELETED" or metadata.get("deletionTimestamp"):
+        if event_type == "DELETED" or meta.deletion_timestamp is not None:
             self._stop(uid)
             self.schedules.pop(uid, None)
             self.server.forget(uid)
-            self.metrics.schedule_next(metadata.get("namespace") or "", metadata.get("name") or "", None)
+            self.metrics.schedule_next(meta.namespace, meta.name, None)
             return
         served = self.schedules.get(uid)
         if served is None:
@@ -86,9 +87,9 @@ class ScheduleController:
 
     def run_changed(self, body: Mapping[str, Any]) -> None:
         """A watch event of a run a schedule created: its schedule looks again."""
-        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-            if ref.get("kind") == SCHEDULE_KIND and ref.get("uid") in self.schedules:
-                self.schedules[ref["uid"]].wake.set()
+        for ref in ObjectMeta.of(body).owner_references:
+            if ref.kind == SCHEDULE_KIND and ref.uid in self.schedules:
+                self.schedules[ref.uid].wake.set()
 
     def _owns(self, uid: str) -> bool:
         return not self.ownership.fenced and self.ownership.owns(uid)

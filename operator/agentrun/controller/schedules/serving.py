@@ -26,13 +26,14 @@ from agentrun.api import (
     SCHEDULE_KIND,
 )
 from agentrun.api.conditions import INVALID_SPEC, condition
-from agentrun.api.schedule import AgentScheduleSpec
+from agentrun.api.schedule import ActiveRun, AgentScheduleSpec, AgentScheduleStatus
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.api.times import parse_time, rfc3339
 from agentrun.controller.schedules.eventing import ScheduleEvents
 from agentrun.controller.status_memory import WrittenStatus
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
+from agentrun.kube.objects import ObjectMeta
 from agentrun.metrics.definitions import Metrics
 from agentrun.schedules.cron import Cron, CronError, zone
 from agentrun.schedules.deciding import (
@@ -80,14 +81,13 @@ def check(spec: Mapping[str, Any]) -> Valid | str:
 def _records(runs: Sequence[Mapping[str, Any]]) -> list[RunRecord]:
     records = []
     for run in runs:
-        metadata = run.get("metadata") or {}
+        meta = ObjectMeta.of(run)
         phase = (run.get("status") or {}).get("phase")
-        scheduled = (metadata.get("annotations") or {}).get(ANNOTATION_SCHEDULED_TIME)
         records.append(
             RunRecord(
-                name=metadata.get("name") or "",
-                uid=metadata.get("uid") or "",
-                scheduled=str(scheduled or metadata.get("creationTimestamp") or ""),
+                name=meta.name,
+                uid=meta.uid,
+                scheduled=meta.annotations.get(ANNOTATION_SCHEDULED_TIME) or meta.creation_timestamp,
                 finished=phase in FINISHED_PHASES,
                 succeeded=phase == "Succeeded",
             )
@@ -118,140 +118,136 @@ class ScheduleServer:
     async def serve(self, body: Mapping[str, Any]) -> dt.datetime | None:
         """One pass; returns when the schedule is next due (None: not due, e.g. invalid or suspended)."""
         schedule = dict(body)
-        metadata = schedule.get("metadata") or {}
-        namespace, name, uid = (
-            metadata.get("namespace") or "",
-            metadata.get("name") or "",
-            metadata.get("uid") or "",
+        meta = ObjectMeta.of(schedule)
+        status = AgentScheduleStatus.model_validate(self.written.current(schedule))
+        stored = parse_time(
+            AgentScheduleStatus.model_validate(schedule.get("status") or {}).last_schedule_time
         )
-        status = self.written.current(schedule)
-        stored = parse_time((schedule.get("status") or {}).get("lastScheduleTime"))
-        mine = self.handled.get(uid)
+        mine = self.handled.get(meta.uid)
         last_handled = max(stored, mine) if stored is not None and mine is not None else stored or mine
         now = self.clock()
-        stamp = rfc3339(now)
-        conditions = list(status.get("conditions") or [])
         valid = check(schedule.get("spec") or {})
         if isinstance(valid, str):
-            said = [c.get("message") for c in conditions if c.get("type") == "Ready"]
-            if said != [valid]:
-                await self.events.post(schedule, "Warning", INVALID_SPEC, valid)
-            ready = condition("Ready", "False", INVALID_SPEC, valid, now=stamp, previous=conditions)
-            await self._write(
-                schedule,
-                {
-                    "observedGeneration": metadata.get("generation"),
-                    "conditions": [ready],
-                    "nextScheduleTime": None,
-                    "active": status.get("active") or [],
-                },
-            )
-            self.metrics.schedule_next(namespace, name, None)
+            await self._refuse(schedule, meta, status, valid, rfc3339(now))
             return None
-        spec, cron, tz = valid.spec, valid.cron, valid.tz
-
-        runs = await self._runs(namespace, name, uid)
+        spec = valid.spec
+        runs = await self._runs(meta)
         active = [r for r in runs if (r.get("status") or {}).get("phase") not in FINISHED_PHASES]
-        active_names = sorted((r.get("metadata") or {}).get("name") or "" for r in active)
+        active_names = sorted(ObjectMeta.of(r).name for r in active)
 
-        since = last_handled or parse_time(metadata.get("creationTimestamp")) or now
-        owed = due(cron, tz, since=since, now=now, deadline_seconds=spec.starting_deadline_seconds)
+        since = last_handled or parse_time(meta.creation_timestamp) or now
+        owed = due(
+            valid.cron, valid.tz, since=since, now=now, deadline_seconds=spec.starting_deadline_seconds
+        )
         if owed.handled is not None:
             created = await self._act(schedule, spec, owed, active_names)
             if created is not None:
                 active.append(created)
-                active_names.append((created.get("metadata") or {}).get("name") or "")
-            last_handled = self.handled[uid] = owed.handled
-
+            last_handled = self.handled[meta.uid] = owed.handled
         records = _records(runs)
+        await self._prune(meta, spec, records)
+        succeeded = [r.scheduled for r in records if r.succeeded and r.scheduled]
+        if status.last_successful_time:
+            succeeded.append(status.last_successful_time)
+
+        next_time = None if spec.suspend else owed.next_time
+        actives = sorted((ObjectMeta.of(r) for r in active), key=lambda m: m.name)
+        written = AgentScheduleStatus(
+            observed_generation=meta.generation,
+            last_schedule_time=rfc3339(last_handled) if last_handled else None,
+            last_successful_time=max(succeeded, default=None),
+            next_schedule_time=rfc3339(next_time) if next_time else None,
+            active=[ActiveRun(name=m.name, uid=m.uid) for m in actives],
+            conditions=await self._conditions(
+                schedule, spec, owed, next_time, status.conditions, rfc3339(now)
+            ),
+        )
+        await self._write(schedule, written)
+        self.metrics.schedule_next(meta.namespace, meta.name, next_time.timestamp() if next_time else None)
+        return next_time
+
+    async def _refuse(
+        self,
+        schedule: dict[str, Any],
+        meta: ObjectMeta,
+        status: AgentScheduleStatus,
+        problem: str,
+        stamp: str,
+    ) -> None:
+        """An invalid spec: Ready False naming the field (and an Event when the message is new); no runs."""
+        conditions = status.conditions
+        said = [c.get("message") for c in conditions if c.get("type") == "Ready"]
+        if said != [problem]:
+            await self.events.post(schedule, "Warning", INVALID_SPEC, problem)
+        ready = condition("Ready", "False", INVALID_SPEC, problem, now=stamp, previous=conditions)
+        refused = AgentScheduleStatus(
+            observed_generation=meta.generation,
+            conditions=[ready],
+            next_schedule_time=None,
+            active=status.active,
+        )
+        await self._write(schedule, refused)
+        self.metrics.schedule_next(meta.namespace, meta.name, None)
+
+    async def _prune(self, meta: ObjectMeta, spec: AgentScheduleSpec, records: list[RunRecord]) -> None:
+        """Finished runs beyond the history limits are deleted, oldest first."""
         for doomed in to_prune(
             records,
             successful=spec.successful_runs_history_limit,
             failed=spec.failed_runs_history_limit,
         ):
             try:
-                await self.kube.delete_run(namespace, doomed.name, doomed.uid)
+                await self.kube.delete_run(meta.namespace, doomed.name, doomed.uid)
                 logger.info(
-                    "AgentSchedule %s/%s: deleted run %s (history limit)", namespace, name, doomed.name
+                    "AgentSchedule %s/%s: deleted run %s (history limit)",
+                    meta.namespace,
+                    meta.name,
+                    doomed.name,
                 )
             except (APINotFoundError, APIConflictError):
                 pass
 
-        succeeded = [r.scheduled for r in records if r.succeeded and r.scheduled]
-        last_success = max(
-            [*succeeded, *([status["lastSuccessfulTime"]] if status.get("lastSuccessfulTime") else [])],
-            default=None,
-        )
-
-        next_time = None if spec.suspend else owed.next_time
+    async def _conditions(
+        self,
+        schedule: dict[str, Any],
+        spec: AgentScheduleSpec,
+        owed: Due,
+        next_time: dt.datetime | None,
+        conditions: list[dict[str, Any]],
+        stamp: str,
+    ) -> list[dict[str, Any]]:
+        """Ready (scheduled or suspended) and MissedSchedules (kept, set or caught up)."""
         if spec.suspend:
-            ready = condition(
-                "Ready",
-                "True",
-                "Suspended",
-                "spec.suspend is true: no runs are created",
-                now=stamp,
-                previous=conditions,
-            )
+            message = "spec.suspend is true: no runs are created"
+            ready = condition("Ready", "True", "Suspended", message, now=stamp, previous=conditions)
         else:
             when = rfc3339(next_time) if next_time else "never"
             ready = condition(
                 "Ready", "True", "Scheduled", f"next run at {when}", now=stamp, previous=conditions
             )
-        new_conditions = [ready]
+        kept = next((c for c in conditions if c.get("type") == "MissedSchedules"), None)
         if owed.too_many_missed:
             message = (
                 f"more than {owed.missed - 1} scheduled times were missed (operator down, or the schedule "
                 "fires more often than runs can be created); only the most recent was considered"
             )
             await self.events.post(schedule, "Warning", "TooManyMissedTimes", message)
-            new_conditions.append(
-                condition(
-                    "MissedSchedules", "True", "TooManyMissedTimes", message, now=stamp, previous=conditions
-                )
+            missed = condition(
+                "MissedSchedules", "True", "TooManyMissedTimes", message, now=stamp, previous=conditions
+            )
+        elif kept is not None and owed.handled is not None:
+            message = "no times missed"
+            missed = condition(
+                "MissedSchedules", "False", "CaughtUp", message, now=stamp, previous=conditions
             )
         else:
-            kept = next((c for c in conditions if c.get("type") == "MissedSchedules"), None)
-            if kept is not None and owed.handled is None:
-                new_conditions.append(kept)
-            elif kept is not None:
-                new_conditions.append(
-                    condition(
-                        "MissedSchedules",
-                        "False",
-                        "CaughtUp",
-                        "no times missed",
-                        now=stamp,
-                        previous=conditions,
-                    )
-                )
-        await self._write(
-            schedule,
-            {
-                "observedGeneration": metadata.get("generation"),
-                "lastScheduleTime": rfc3339(last_handled) if last_handled else None,
-                "lastSuccessfulTime": last_success,
-                "nextScheduleTime": rfc3339(next_time) if next_time else None,
-                "active": [
-                    {
-                        "name": (r.get("metadata") or {}).get("name"),
-                        "uid": (r.get("metadata") or {}).get("uid"),
-                    }
-                    for r in sorted(active, key=lambda r: (r.get("metadata") or {}).get("name") or "")
-                ],
-                "conditions": new_conditions,
-            },
-        )
-        self.metrics.schedule_next(namespace, name, next_time.timestamp() if next_time else None)
-        return next_time
+            return [ready] if kept is None else [ready, kept]
+        return [ready, missed]
 
-    async def _runs(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
-        listing = await self.kube.list_runs(namespace, label_selector=f"{LABEL_SCHEDULE}={name}")
-        return [
-            item
-            for item in listing.get("items") or []
-            if any(ref.get("uid") == uid for ref in (item.get("metadata") or {}).get("ownerReferences") or [])
-        ]
+    async def _runs(self, meta: ObjectMeta) -> list[dict[str, Any]]:
+        """The schedule's runs: labelled with its name and owned by it (not a namesake's)."""
+        listing = await self.kube.list_runs(meta.namespace, label_selector=f"{LABEL_SCHEDULE}={meta.name}")
+        return [item for item in listing.get("items") or [] if ObjectMeta.of(item).owned_by(meta.uid)]
 
     async def _no_run(
         self, schedule: dict[str, Any], result: str, kind: str, reason: str, message: str
@@ -317,9 +313,9 @@ class ScheduleServer:
     ) -> dict[str, Any]:
         metadata = schedule["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
-        raw = schedule.get("spec") or {}
-        # runSpec as written (not pydantic's dump): what it leaves out stays the Agent's.
-        run_spec: dict[str, Any] = dict(raw.get("runSpec") or {})
+        # runSpec as declared (the fields it sets, nothing filled in): what it leaves out stays the Agent's.
+        declared = spec.run_spec
+        run_spec = declared.model_dump(mode="json", by_alias=True, exclude_unset=True) if declared else {}
         run_spec["agentRef"] = {"name": spec.agent_ref.name}
         run_spec["task"] = render(spec.task, scheduled=scheduled, schedule=name, namespace=namespace)
         return {
@@ -343,22 +339,17 @@ class ScheduleServer:
             "spec": run_spec,
         }
 
-    async def _write(self, schedule: Mapping[str, Any], status: dict[str, Any]) -> None:
-        """The one status writer of schedules: a merge patch, sent only when something changed."""
-        metadata = schedule.get("metadata") or {}
-        uid = metadata.get("uid") or ""
-        current = self.written.current(schedule)
-        # Never a null over a value someone else wrote (e.g. lastScheduleTime set by hand).
-        status = {k: v for k, v in status.items() if v is not None or k == "nextScheduleTime"}
-        if all(current.get(k) == v for k, v in status.items()):
-            return
-        try:
-            await self.kube.patch_schedule_status(
-                metadata.get("namespace") or "", metadata.get("name") or "", status
-            )
-        except APINotFoundError:
-            return
-        self.written.wrote(uid, status)
+    async def _write(self, schedule: Mapping[str, Any], status: AgentScheduleStatus) -> None:
+        """The one status writer of schedules: a merge patch, sent only when something changed; a null
+        only clears nextScheduleTime (never one over a value someone else wrote, e.g. lastScheduleTime
+        set by hand)."""
+        meta = ObjectMeta.of(schedule)
+
+        async def send(patch: dict[str, Any]) -> None:
+            await self.kube.patch_schedule_status(meta.namespace, meta.name, patch)
+
+        with contextlib.suppress(APINotFoundError):
+            await self.written.write(schedule, status, send, cleared={"next_schedule_time"})
 
     def forget(self, uid: str) -> None:
         self.written.forget(uid)

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.controller.agents.validating import agent_status, check
+from agentrun.controller.agents import validating
+from agentrun.controller.agents.validating import check
+from agentrun.controller.status_memory import status_patch
 
 MODEL = {"name": "claude-haiku-4-5"}
+
+
+def agent_status(agent: dict[str, Any], now: str) -> dict[str, Any]:
+    """The Agent's status as its writer patches it."""
+    return status_patch(validating.agent_status(agent, now))
 
 
 def body(spec: dict[str, Any], generation: int = 1, status: dict[str, Any] | None = None) -> dict[str, Any]:
