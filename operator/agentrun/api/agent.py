@@ -6,21 +6,18 @@ models; a run started from an Agent records the Agent's spec in its status and n
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
 from agentrun.api.spec import RunDefinition
-from agentrun.api.status import Condition
+from agentrun.api.status import Condition, StatusModel
 
 
 class AgentSpec(RunDefinition):
     """What every run of this Agent does; a run adds the task and may narrow the limits."""
 
 
-class AgentStatus(BaseModel):
+class AgentStatus(StatusModel):
     """What the operator saw of the Agent."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
     observed_generation: int | None = Field(default=None, description="Spec generation last validated.")
     conditions: list[Condition] = Field(

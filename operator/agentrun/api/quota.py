@@ -11,10 +11,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from agentrun.api.spec_base import SpecModel
+from agentrun.api.status import StatusModel
 
 #: The limits a quota can cap and default on each run, by their name under spec.limits.
 PER_RUN_FIELDS = ("tokenBudget", "costBudgetUSD", "maxIterations", "timeoutSeconds")
@@ -175,13 +175,7 @@ class AgentRunQuotaSpec(SpecModel):
 # Status: the ledger
 
 
-class _Status(BaseModel):
-    """camelCase like the spec; explicit aliases only for initialisms (costUSD)."""
-
-    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
-
-
-class QuotaUsed(_Status):
+class QuotaUsed(StatusModel):
     """Usage counted against the hard limits."""
 
     concurrent_runs: int = Field(default=0, description="Runs admitted and not finished.")
@@ -194,7 +188,7 @@ class QuotaUsed(_Status):
     )
 
 
-class QuotaReserved(_Status):
+class QuotaReserved(StatusModel):
     """What model requests in flight may still spend, held until their answers are counted."""
 
     tokens: int = Field(default=0, description="Tokens reserved by requests in flight.")
@@ -205,7 +199,7 @@ class QuotaReserved(_Status):
     )
 
 
-class QuotaSummary(_Status):
+class QuotaSummary(StatusModel):
     """Used against hard, as `kubectl get agentrunquota` shows it ("2/5"; just "2" without a limit)."""
 
     concurrent_runs: str = Field(default="", description="Runs admitted and not finished, against the limit.")
@@ -220,7 +214,7 @@ class QuotaSummary(_Status):
     )
 
 
-class QuotaAdmission(_Status):
+class QuotaAdmission(StatusModel):
     """A run admitted by the quota and not finished: one of concurrentRuns."""
 
     uid: str = Field(description="UID of the AgentRun.")
@@ -228,7 +222,7 @@ class QuotaAdmission(_Status):
     at: str = Field(description="When it was admitted (RFC 3339).")
 
 
-class QuotaReservation(_Status):
+class QuotaReservation(StatusModel):
     """The most one model request in flight may cost, held until its answer is counted."""
 
     uid: str = Field(description="UID of the AgentRun making the request.")
@@ -245,7 +239,7 @@ class QuotaReservation(_Status):
     at: str = Field(description="When it was reserved (RFC 3339).")
 
 
-class QuotaBucket(_Status):
+class QuotaBucket(StatusModel):
     """Usage that started within one slice of the window (Hour: 1 minute; Day: 15 minutes; Month: 1 day)."""
 
     start: str = Field(
@@ -258,7 +252,7 @@ class QuotaBucket(_Status):
     )
 
 
-class QuotaLost(_Status):
+class QuotaLost(StatusModel):
     """Reservations charged in full: their operator stopped before the answer was recorded."""
 
     requests: int = Field(default=0, description="Requests charged in full.")
@@ -268,14 +262,14 @@ class QuotaLost(_Status):
     )
 
 
-class QuotaRefusals(_Status):
+class QuotaRefusals(StatusModel):
     """What the quota refused since it was created."""
 
     runs: int = Field(default=0, description="Times a run was held back at admission.")
     requests: int = Field(default=0, description="Model requests that could not be reserved.")
 
 
-class AgentRunQuotaStatus(_Status):
+class AgentRunQuotaStatus(StatusModel):
     """The quota's ledger, written by the operator only."""
 
     observed_generation: int | None = Field(default=None, description="Spec generation the ledger reflects.")

@@ -10,14 +10,14 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
-from pydantic.alias_generators import to_camel
+from pydantic import Field, JsonValue
 from pydantic.fields import FieldInfo
 
 from agentrun.api.model_spec import ModelSpec
 from agentrun.api.output_spec import OutputSpec
 from agentrun.api.spec import MAX_TASK_CHARS, AgentRef, Limits, RunDefinition
 from agentrun.api.spec_base import SpecModel
+from agentrun.api.status import StatusModel
 from agentrun.api.tool_specs import ToolChoice
 
 #: The runSpec fields: what a run with spec.agentRef may set besides task, cancel and approvals.
@@ -109,18 +109,14 @@ class AgentScheduleSpec(SpecModel):
     )
 
 
-class _Status(BaseModel):
-    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
-
-
-class ActiveRun(_Status):
+class ActiveRun(StatusModel):
     """An unfinished run created by the schedule."""
 
     name: str = Field(description="Name of the AgentRun.")
     uid: str = Field(description="Its uid.")
 
 
-class AgentScheduleStatus(_Status):
+class AgentScheduleStatus(StatusModel):
     """What the schedule did (operator-owned)."""
 
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

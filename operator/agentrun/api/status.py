@@ -15,13 +15,15 @@ from agentrun.api.phases import FINISHED_PHASES as FINISHED_PHASES
 from agentrun.api.phases import Phase as Phase
 
 
-class _Status(BaseModel):
-    """camelCase like the spec (alias generator); explicit aliases only for initialisms (costUSD)."""
+class StatusModel(BaseModel):
+    """What every status model shares, of AgentRuns, Agents, schedules and quotas: camelCase like the
+    spec (alias generator), explicit aliases only for initialisms (costUSD); fields it does not know
+    are ignored, not refused (status is the operator's own, and an older operator may read a newer's)."""
 
     model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
 
 
-class Usage(_Status):
+class Usage(StatusModel):
     """Token usage and spend; cache tokens are reported separately, as the API reports them."""
 
     input_tokens: int = Field(default=0, description="Uncached input tokens.")
@@ -43,7 +45,7 @@ class Usage(_Status):
     )
 
 
-class Condition(_Status):
+class Condition(StatusModel):
     """A Kubernetes API convention condition."""
 
     type: str = Field(description="Condition type: Succeeded, Ready, Reconciling or Stalled.")
@@ -56,7 +58,7 @@ class Condition(_Status):
     )
 
 
-class TranscriptRef(_Status):
+class TranscriptRef(StatusModel):
     """Where the run's full conversation and trace are stored."""
 
     kind: str = Field(description="Kind of the objects holding the transcript (Secret or ConfigMap).")
@@ -65,7 +67,7 @@ class TranscriptRef(_Status):
     bytes: int = Field(default=0, description="Compressed bytes stored.")
 
 
-class PendingApproval(_Status):
+class PendingApproval(StatusModel):
     """A tool call waiting for a human decision in spec.approvals."""
 
     tool_use_id: str = Field(description="The tool_use id to approve or deny.")
@@ -78,7 +80,7 @@ class PendingApproval(_Status):
     since: str = Field(description="When the run started waiting (RFC 3339).")
 
 
-class ContextStatus(_Status):
+class ContextStatus(StatusModel):
     """Context management so far: compactions, and the request sizes around the latest one."""
 
     compactions: int = Field(default=0, description="Compactions of the conversation so far.")
@@ -96,7 +98,7 @@ class ContextStatus(_Status):
     )
 
 
-class QuotaLimits(_Status):
+class QuotaLimits(StatusModel):
     """Limits an AgentRunQuota imposed on the run at admission, so a resumed run keeps them."""
 
     token_budget: int | None = Field(default=None, description="The run's tokenBudget.")
@@ -107,7 +109,7 @@ class QuotaLimits(_Status):
     timeout_seconds: int | None = Field(default=None, description="The run's timeoutSeconds.")
 
 
-class AgentUsed(_Status):
+class AgentUsed(StatusModel):
     """The Agent a run (spec.agentRef) was resolved from, as it was then."""
 
     name: str = Field(description="The Agent's name.")
@@ -115,7 +117,7 @@ class AgentUsed(_Status):
     generation: int | None = Field(default=None, description="Its metadata.generation when the run read it.")
 
 
-class AwaitingChild(_Status):
+class AwaitingChild(StatusModel):
     """A call of a descendant run waiting for a human decision (spec.approvals on that run)."""
 
     run: str = Field(description="The child (or deeper descendant) run that waits.")
@@ -123,7 +125,7 @@ class AwaitingChild(_Status):
     tool: str = Field(description="The tool it wants to call.")
 
 
-class ChildrenStatus(_Status):
+class ChildrenStatus(StatusModel):
     """The child runs the agent tools of this run started, summed up."""
 
     total: int = Field(default=0, description="Children started so far.")
@@ -142,7 +144,7 @@ class ChildrenStatus(_Status):
     )
 
 
-class AgentRunStatus(_Status):
+class AgentRunStatus(StatusModel):
     """Observed state of the run."""
 
     phase: Phase | None = Field(default=None, description="Pending, Running, AwaitingApproval or final.")
