@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import kopf
 from kopf._core.engines.peering import Identity  # not re-exported by kopf
@@ -24,6 +25,7 @@ from agentrun.controller.replicas.detached import DetachedMembership
 from agentrun.controller.replicas.faults import install_loop_stall
 from agentrun.controller.replicas.ownership import Standalone
 from agentrun.controller.schedules.control import ScheduleController
+from agentrun.kube.calling import KubeClient
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
 from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.metrics.definitions import Metrics
@@ -32,6 +34,9 @@ from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
 from agentrun.tracing.observing import configure_tracer_provider, tracer_of
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +79,90 @@ async def operate(settings: Settings, *, stop_flag: asyncio.Event | None = None,
         await _operate(settings, stop_flag=stop_flag, **kopf_kwargs)
 
 
+class _BackgroundTasks:
+    """Tasks that run beside Kopf until the operator stops: the heartbeat, the quota ledger's collector,
+    the replica membership. :meth:`cancel` cancels and awaits them in the order they started."""
+
+    def __init__(self) -> None:
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(work))
+
+    async def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@dataclass(frozen=True)
+class _Controllers:
+    """What Kopf's registry dispatches watch events to (controller/kopf_registry.py)."""
+
+    runs: AgentRunHandler
+    quotas: Quotas
+    schedules: ScheduleController
+    agents: AgentValidator
+
+
 async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kopf_kwargs: Any) -> None:
+    """Starts each piece, then serves Kopf until it stops.
+
+    Each piece registers its own cleanup on one exit stack as it starts, so the operator tears down in
+    the reverse order of its start (also when a later piece fails to start): the runs stop before the
+    Lease goes, since the other replicas take them over only after they stopped here, and the
+    Kubernetes client goes last.
+    """
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    kube, crd_served, scanning = await connect_checked(settings.namespaces)
-    clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
-    provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
+    async with contextlib.AsyncExitStack() as stack:
+        kube, crd_served, scanning = await connect_checked(settings.namespaces)
+        stack.push_async_callback(kube.close)
+        clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
+        stack.push_async_callback(clients.close)
+        provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
+        if provider is not None:
+            stack.callback(provider.shutdown)
+        quotas, reconciler = _reconciler(settings, kube, metrics, clients, provider)
+        # Kopf raises it once it serves the resources: GET /readyz on the metrics port.
+        ready = asyncio.Event()
+        await _serve_metrics(stack, settings, registry, ready)
+        controllers = _start_controllers(stack, settings, metrics, kube, quotas, reconciler)
+        # Tests only (unset by default: nothing installed): SIGUSR1 blocks this event loop, a stuck operator.
+        stall_injection = install_loop_stall(settings.fault.stall_loop_seconds)
+        if stall_injection is not None:
+            stack.callback(stall_injection)
+        if not crd_served and not await _wait_for_crd_alive(settings, kube, stop_flag or asyncio.Event()):
+            return
+        await kopf.operator(
+            registry=build_registry(
+                controllers.runs, controllers.quotas, controllers.schedules, controllers.agents
+            ),
+            settings=kopf_settings(scanning=scanning),
+            standalone=True,
+            # Without an identity Kopf derives one from the login name, which a container running as a UID
+            # with no passwd entry (the chart's 65532, OpenShift's arbitrary UIDs) does not have: it raised
+            # KeyError at start. The replica name is this process's one identity: in its group's Leases, its
+            # quota reservations' holder, its Events' reportingInstance, and here.
+            identity=Identity(settings.replica_name),
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            liveness_endpoint=f"http://{settings.bind_address}:{settings.health_port}/healthz",
+            stop_flag=stop_flag,
+            ready_flag=ready,
+            **kopf_kwargs,
+        )
+
+
+def _reconciler(
+    settings: Settings,
+    kube: KubeClient,
+    metrics: Metrics,
+    clients: ClientPool,
+    provider: TracerProvider | None,
+) -> tuple[Quotas, AgentRunReconciler]:
+    """The reconciler of AgentRuns, with the quotas that admit their runs and their model requests."""
     quotas = Quotas(
         kube,
         metrics,
@@ -97,82 +180,73 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
         tracer=tracer_of(provider) if provider is not None else None,
         quotas=quotas,
     )
-    ready = asyncio.Event()  # Kopf raises it once it serves the resources: GET /readyz on the metrics port
+    return quotas, reconciler
+
+
+async def _serve_metrics(
+    stack: contextlib.AsyncExitStack, settings: Settings, registry: CollectorRegistry, ready: asyncio.Event
+) -> None:
     metrics_runner = await start_metrics_server(
         registry, settings.bind_address, settings.metrics_port, ready=ready
     )
+    stack.push_async_callback(metrics_runner.cleanup)
     logger.info("serving metrics on %s:%d/metrics", settings.bind_address, settings.metrics_port)
     # Said once the operator is up, not before: a startup failure stays one line on stderr.
     logger.info(
         "garbage collection of the youngest generation after %d new objects", settings.gc_young_threshold
     )
-    heartbeat = asyncio.create_task(keep_beating(metrics, settings.heartbeat_seconds))
+
+
+def _start_controllers(
+    stack: contextlib.AsyncExitStack,
+    settings: Settings,
+    metrics: Metrics,
+    kube: KubeClient,
+    quotas: Quotas,
+    reconciler: AgentRunReconciler,
+) -> _Controllers:
+    """The run handler, the schedule and Agent controllers, with the replica membership that says which
+    objects this replica owns and the background tasks beside them."""
     # Several replicas share the runs when they have a namespace for their Leases (controller/replicas/);
     # alone, this one owns every run. The membership renews from a thread of its own (replicas/detached.py):
     # a busy event loop must not make a replica fence itself.
     membership = DetachedMembership(settings, metrics) if settings.lease_namespace else None
+    if membership is not None:
+        stack.push_async_callback(_leave, membership)
+    background = _BackgroundTasks()
+    stack.push_async_callback(background.cancel)
+    background.start(keep_beating(metrics, settings.heartbeat_seconds))
     handler = AgentRunHandler(
         reconciler,
         membership if membership is not None else Standalone(),
         handoff=membership,
     )
+    stack.push_async_callback(handler.close)
     # AgentSchedules: the owner of a schedule's uid creates its runs (controller/schedules/).
     schedules = ScheduleController(kube, metrics, handler.ownership, instance=settings.replica_name)
     # Agents: the owner of an Agent's uid validates it and writes its Ready condition (controller/agents/).
     agents = AgentValidator(kube, handler.ownership)
+    stack.push_async_callback(agents.close)
+    stack.push_async_callback(schedules.close)  # closed first: the schedules, then the Agents, then the runs
     # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).
-    collecting = asyncio.create_task(
-        quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns)
-    )
-    membership_task = asyncio.create_task(membership.run()) if membership is not None else None
-    # Tests only (unset, the default: nothing installed): SIGUSR1 blocks this event loop, a stuck operator.
-    stall_injection = install_loop_stall(settings.fault.stall_loop_seconds)
+    background.start(quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns))
+    if membership is not None:
+        background.start(membership.run())
+    return _Controllers(runs=handler, quotas=quotas, schedules=schedules, agents=agents)
+
+
+async def _leave(membership: DetachedMembership) -> None:
     try:
-        if not crd_served:
-            stop = stop_flag or asyncio.Event()
-            # Alive while waiting: the liveness probe must not restart a pod that only waits for its CRD.
-            waiting = await start_health_server(settings.bind_address, settings.health_port)
-            try:
-                if not await wait_for_crd(kube, settings.namespaces, stop):
-                    return
-            finally:
-                await waiting.cleanup()
-        await kopf.operator(
-            registry=build_registry(handler, quotas, schedules, agents),
-            settings=kopf_settings(scanning=scanning),
-            standalone=True,
-            # Without an identity Kopf derives one from the login name, which a container running as a UID
-            # with no passwd entry (the chart's 65532, OpenShift's arbitrary UIDs) does not have: it raised
-            # KeyError at start. The replica name is this process's one identity: in its group's Leases, its
-            # quota reservations' holder, its Events' reportingInstance, and here.
-            identity=Identity(settings.replica_name),
-            clusterwide=not settings.namespaces,
-            namespaces=list(settings.namespaces),
-            liveness_endpoint=f"http://{settings.bind_address}:{settings.health_port}/healthz",
-            stop_flag=stop_flag,
-            ready_flag=ready,
-            **kopf_kwargs,
-        )
+        await membership.leave()
+    except Exception as exc:  # the Lease then expires: the others wait one lease duration longer
+        logger.warning("could not delete this replica's Lease on shutdown: %s", exc)
+
+
+async def _wait_for_crd_alive(settings: Settings, kube: KubeClient, stop: asyncio.Event) -> bool:
+    """Waits for the AgentRun CRD (False: stopped first), serving /healthz meanwhile: the liveness probe
+    must not restart a pod that only waits for its CRD."""
+    waiting = await start_health_server(settings.bind_address, settings.health_port)
+    try:
+        return await wait_for_crd(kube, settings.namespaces, stop)
     finally:
-        if stall_injection is not None:
-            stall_injection()
-        # Runs stop before the Lease goes: the others take them over only after they stopped here.
-        await schedules.close()
-        await agents.close()
-        await handler.close()
-        for task in (heartbeat, collecting, membership_task):
-            if task is None:
-                continue
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if membership is not None:
-            try:
-                await membership.leave()
-            except Exception as exc:  # the Lease then expires: the others wait one lease duration longer
-                logger.warning("could not delete this replica's Lease on shutdown: %s", exc)
-        await metrics_runner.cleanup()
-        if provider is not None:
-            provider.shutdown()
-        await clients.close()
-        await kube.close()
+        await waiting.cleanup()
