@@ -31,8 +31,8 @@ TEXT_TOOL_CALL = re.compile(r"<tool_use>\s*(\{.*?\})\s*</tool_use>", re.DOTALL)
 
 
 async def handle(step: Handle, ctx: Context) -> RunTools | Prepare | Finish:
-    r, state, cfg = step.response, ctx.state, ctx.config
-    match r.stop_reason:
+    """One function per stop_reason, the unknown ones included (:func:`unexpected_stop`)."""
+    match step.response.stop_reason:
         case "end_turn":
             return await end_turn(step, ctx)
         case "tool_use":
@@ -42,89 +42,109 @@ async def handle(step: Handle, ctx: Context) -> RunTools | Prepare | Finish:
                 return finish_max_iterations(step, ctx)
             return await start_tools(step, ctx, truncated=False)
         case "max_tokens":
-            if tool_uses(r.content) and not step.final:
-                cut_mid_call = bool(r.content) and r.content[-1].get("type") == "tool_use"
-                if state.reissues >= cfg.max_reissues:
-                    await append_and_checkpoint(step, ctx, None)
-                    return Finish(
-                        Outcome(StopReason.MAX_TOKENS, "tool calls kept getting cut off by maxTokens")
-                    )
-                state.reissues += int(cut_mid_call)
-                return await start_tools(step, ctx, truncated=cut_mid_call)
-            state.text_parts.append(text_of(r.content))
-            if step.final or state.continuations >= cfg.max_continuations:
-                await append_and_checkpoint(step, ctx, None)
-                if step.final:
-                    return finish_max_iterations(step, ctx)
-                return Finish(
-                    Outcome(
-                        StopReason.MAX_TOKENS,
-                        f"the answer was still cut off by maxTokens={cfg.max_tokens} after "
-                        f"{state.continuations} continuations; the partial text is in the transcript",
-                    )
-                )
-            state.continuations += 1
-            await append_and_checkpoint(
-                step, ctx, ctx.user_message([{"type": "text", "text": CONTINUE_PROMPT}])
-            )
-            return Prepare()
+            return await max_tokens(step, ctx)
         case "stop_sequence":
-            if r.stop_sequence in cfg.finish_sequences:
-                return await finish_answer(
-                    step, ctx, StopReason.FINISH_SEQUENCE, f"finished at finish sequence {r.stop_sequence!r}"
-                )
-            if step.final or state.drift_reprompts >= cfg.max_drift_reprompts:
-                await append_and_checkpoint(step, ctx, None)
-                return Finish(
-                    Outcome(
-                        StopReason.STOP_SEQUENCE_DRIFT,
-                        f"the model kept running into stop sequence {r.stop_sequence!r}",
-                    )
-                )
-            state.drift_reprompts += 1
-            state.text_parts.clear()
-            note = (
-                f"Your previous reply ran into the stop sequence {r.stop_sequence!r} and was discarded. "
-                "Answer again without producing it."
-            )
-            await append_and_checkpoint(step, ctx, ctx.user_message([{"type": "text", "text": note}]))
-            return Prepare()
+            return await stop_sequence(step, ctx)
         case "pause_turn":
             # The server paused a long turn; sending the content back lets it resume. Client
             # tool calls in a paused turn still need answers, or the next request is invalid.
-            if tool_uses(r.content) and not step.final:
+            if tool_uses(step.response.content) and not step.final:
                 return await start_tools(step, ctx, truncated=False)
             await append_and_checkpoint(step, ctx, None)
             return Prepare()
         case "refusal":
             await append_and_checkpoint(step, ctx, None)
-            category = (r.stop_details or {}).get("category")
+            category = (step.response.stop_details or {}).get("category")
             detail = f" (category: {category})" if category else ""
             return Finish(Outcome(StopReason.REFUSAL, f"the model declined the task{detail}"))
         case "model_context_window_exceeded":
-            await append_and_checkpoint(step, ctx, None)
-            why = (
-                "context compaction is off (spec.context.compaction.enabled: false)"
-                if not cfg.context.compaction
-                else "context management could not make room: the answer filled what the window had "
-                "left; lower spec.context.compaction.thresholdPercent or model.maxTokens"
-            )
-            return Finish(
-                Outcome(
-                    StopReason.CONTEXT_WINDOW_EXCEEDED,
-                    f"the conversation outgrew the context window while the model answered ({why})",
-                )
-            )
+            return await context_window_exceeded(step, ctx)
         case _:
-            logger.warning("unexpected stop_reason %r from the model", r.stop_reason)
+            return await unexpected_stop(step, ctx)
+
+
+async def max_tokens(step: Handle, ctx: Context) -> RunTools | Prepare | Finish:
+    """A cut answer: its tool calls run (a call cut in the middle is reissued, a bounded number of
+    times); cut text is continued in a new turn while continuations last."""
+    r, state, cfg = step.response, ctx.state, ctx.config
+    if tool_uses(r.content) and not step.final:
+        cut_mid_call = bool(r.content) and r.content[-1].get("type") == "tool_use"
+        if state.reissues >= cfg.max_reissues:
             await append_and_checkpoint(step, ctx, None)
-            return Finish(
-                Outcome(
-                    StopReason.UNEXPECTED_STOP_REASON,
-                    f"the model returned an unknown stop_reason {r.stop_reason!r}",
-                    raw_stop_reason=str(r.stop_reason),
-                )
+            return Finish(Outcome(StopReason.MAX_TOKENS, "tool calls kept getting cut off by maxTokens"))
+        state.reissues += int(cut_mid_call)
+        return await start_tools(step, ctx, truncated=cut_mid_call)
+    state.text_parts.append(text_of(r.content))
+    if step.final or state.continuations >= cfg.max_continuations:
+        await append_and_checkpoint(step, ctx, None)
+        if step.final:
+            return finish_max_iterations(step, ctx)
+        return Finish(
+            Outcome(
+                StopReason.MAX_TOKENS,
+                f"the answer was still cut off by maxTokens={cfg.max_tokens} after "
+                f"{state.continuations} continuations; the partial text is in the transcript",
             )
+        )
+    state.continuations += 1
+    await append_and_checkpoint(step, ctx, ctx.user_message([{"type": "text", "text": CONTINUE_PROMPT}]))
+    return Prepare()
+
+
+async def stop_sequence(step: Handle, ctx: Context) -> Prepare | Finish:
+    """A finish sequence ends the run with the answer; any other stop sequence is drift: the answer
+    is discarded and the model asked again, a bounded number of times."""
+    r, state, cfg = step.response, ctx.state, ctx.config
+    if r.stop_sequence in cfg.finish_sequences:
+        return await finish_answer(
+            step, ctx, StopReason.FINISH_SEQUENCE, f"finished at finish sequence {r.stop_sequence!r}"
+        )
+    if step.final or state.drift_reprompts >= cfg.max_drift_reprompts:
+        await append_and_checkpoint(step, ctx, None)
+        return Finish(
+            Outcome(
+                StopReason.STOP_SEQUENCE_DRIFT,
+                f"the model kept running into stop sequence {r.stop_sequence!r}",
+            )
+        )
+    state.drift_reprompts += 1
+    state.text_parts.clear()
+    note = (
+        f"Your previous reply ran into the stop sequence {r.stop_sequence!r} and was discarded. "
+        "Answer again without producing it."
+    )
+    await append_and_checkpoint(step, ctx, ctx.user_message([{"type": "text", "text": note}]))
+    return Prepare()
+
+
+async def context_window_exceeded(step: Handle, ctx: Context) -> Finish:
+    await append_and_checkpoint(step, ctx, None)
+    why = (
+        "context compaction is off (spec.context.compaction.enabled: false)"
+        if not ctx.config.context.compaction
+        else "context management could not make room: the answer filled what the window had "
+        "left; lower spec.context.compaction.thresholdPercent or model.maxTokens"
+    )
+    return Finish(
+        Outcome(
+            StopReason.CONTEXT_WINDOW_EXCEEDED,
+            f"the conversation outgrew the context window while the model answered ({why})",
+        )
+    )
+
+
+async def unexpected_stop(step: Handle, ctx: Context) -> Finish:
+    """A stop_reason this operator does not know (the API may add one): the run ends saying which."""
+    r = step.response
+    logger.warning("unexpected stop_reason %r from the model", r.stop_reason)
+    await append_and_checkpoint(step, ctx, None)
+    return Finish(
+        Outcome(
+            StopReason.UNEXPECTED_STOP_REASON,
+            f"the model returned an unknown stop_reason {r.stop_reason!r}",
+            raw_stop_reason=str(r.stop_reason),
+        )
+    )
 
 
 def trace_row(step: Handle, ctx: Context, tools: Sequence[ToolOutcome] = ()) -> TraceRow:
