@@ -77,15 +77,8 @@ async def run_loop(
     """
     resumed = state is not None
     state = state if state is not None else RunState.fresh(config.task)
-    dispatcher = Dispatcher(
-        tools,
-        clock=clock,
-        concurrency=config.limits.tool_concurrency,
-        timeout_seconds=config.limits.tool_timeout_seconds,
-        max_result_chars=config.limits.max_tool_result_chars,
-    )
-    ctx = Context(
-        config=config,
+    ctx = _context(
+        config,
         model=model,
         tools=tools,
         observer=observer,
@@ -93,14 +86,8 @@ async def run_loop(
         pricer=pricer,
         cancel=cancel,
         state=state,
-        dispatcher=dispatcher,
-        gate=ApprovalGate(
-            approvals if approvals is not None else NoApprover(),
-            clock,
-            observer,
-            config.approval_timeout_seconds,
-        ),
-        deadline=clock.monotonic() + config.limits.timeout_seconds - elapsed_before,
+        elapsed_before=elapsed_before,
+        approvals=approvals,
         allowance=allowance,
     )
     await observer.notify(
@@ -116,12 +103,56 @@ async def run_loop(
         try:
             step = await advance(step, ctx)
         except Interrupted as exc:
-            message = (
-                "spec.cancel was set"
-                if exc.reason is StopReason.CANCELLED
-                else (f"timeoutSeconds={config.limits.timeout_seconds:g} reached")
-            )
-            step = Finish(Outcome(exc.reason, message))
+            step = Finish(interrupted(exc, config))
     outcome = step.outcome
     await observer.notify(RunFinished(outcome=outcome, progress=state.progress(pricer)))
     return outcome
+
+
+def interrupted(exc: Interrupted, config: LoopConfig) -> Outcome:
+    """How a run that was cancelled or ran out of time ends: saying which."""
+    if exc.reason is StopReason.CANCELLED:
+        return Outcome(exc.reason, "spec.cancel was set")
+    return Outcome(exc.reason, f"timeoutSeconds={config.limits.timeout_seconds:g} reached")
+
+
+def _context(
+    config: LoopConfig,
+    *,
+    model: ModelClient,
+    tools: Mapping[str, Tool],
+    observer: Observer,
+    clock: Clock,
+    pricer: Pricer,
+    cancel: CancelSignal,
+    state: RunState,
+    elapsed_before: float,
+    approvals: Approvals | None,
+    allowance: Allowance | None,
+) -> Context:
+    """What every step of one run reads: its collaborators, the tool dispatcher and approval gate its
+    limits configure, and its deadline (``timeoutSeconds`` less what earlier attempts used)."""
+    dispatcher = Dispatcher(
+        tools,
+        clock=clock,
+        concurrency=config.limits.tool_concurrency,
+        timeout_seconds=config.limits.tool_timeout_seconds,
+        max_result_chars=config.limits.max_tool_result_chars,
+    )
+    gate = ApprovalGate(
+        approvals if approvals is not None else NoApprover(), clock, observer, config.approval_timeout_seconds
+    )
+    return Context(
+        config=config,
+        model=model,
+        tools=tools,
+        observer=observer,
+        clock=clock,
+        pricer=pricer,
+        cancel=cancel,
+        state=state,
+        dispatcher=dispatcher,
+        gate=gate,
+        deadline=clock.monotonic() + config.limits.timeout_seconds - elapsed_before,
+        allowance=allowance,
+    )

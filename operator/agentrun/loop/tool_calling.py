@@ -30,30 +30,7 @@ async def run_tools(step: RunTools, ctx: Context) -> Prepare | Finish:
     if step.recovered is not None:
         return await run_recovered(step, ctx)
     state, cfg = ctx.state, ctx.config
-    blocks = state.pending_tool_uses()
-    calls: list[ToolCall] = []
-    rejected: dict[str, ToolError] = {}
-    budget = call_budget(ctx, [str(b.get("name", "")) for b in blocks])
-    for index, block in enumerate(blocks):
-        raw_input = block.get("input")
-        call = ToolCall(
-            id=str(block["id"]),
-            name=str(block.get("name", "")),
-            input=raw_input if isinstance(raw_input, dict) else {},
-            idempotency_key=f"{cfg.run_id}:{block['id']}",
-            iteration=state.iterations,
-            budget=budget,
-        )
-        calls.append(call)
-        if step.truncated and index == len(blocks) - 1:
-            rejected[call.id] = ToolError("truncated_input", "the tool input was cut off", hint=REISSUE_HINT)
-        elif call.name not in ctx.tools:
-            available = ", ".join(sorted(ctx.tools)) or "none"
-            rejected[call.id] = ToolError(
-                "unknown_tool",
-                f"there is no tool named {call.name!r}",
-                hint=f"available tools: {available}",
-            )
+    calls, rejected = pending_calls(step, ctx)
     try:
         outcomes, denied = await ctx.guarded(ctx.gate.run(ctx.dispatcher, calls, rejected, ctx.gated(calls)))
     except Interrupted as exc:
@@ -87,6 +64,37 @@ async def run_tools(step: RunTools, ctx: Context) -> Prepare | Finish:
     remember(verdict, state)
     await ctx.emit_checkpoint(trace, tools_pending=False)
     return verdict
+
+
+def pending_calls(step: RunTools, ctx: Context) -> tuple[list[ToolCall], dict[str, ToolError]]:
+    """The calls of the pending tool_use blocks, and the error each one that cannot run gets instead:
+    a call whose input maxTokens cut off (the last one of a truncated turn), or one naming no tool."""
+    state, cfg = ctx.state, ctx.config
+    blocks = state.pending_tool_uses()
+    calls: list[ToolCall] = []
+    rejected: dict[str, ToolError] = {}
+    budget = call_budget(ctx, [str(b.get("name", "")) for b in blocks])
+    for index, block in enumerate(blocks):
+        raw_input = block.get("input")
+        call = ToolCall(
+            id=str(block["id"]),
+            name=str(block.get("name", "")),
+            input=raw_input if isinstance(raw_input, dict) else {},
+            idempotency_key=f"{cfg.run_id}:{block['id']}",
+            iteration=state.iterations,
+            budget=budget,
+        )
+        calls.append(call)
+        if step.truncated and index == len(blocks) - 1:
+            rejected[call.id] = ToolError("truncated_input", "the tool input was cut off", hint=REISSUE_HINT)
+        elif call.name not in ctx.tools:
+            available = ", ".join(sorted(ctx.tools)) or "none"
+            rejected[call.id] = ToolError(
+                "unknown_tool",
+                f"there is no tool named {call.name!r}",
+                hint=f"available tools: {available}",
+            )
+    return calls, rejected
 
 
 async def run_recovered(step: RunTools, ctx: Context) -> Prepare | Finish:
