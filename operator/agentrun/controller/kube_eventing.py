@@ -232,29 +232,38 @@ class RunEvents:
                     key=call_id,
                     always=True,
                 )
-            case ApprovalDecided(tool_name=tool, tool_use_id=call_id, approved=approved, by=by) as decided:
-                if decided.timed_out:
-                    kind, reason, what = "Warning", "ApprovalTimedOut", "was denied: no decision in time"
-                else:
-                    kind, reason = "Normal", "ApprovalDecided"
-                    what = ("was approved" if approved else "was denied") + (f" by {by}" if by else "")
-                    if decided.reason:
-                        what += f": {decided.reason}"
-                await self.record(kind, reason, f"tool call {tool} ({call_id}) {what}", key=call_id)
-            case RunFinished(outcome=outcome, progress=progress):
-                await self.settled()
-                await self.flush()
-                kind = "Normal" if outcome.stop_reason.succeeded else "Warning"
-                cost = f", ${progress.cost_usd:.6f}" if progress.cost_usd is not None else ""
-                summary = (
-                    f"{outcome.message} ({progress.iterations} iterations, "
-                    f"{progress.usage.total} tokens{cost})"
-                )
-                if self._suppressed:
-                    summary += f"; {self._suppressed} earlier events were rate-limited"
-                await self.record(kind, outcome.stop_reason.value, summary, always=True)
+            case ApprovalDecided() as decided:
+                await self._approval_decided(decided)
+            case RunFinished() as finished:
+                await self._finished(finished)
             case _:
                 pass
+
+    async def _approval_decided(self, decided: ApprovalDecided) -> None:
+        if decided.timed_out:
+            kind, reason, what = "Warning", "ApprovalTimedOut", "was denied: no decision in time"
+        else:
+            kind, reason = "Normal", "ApprovalDecided"
+            what = ("was approved" if decided.approved else "was denied") + (
+                f" by {decided.by}" if decided.by else ""
+            )
+            if decided.reason:
+                what += f": {decided.reason}"
+        call_id = decided.tool_use_id
+        await self.record(kind, reason, f"tool call {decided.tool_name} ({call_id}) {what}", key=call_id)
+
+    async def _finished(self, finished: RunFinished) -> None:
+        """The run's last Event, once every earlier one is posted: how it ended, what it used, and how
+        many Events the rate limit held back."""
+        outcome, progress = finished.outcome, finished.progress
+        await self.settled()
+        await self.flush()
+        kind = "Normal" if outcome.stop_reason.succeeded else "Warning"
+        cost = f", ${progress.cost_usd:.6f}" if progress.cost_usd is not None else ""
+        summary = f"{outcome.message} ({progress.iterations} iterations, {progress.usage.total} tokens{cost})"
+        if self._suppressed:
+            summary += f"; {self._suppressed} earlier events were rate-limited"
+        await self.record(kind, outcome.stop_reason.value, summary, always=True)
 
     async def record(
         self, kind: str, reason: str, message: str, *, key: str = "", always: bool = False
