@@ -42,7 +42,7 @@ LABEL_DEPTH = "agentrun.dev/depth"
 LABEL_SCHEDULE = "agentrun.dev/schedule"
 ANNOTATION_SCHEDULED_TIME = "agentrun.dev/scheduled-time"
 
-# What each operator replica publishes on its Lease (controller/replicas/membership.py): its group, and
+# What each operator replica publishes on its Lease (controller/replicas/leases.py): its group, and
 # the namespaces it serves ("*": all; else its --namespace values, comma-separated), which
 # `kubectl agentrun operators` reads to say whether a namespace is served.
 LABEL_REPLICA_GROUP = "agentrun.dev/replica-group"

@@ -9,7 +9,7 @@ configuration loading), so it renews, lists its group's Leases and fences on its
 operator's loop is doing; a replica cut off from the API server still fences on time, since the fence
 watchdog runs on that thread too.
 
-The operator's loop only reads the membership's :class:`~.membership.Standing` (one immutable value,
+The operator's loop only reads the membership's :class:`~.standing.Standing` (one immutable value,
 consistent across threads), hears of each change through ``call_soon_threadsafe``, and hands
 :meth:`applied` and :meth:`leave` over to the membership's loop, waiting for their outcome.
 
@@ -32,7 +32,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from agentrun.controller.replicas import ring
-from agentrun.controller.replicas.membership import Membership, Standing
+from agentrun.controller.replicas.membership import Membership
+from agentrun.controller.replicas.standing import Standing
 from agentrun.kube import calling
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics

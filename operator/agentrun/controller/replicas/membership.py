@@ -17,22 +17,23 @@ renewing from its membership thread (detached.py) while none of its runs moves. 
 told how long ago that loop last ran (``loop_age``) and does not renew while that is longer than
 ``AGENTRUN_LOOP_STALL_SECONDS``: the fence watchdog then fences it on time and the others take its
 runs once its Lease expires, as if it had been cut off.
+
+Here: when to renew, list and fence, and the view each listing gives. What a Lease's fields carry is
+leases.py; the value ownership is decided by, and the barrier's rule, standing.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api import ANNOTATION_SERVES, LABEL_REPLICA_GROUP
-from agentrun.api.times import micro_rfc3339
 from agentrun.controller.replicas import ring
+from agentrun.controller.replicas.leases import APPLIED_VIEW, GROUP_LABEL, SeenLease, lease_body, seen_leases
+from agentrun.controller.replicas.standing import Standing
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIAlreadyExistsError, APIConflictError, APIError, APINotFoundError
 from agentrun.metrics.definitions import Metrics
@@ -42,8 +43,6 @@ __all__ = ["APPLIED_VIEW", "GROUP_LABEL", "Membership", "Standing"]
 
 logger = logging.getLogger(__name__)
 
-GROUP_LABEL = LABEL_REPLICA_GROUP
-APPLIED_VIEW = "agentrun.dev/applied-view"
 #: The fence fires this long before ``duration - renew`` after the last renewal sent (scheduling slack).
 FENCE_MARGIN_SECONDS = 1.0
 #: After a failed renewal, the next try comes this soon (not a whole renew interval later).
@@ -56,67 +55,6 @@ BARRIER_POLL_SECONDS = 0.5
 OBSERVE_SECONDS = 1.0
 #: The group is listed again this soon after another member's Lease would expire, to see it gone.
 EXPIRY_SLACK_SECONDS = 0.05
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """One Lease of the group, as this replica last listed it."""
-
-    holder: str
-    resource_version: str
-    #: This replica's monotonic time when it first saw this resourceVersion.
-    seen_at: float
-    duration: float
-    applied_view: str | None
-
-
-@dataclass(frozen=True)
-class Standing:
-    """Everything :meth:`Membership.owns` decides by, as one immutable value.
-
-    Why a value: the membership may run on a thread of its own (controller/replicas/detached.py) while
-    the operator's event loop asks it about runs; one attribute read of a frozen value is consistent,
-    where reading the view, the barrier and the history one field at a time could mix two states.
-    """
-
-    name: str
-    members: tuple[str, ...] = ()
-    view: str = ring.view_id(())
-    joined: bool = False
-    fenced: bool = False
-    #: The last view whose barrier this replica saw pass; the members of it and of each view applied since.
-    passed: str | None = None
-    history: tuple[tuple[str, ...], ...] = ()
-    #: How many times this replica fenced itself (or found its Lease deleted) so far.
-    term: int = 0
-
-    @property
-    def barrier_passed(self) -> bool:
-        return self.joined and self.passed == self.view
-
-    @property
-    def tenure(self) -> int | None:
-        """The same value from a join to the next fence; None while not a member.
-
-        Why: a run started under one tenure may have been taken over by another replica once it
-        ended, even if this replica is a member again by the time the run takes its next step.
-        """
-        return self.term if self.joined else None
-
-    def owns(self, uid: str) -> bool:
-        """Mine under the current view, and either the barrier of this view passed or the run was mine
-        in every view applied since the last barrier that passed.
-
-        Why the second case is safe: another replica starts a run only under a view whose barrier
-        passed, and that barrier needs this replica's applied-view, so that view is one of those
-        applied here (where the run was ours), unless that replica considered us dead, which needs our
-        Lease unrenewed for a whole duration, and by then we fenced ourselves and forgot the history.
-        """
-        if not self.joined or ring.owner(uid, self.members) != self.name:
-            return False
-        if self.passed == self.view:
-            return True
-        return bool(self.history) and all(ring.owner(uid, view) == self.name for view in self.history)
 
 
 class Membership:
@@ -151,7 +89,7 @@ class Membership:
         self.members: tuple[str, ...] = ()
         self.view = ring.view_id(())
         self._clock = clock
-        self._seen: dict[str, _Seen] = {}
+        self._seen: dict[str, SeenLease] = {}
         self._lease: dict[str, Any] | None = None
         #: Monotonic time the last successful renewal was SENT (the earliest an observer can date it).
         self._renewed_at: float | None = None
@@ -356,8 +294,9 @@ class Membership:
 
     async def _write(self, applying: str | None) -> dict[str, Any]:
         if self._lease is not None:
-            body = self._body(self._lease, applying)
-            return await self.kube.replace_lease(self.namespace, self.lease_name, body)
+            return await self.kube.replace_lease(
+                self.namespace, self.lease_name, self._body(self._lease, applying)
+            )
         try:
             return await self.kube.create_lease(self.namespace, self._body(None, applying))
         except APIAlreadyExistsError:
@@ -368,32 +307,16 @@ class Membership:
             )
 
     def _body(self, current: dict[str, Any] | None, applying: str | None) -> dict[str, Any]:
-        now = micro_rfc3339()
-        if current is None:
-            body: dict[str, Any] = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.lease_name, "namespace": self.namespace},
-                "spec": {"acquireTime": now},
-            }
-        else:
-            body = copy.deepcopy(current)
-            body.setdefault("apiVersion", "coordination.k8s.io/v1")
-            body.setdefault("kind", "Lease")
-        metadata = body.setdefault("metadata", {})
-        metadata.setdefault("labels", {})[GROUP_LABEL] = self.group
-        annotations = metadata.setdefault("annotations", {}) or {}
-        annotations[ANNOTATION_SERVES] = self.serves
-        if applying is None:
-            annotations.pop(APPLIED_VIEW, None)
-        else:
-            annotations[APPLIED_VIEW] = applying
-        metadata["annotations"] = annotations
-        spec = body.setdefault("spec", {})
-        if spec.get("holderIdentity") != self.name:
-            spec["acquireTime"] = now
-        spec.update(holderIdentity=self.name, leaseDurationSeconds=int(self.duration), renewTime=now)
-        return body
+        return lease_body(
+            current,
+            name=self.lease_name,
+            namespace=self.namespace,
+            group=self.group,
+            holder=self.name,
+            serves=self.serves,
+            duration=self.duration,
+            applying=applying,
+        )
 
     async def observe(self) -> None:
         """Lists the group's Leases and recomputes the view; a failed list changes nothing."""
@@ -407,26 +330,7 @@ class Membership:
             logger.warning("replica %s could not list its group's Leases: %s", self.name, exc or "timed out")
             self.check_fence()
             return
-        now = self._clock()
-        seen: dict[str, _Seen] = {}
-        for item in items:
-            metadata = item.get("metadata") or {}
-            spec = item.get("spec") or {}
-            name, version, holder = (
-                metadata.get("name"),
-                metadata.get("resourceVersion"),
-                spec.get("holderIdentity"),
-            )
-            if not name or not version or not holder or metadata.get("deletionTimestamp"):
-                continue
-            before = self._seen.get(name)
-            seen[name] = _Seen(
-                holder=str(holder),
-                resource_version=str(version),
-                seen_at=now if before is None or before.resource_version != version else before.seen_at,
-                duration=float(spec.get("leaseDurationSeconds") or self.duration),
-                applied_view=(metadata.get("annotations") or {}).get(APPLIED_VIEW),
-            )
+        seen = seen_leases(items, self._seen, now=self._clock(), default_duration=self.duration)
         self._seen = seen  # a deleted Lease is gone at once
         self._listed_at = sent
         self.check_fence()
@@ -440,7 +344,7 @@ class Membership:
             self._listed_at is not None and self._joined_at is not None and self._listed_at >= self._joined_at
         )
 
-    def _live_others(self, now: float) -> list[_Seen]:
+    def _live_others(self, now: float) -> list[SeenLease]:
         return [
             lease
             for name, lease in self._seen.items()
