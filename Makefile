@@ -12,10 +12,12 @@ export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 help:
 	@echo "make demo   - offline demo: emulated Kubernetes API + scripted model + the real operator"
 	@echo "make test   - everything CI runs: lint, types, import contracts, unit, integration, chart, bench smoke"
+	@echo "make unit   - the unit tests (tests/unit; K=path::test for some)"
+	@echo "make integration - the integration scenarios against the emulator, then the secret-leak scan (K=path::test)"
 	@echo "make bench  - benchmark harness; prints a table and writes bench/RESULTS.md"
 	@echo "make crds   - regenerate crds/ and the chart's copy from the pydantic models"
 	@echo "make docs   - regenerate the field reference and build the documentation site into site/"
-	@echo "make e2e    - the integration scenarios against the cluster KUBECONFIG points at"
+	@echo "make e2e    - the integration scenarios against the cluster KUBECONFIG points at (K=path::test for one)"
 	@echo "make e2e-node - the chart's operator in pods on a real node: builds the image, helm install, runs (docs/testing.md)"
 	@echo "make e2e-kind - make e2e plus the chart and the examples on a throwaway kind cluster (Docker)"
 
@@ -46,11 +48,34 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The tests run in parallel (pytest-xdist): WORKERS processes, for tests that mostly wait on operators,
+# API servers and timers (docs/testing.md#parallel-runs). --dist loadfile keeps each file's tests on one
+# worker, one after another (tests/conftest.py adds the groups of files that share one: the loads).
+WORKERS ?= 4
+PYTEST  := $(BIN)/python -m pytest
+SCAN    := tests/test_secrets_never_leak.py::test_no_secret_appears_in_anything_the_operators_left_behind
+
+# $(call with-leak-scan,PYTEST ARGS): a parallel run, then the secret-leak scan over what every operator
+# of every worker left (its own folder, removed afterwards). Both run; either failing fails the target
+# (pytest's exit 5, no test run, included).
+define with-leak-scan
+evidence=$$(mktemp -d) && trap 'rm -rf "$$evidence"' EXIT && status=0 && \
+{ $(PYTEST) -n $(WORKERS) --dist loadfile --leak-evidence="$$evidence" $(1) || status=$$?; } && \
+{ $(PYTEST) --leak-evidence="$$evidence" $(SCAN) || status=$$?; } && \
+exit $$status
+endef
+
 test: $(STAMP) $(VENV)/.bench-installed tools lint typecheck docs-build
-	$(BIN)/python -m pytest
+	$(call with-leak-scan,)
+
+unit: $(STAMP)
+	$(PYTEST) -n $(WORKERS) --dist loadfile $(or $(K),tests/unit)
+
+integration: $(STAMP) tools
+	$(call with-leak-scan,$(or $(K),tests/integration))
 
 chart-test: $(STAMP) tools
-	$(BIN)/python -m pytest tests/chart
+	$(PYTEST) tests/chart
 
 crds: $(STAMP)
 	$(BIN)/agentrun crd > crds/agentruns.agentrun.dev.yaml
@@ -95,8 +120,10 @@ $(VENV)/.bench-installed: $(STAMP) pyproject.toml
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-e2e: $(STAMP)
-	$(BIN)/python -m pytest --real-cluster tests/integration
+# One scenario at a time: some install cluster-wide objects (the CRDs, admission policies, the chart's
+# ClusterRoles) that two scenarios at once would share. K=path::test runs one scenario.
+e2e: $(STAMP) tools
+	$(PYTEST) --real-cluster $(or $(K),tests/integration)
 
 # The node tier: the image built from the Dockerfile and imported into the real node (REAL_NODE_TOOLS: the
 # real-node recipe's folder; E2E_BUILD=0 uses an E2E_IMAGE already on the node), then tests/node with

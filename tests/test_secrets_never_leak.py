@@ -1,17 +1,20 @@
 """After the whole suite: no API key or Secret value appears in status, events, logs, transcripts or
 metrics of any operator the tests ran.
 
-tests/conftest.py moves this test to the end of the session. Every `OperatorProcess.stop()` leaves
-its evidence (tests/support/leaks.py). Run on its own, the test first produces evidence with a
-workload of its own, so it never passes on an empty scan.
+Every `OperatorProcess.stop()` leaves its evidence in the session's folder (tests/support/leaks.py).
+In a serial run tests/conftest.py moves this test to the end of the session; in a parallel one
+(pytest-xdist) no worker runs it: `make test` runs it after the parallel run, over the folder every
+worker wrote to (`pytest --leak-evidence=DIR`). Run on its own, or after a run that started no
+operator, the test first produces evidence with a workload of its own, so it never passes on an
+empty scan.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +25,7 @@ from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use
 from tests.support import leaks
 from tests.support.builders import agentrun
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
@@ -64,26 +68,29 @@ async def _own_workload(tmp_path: Path) -> None:
                     assert response.status == 201, await response.text()
             await operator.start()
             try:
-                deadline = time.monotonic() + 30
-                phase = None
-                while phase not in ("Succeeded", "Failed") and time.monotonic() < deadline:
-                    await asyncio.sleep(0.2)
+
+                async def phase() -> str | None:
                     async with session.get(
                         f"{cluster.url}/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns/leak-scan"
                     ) as response:
-                        phase = (await response.json()).get("status", {}).get("phase")
-                assert phase == "Succeeded"
+                        return (await response.json()).get("status", {}).get("phase")  # type: ignore[no-any-return]
+
+                finished = await until(
+                    phase, "the run to finish", 30, done=lambda p: p in ("Succeeded", "Failed")
+                )
+                assert finished == "Succeeded"
             finally:
                 await operator.stop()
 
 
 async def test_no_secret_appears_in_anything_the_operators_left_behind(tmp_path: Path) -> None:
-    if not leaks.EVIDENCE:
+    if not leaks.recorded():
         await _own_workload(tmp_path)
-    scanned_secrets = set().union(*(e.secrets for e in leaks.EVIDENCE))
+    evidence = leaks.recorded()
+    scanned_secrets = set().union(*(e.secrets for e in evidence))
     assert scanned_secrets, "the scan had no secrets to look for"
-    assert any("operator log" in e.texts for e in leaks.EVIDENCE)
-    assert leaks.find_leaks(leaks.EVIDENCE) == []
+    assert any("operator log" in e.texts for e in evidence)
+    assert leaks.find_leaks(evidence) == []
 
 
 def test_the_scanner_finds_a_key_in_a_decompressed_transcript_chunk() -> None:
@@ -97,3 +104,16 @@ def test_the_scanner_finds_a_key_in_a_decompressed_transcript_chunk() -> None:
     texts = {"chunk": json.dumps({k: leaks._decode(v) for k, v in obj["data"].items()})}
     evidence = leaks.Evidence(source="planted", texts=texts, secrets={RUN_KEY})
     assert leaks.find_leaks([evidence]) == ["planted: a secret (sk-a…) appears in chunk"]
+
+
+def test_a_leak_recorded_by_another_process_is_found(tmp_path: Path) -> None:
+    """The scan reads what every worker of a parallel run wrote, not only what its own process saw."""
+    planted = f"log line: key={RUN_KEY}"
+    script = (
+        "import sys; from pathlib import Path; from tests.support import leaks; "
+        "leaks.keep_in(Path(sys.argv[1])); "
+        "leaks.record(leaks.Evidence('worker', {'operator log': sys.argv[2]}, {sys.argv[3]}))"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path), planted, RUN_KEY], check=True, cwd=ROOT)
+    found = leaks.find_leaks(leaks.recorded_in(tmp_path))
+    assert found == ["worker: a secret (sk-a…) appears in operator log"]

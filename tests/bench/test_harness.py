@@ -28,7 +28,9 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 VERDICT = re.compile(r"pass|\*\*MISS \([^)]*\)\*\*")
 RUN_SECONDS = 300
 
-pytestmark = pytest.mark.timeout(RUN_SECONDS + 60)
+# One harness run for the module (the `smoke` fixture), taking a minute: started first in a parallel
+# run, on the worker of the other loads (tests/conftest.py's SHARED_WORKER).
+pytestmark = [pytest.mark.timeout(RUN_SECONDS + 60), pytest.mark.slow]
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,10 @@ from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
 
+# A thousand runs, and an operator killed over and over: started first in a parallel run, on the worker
+# of the other loads (tests/conftest.py's SHARED_WORKER).
+pytestmark = pytest.mark.slow
+
 API_KEY = "sk-ant-load-test-0123456789"
 LOAD_RUNS = int(os.environ.get("AGENTRUN_LOAD_RUNS", "1000"))
 FINISHED = ("Succeeded", "Failed", "Cancelled")

@@ -36,6 +36,10 @@ from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import install_quota_crd
 
+# Two hundred runs against quotas, with faults and kills: started first in a parallel run, on the
+# worker of the other loads (tests/conftest.py's SHARED_WORKER).
+pytestmark = pytest.mark.slow
+
 API_KEY = "sk-ant-quota-load-0123456789"
 MODEL = "claude-haiku-4-5"
 QUOTAS_API = "/apis/agentrun.dev/v1alpha1"

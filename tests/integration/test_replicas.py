@@ -30,6 +30,10 @@ from tests.support.clusters import TestCluster
 from tests.support.kube_requests import until
 from tests.support.replicas import LEASE_DURATION_SECONDS, ReplicaGroup, cuttable_link, replica_group
 
+# Several operators each, failovers timed against lease durations: started first in a parallel run
+# (tests/conftest.py), one after another on one worker (as every file's tests are).
+pytestmark = pytest.mark.slow
+
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 #: A failed-over run continues within the Lease duration plus this (the replicas poll their group's
 #: Leases every renewal; a loaded machine or a real server adds a few seconds).

@@ -34,6 +34,9 @@ from tests.support.schedules import (
     set_schedule_status,
 )
 
+# Schedules fire at minute boundaries of the real clock (the operator's): started first in a parallel run.
+pytestmark = pytest.mark.slow
+
 API_KEY = "sk-ant-schedules-test-0123456789"
 MODEL = {"name": "claude-haiku-4-5", "maxTokens": 256}
 HOLD = 150.0  # a run that stays active while the test looks at the next scheduled time

@@ -6,6 +6,11 @@ talked to (AgentRuns, Events, ConfigMaps, Secrets, read over the API like any cl
 Secret: the API key the operator was started with, and the decoded values of Secrets the tests
 created (API keys, tool header Secrets). Transcript chunks are Secrets too, but they are the
 operator's output: they are decompressed and scanned rather than treated as secret sources.
+
+Evidence is written to one folder (`keep_in()`, set by tests/conftest.py: `--leak-evidence=DIR` or a
+temporary folder), one file per operator, not kept in memory: the tests run in parallel processes
+(pytest-xdist), and the scan runs after all of them, in a process of its own (`make test`), over
+what every one of them left.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import base64
 import binascii
 import gzip
 import json
+import os
+import uuid
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -43,11 +50,42 @@ class Evidence:
     secrets: set[str] = field(default_factory=set)
 
 
-EVIDENCE: list[Evidence] = []
+_folder: Path | None = None
+
+
+def keep_in(folder: Path) -> None:
+    """Where this process writes its evidence and the scan reads everyone's."""
+    global _folder
+    folder.mkdir(parents=True, exist_ok=True)
+    _folder = folder
+
+
+def folder() -> Path:
+    if _folder is None:
+        raise RuntimeError("no folder for the leak scan's evidence: tests/conftest.py sets one (keep_in)")
+    return _folder
 
 
 def record(evidence: Evidence) -> None:
-    EVIDENCE.append(evidence)
+    """One file per operator, written whole before it gets its name: the scan never reads half of one."""
+    data = {"source": evidence.source, "texts": evidence.texts, "secrets": sorted(evidence.secrets)}
+    name = f"{os.getpid()}-{uuid.uuid4().hex}"
+    partial = folder() / f"{name}.partial"
+    partial.write_text(json.dumps(data))
+    partial.rename(folder() / f"{name}.json")
+
+
+def recorded() -> list[Evidence]:
+    """Everything every process of the session recorded so far."""
+    return recorded_in(folder())
+
+
+def recorded_in(where: Path) -> list[Evidence]:
+    found = []
+    for path in sorted(where.glob("*.json")):
+        data = json.loads(path.read_text())
+        found.append(Evidence(data["source"], dict(data["texts"]), set(data["secrets"])))
+    return found
 
 
 def _is_operator_output(obj: Mapping[str, Any]) -> bool:

@@ -19,13 +19,15 @@ class OperatorProcess(operator_process.OperatorProcess):
     async def stop(self, *, kill: bool = False, timeout: float = 20.0) -> int:
         if not self.running:
             return await super().stop(kill=kill, timeout=timeout)
-        evidence = await self._keep_evidence()
+        evidence = await self._gather_evidence()
         try:
             return await super().stop(kill=kill, timeout=timeout)
         finally:
             evidence.texts["operator log"] = self.logs()
+            leaks.record(evidence)
 
-    async def _keep_evidence(self) -> leaks.Evidence:
+    async def _gather_evidence(self) -> leaks.Evidence:
+        """What the scan needs that is only there while the operator and its cluster run."""
         evidence = leaks.Evidence(source=str(self.log_path))
         key = self.env.get("ANTHROPIC_API_KEY")
         if key:
@@ -36,7 +38,6 @@ class OperatorProcess(operator_process.OperatorProcess):
             texts, secrets = await leaks.snapshot_cluster(self.kubeconfig)
             evidence.texts.update(texts)
             evidence.secrets.update(secrets)
-        leaks.record(evidence)
         return evidence
 
 
