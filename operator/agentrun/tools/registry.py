@@ -166,57 +166,19 @@ async def open_tools(
     async with contextlib.AsyncExitStack() as stack:
         tools: dict[str, Tool] = {}
         reader: KubeReader | None = None
+
+        def kube_reader(where: str) -> KubeReader:
+            """One reader for every Kubernetes tool of the run, opened by the first of them."""
+            nonlocal reader
+            if reader is None:
+                reader = _kube_reader(env, where)
+                stack.push_async_callback(reader.close)
+            return reader
+
         for index, entry in enumerate(spec.tools):
             where = f"spec.tools[{index}]"
-            if entry.builtin is not None:
-                name, config = entry.builtin.name, entry.builtin.config
-                if name in KUBERNETES_TOOLS:
-                    if reader is None:
-                        reader = _kube_reader(env, where)
-                        stack.push_async_callback(reader.close)
-                    scope = Scope.parse(
-                        config, env.namespace, cluster_scoped_key=name in CLUSTER_SCOPED_CAPABLE
-                    )
-                    _add(tools, _declared(KUBERNETES_TOOLS[name](reader, scope), entry), where)
-                else:
-                    _add(tools, _declared(_SIMPLE[name](config), entry), where)
-            elif entry.http is not None:
-                use = (
-                    SecretUse(f"{where}.http.headersFrom", entry.http.headers_from)
-                    if entry.http.headers_from
-                    else None
-                )
-                webhook = WebhookTool(
-                    entry.http,
-                    url=endpoint(entry.http, env.namespace),
-                    headers=await read_headers(env, use),
-                    sleep=sleep,
-                    definition=ToolDefinition(
-                        entry.http.name, entry.http.description, entry.http.input_schema
-                    ),
-                )
-                _add(tools, _declared(webhook, entry), where)
-            elif entry.mcp is not None:
-                use = (
-                    SecretUse(f"{where}.mcp.headersFrom", entry.mcp.headers_from)
-                    if entry.mcp.headers_from
-                    else None
-                )
-                # Imported on first use: the MCP SDK takes seconds to import and most runs have no MCP server.
-                from agentrun.tools.mcp_calling import MCPSession
-
-                session = MCPSession(entry.mcp.url, await read_headers(env, use))
-                stack.push_async_callback(session.close)
-                for tool in await _mcp_tools(session, entry.mcp, where, sleep, mcp_start_delays):
-                    _add(tools, _declared(tool, entry), where)
-            elif entry.agent is not None:
-                children = env.child_runs()
-                if children is None:
-                    raise InvalidToolSpec(
-                        f"{where}.agent: agent tools run child AgentRuns, which only the operator can "
-                        "create (not `agentrun run`)"
-                    )
-                _add(tools, _declared(AgentTool(entry.agent, children), entry), where)
+            for tool in await _entry_tools(entry, where, env, stack, kube_reader, sleep, mcp_start_delays):
+                _add(tools, _declared(tool, entry), where)
         for required in spec.required_tools:
             if required not in tools:
                 raise InvalidToolSpec(f"spec.requiredTools: {required!r} is not one of the run's tools")
@@ -225,6 +187,59 @@ async def open_tools(
                 f"spec.toolChoice.name: {spec.tool_choice.name!r} is not one of the run's tools"
             )
         yield tools
+
+
+async def _entry_tools(
+    entry: ToolSpec,
+    where: str,
+    env: ToolEnvironment,
+    stack: contextlib.AsyncExitStack,
+    kube_reader: Callable[[str], KubeReader],
+    sleep: Sleep,
+    mcp_start_delays: tuple[float, ...],
+) -> list[Tool]:
+    """The tools one entry of spec.tools declares (an MCP server: all it lists), open until ``stack``
+    closes."""
+    if entry.builtin is not None:
+        name, config = entry.builtin.name, entry.builtin.config
+        if name in KUBERNETES_TOOLS:
+            reader = kube_reader(where)
+            scope = Scope.parse(config, env.namespace, cluster_scoped_key=name in CLUSTER_SCOPED_CAPABLE)
+            return [KUBERNETES_TOOLS[name](reader, scope)]
+        return [_SIMPLE[name](config)]
+    if entry.http is not None:
+        use = (
+            SecretUse(f"{where}.http.headersFrom", entry.http.headers_from)
+            if entry.http.headers_from
+            else None
+        )
+        webhook = WebhookTool(
+            entry.http,
+            url=endpoint(entry.http, env.namespace),
+            headers=await read_headers(env, use),
+            sleep=sleep,
+            definition=ToolDefinition(entry.http.name, entry.http.description, entry.http.input_schema),
+        )
+        return [webhook]
+    if entry.mcp is not None:
+        use = (
+            SecretUse(f"{where}.mcp.headersFrom", entry.mcp.headers_from) if entry.mcp.headers_from else None
+        )
+        # Imported on first use: the MCP SDK takes seconds to import and most runs have no MCP server.
+        from agentrun.tools.mcp_calling import MCPSession
+
+        session = MCPSession(entry.mcp.url, await read_headers(env, use))
+        stack.push_async_callback(session.close)
+        return await _mcp_tools(session, entry.mcp, where, sleep, mcp_start_delays)
+    if entry.agent is not None:
+        children = env.child_runs()
+        if children is None:
+            raise InvalidToolSpec(
+                f"{where}.agent: agent tools run child AgentRuns, which only the operator can "
+                "create (not `agentrun run`)"
+            )
+        return [AgentTool(entry.agent, children)]
+    return []
 
 
 def _kube_reader(env: ToolEnvironment, where: str) -> KubeReader:
