@@ -17,13 +17,11 @@ import asyncio
 import datetime as dt
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from agentrun.api import INSTALL_CRDS, LABEL_PARENT_UID, LABEL_REPLICA_GROUP, PLURAL
+from agentrun.api import INSTALL_CRDS, LABEL_PARENT_UID, LABEL_REPLICA_GROUP
 from agentrun.api.transcripts import (
     StorageKind,
     Transcript,
@@ -33,6 +31,7 @@ from agentrun.api.transcripts import (
     object_kind,
     storage_of,
 )
+from agentrun.cli.plugin_approving import cmd_approve, cmd_deny
 from agentrun.cli.plugin_operators import Replica, render_operators, replicas_of, verdict
 from agentrun.cli.plugin_rendering import (
     quota_row,
@@ -43,70 +42,15 @@ from agentrun.cli.plugin_rendering import (
     run_tree,
     tree_json,
 )
-from agentrun.kube import kubeconfig_loading
-from agentrun.kube.calling import JSON_PATCH, KubeClient
+from agentrun.cli.plugin_session import NO_RUN_CRD, PluginError, Session, api_error, connect, get_run
+from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIStatusError
 from agentrun.kube.failures import KubeFailure, explain, explained
-from agentrun.kube.kubeconfig_loading import ClusterAccess
 
-CONFLICT_RETRIES = 5
 NO_QUOTA_CRD = (
     "the AgentRunQuota CRD (agentrunquotas.agentrun.dev) is not installed; "
     f"install the CRDs with `{INSTALL_CRDS}`"
 )
-NO_RUN_CRD = (
-    f"the AgentRun CRD (agentruns.agentrun.dev) is not installed; install the CRDs with `{INSTALL_CRDS}`"
-)
-
-
-class PluginError(KubeFailure):
-    """A message for the user; the plugin prints it and exits 1 (worded already: not explained again)."""
-
-
-@dataclass
-class Session:
-    kube: KubeClient
-    namespace: str
-    user: str | None
-    access: ClusterAccess | None = None
-
-
-async def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Session:
-    """kubectl's resolution (kube/kubeconfig_loading.py): --kubeconfig, else KUBECONFIG, else the
-    service account, else ~/.kube/config; --context; relative paths, tokenFile and exec plugins."""
-    access = await kubeconfig_loading.load(kubeconfig, context)
-    return Session(
-        kube=KubeClient(access.api_client()),
-        namespace=namespace or access.namespace or "default",
-        user=access.user,
-        access=access,
-    )
-
-
-async def _api_error(session: Session, exc: APIStatusError, what: str) -> PluginError:
-    """The shared wording (kube/failures.py), e.g. "agentrun ns/name not found".
-
-    A 404 is "not found" only when the AgentRun CRD is served: without it every run is missing, and
-    the message says the CRD is (one discovery request, made only after a 404).
-    """
-    missing = None
-    if exc.status == 404 and not await _served(session):
-        missing = NO_RUN_CRD
-    return PluginError(explain(exc, "access", what, missing=missing) or f"cannot access {what}: {exc}")
-
-
-async def _served(session: Session) -> bool:
-    try:
-        return PLURAL in await session.kube.served_plurals()
-    except APIStatusError:
-        return True  # discovery refused: no better answer than the 404 itself
-
-
-async def get_run(session: Session, name: str) -> dict[str, Any]:
-    try:
-        return await session.kube.get_run(session.namespace, name)
-    except APIStatusError as exc:
-        raise await _api_error(session, exc, f"agentrun {session.namespace}/{name}") from exc
 
 
 async def list_chunk_objects(
@@ -142,7 +86,7 @@ async def read_run_transcript(session: Session, name: str) -> tuple[dict[str, An
         )
         return run, decode_objects(chunks)
     except APIStatusError as exc:
-        raise await _api_error(session, exc, f"transcript of agentrun {session.namespace}/{name}") from exc
+        raise await api_error(session, exc, f"transcript of agentrun {session.namespace}/{name}") from exc
     except TranscriptError as exc:
         raise PluginError(f"transcript of agentrun {session.namespace}/{name}: {exc}") from exc
 
@@ -191,105 +135,8 @@ async def cmd_cancel(session: Session, args: argparse.Namespace) -> str:
     try:
         await session.kube.patch_run(session.namespace, args.name, {"spec": {"cancel": True}})
     except APIStatusError as exc:
-        raise await _api_error(session, exc, f"agentrun {session.namespace}/{args.name}") from exc
+        raise await api_error(session, exc, f"agentrun {session.namespace}/{args.name}") from exc
     return f"agentrun.agentrun.dev/{args.name} cancel requested\n"
-
-
-def choose_call(run: dict[str, Any], tool_use_id: str | None) -> dict[str, Any]:
-    """The pending call to decide on: the one named, or the only one."""
-    name = run["metadata"]["name"]
-    pending = [p for p in (run.get("status") or {}).get("pendingApprovals") or [] if isinstance(p, dict)]
-    listing = ", ".join(f"{p.get('toolUseId')} ({p.get('toolName')})" for p in pending)
-    if tool_use_id is None:
-        if not pending:
-            raise PluginError(f"agentrun {name} has no tool call awaiting approval")
-        if len(pending) > 1:
-            raise PluginError(
-                f"agentrun {name} has {len(pending)} calls awaiting approval; name one of: {listing}"
-            )
-        return pending[0]
-    for entry in pending:
-        if entry.get("toolUseId") == tool_use_id:
-            return entry
-    decided = [a for a in (run.get("spec") or {}).get("approvals") or [] if a.get("toolUseId") == tool_use_id]
-    if decided:
-        raise PluginError(f"{tool_use_id} was already decided: {decided[0].get('decision')}")
-    raise PluginError(
-        f"{tool_use_id} is not awaiting approval in agentrun {name}"
-        + (f" (awaiting: {listing})" if pending else " (nothing is awaiting approval)")
-    )
-
-
-async def whoami(session: Session) -> str:
-    """The user name the API server authenticates us as, as `kubectl auth whoami` asks for it.
-
-    Not the kubeconfig's user entry: that is only a local label, while the server's approval policy
-    compares `by` with the authenticated name.
-    """
-    try:
-        name = await session.kube.who_am_i()
-    except APIStatusError as exc:
-        # A KubeFailure: worded here, so the command's wrapper passes it on instead of rewording it.
-        raise KubeFailure(
-            f"cannot tell who you are: the API server answered a SelfSubjectReview with HTTP {exc.status} "
-            "(Kubernetes 1.28 or later serves it); pass --by NAME"
-        ) from exc
-    if name is None:
-        raise PluginError(
-            "cannot tell who you are: the API server's SelfSubjectReview names nobody; pass --by NAME"
-        )
-    return name
-
-
-_POLICY_DENIAL = re.compile(r"ValidatingAdmissionPolicy '(?P<policy>[^']+)'.* denied request: (?P<why>.*)$")
-
-
-def _refused_decision(exc: APIStatusError, args: argparse.Namespace) -> KubeFailure | None:
-    """A decision an admission policy refused (e.g. `by` not the caller): the server's reason, plainly."""
-    if match := _POLICY_DENIAL.search(exc.message):
-        hint = "; without --by the decision is recorded under your own user name" if args.by else ""
-        return KubeFailure(
-            f"the API server refused the decision: {match['why']} "
-            f"(ValidatingAdmissionPolicy {match['policy']}){hint}"
-        )
-    return None
-
-
-async def decide(session: Session, args: argparse.Namespace, decision: str) -> str:
-    """Append to spec.approvals, guarded by resourceVersion so concurrent deciders never clobber.
-
-    `by` is the caller's authenticated user name unless --by says otherwise; the API server is the
-    judge of a different name (the chart's approval policy refuses it).
-    """
-    by = args.by or await whoami(session)
-    for _ in range(CONFLICT_RETRIES):
-        run = await get_run(session, args.name)
-        call = choose_call(run, args.tool_use_id)
-        entry = {"toolUseId": call["toolUseId"], "decision": decision, "by": by}
-        if args.reason:
-            entry["reason"] = args.reason
-        approvals = [*((run.get("spec") or {}).get("approvals") or []), entry]
-        patch = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
-            {"op": "add", "path": "/spec/approvals", "value": approvals},
-        ]
-        try:
-            await session.kube.patch_run(session.namespace, args.name, patch, content_type=JSON_PATCH)
-        except APIStatusError as exc:
-            seen = run["metadata"]["resourceVersion"]
-            if (
-                exc.status in (409, 422)
-                and (await get_run(session, args.name))["metadata"]["resourceVersion"] != seen
-            ):
-                continue  # someone else changed the run meanwhile (the test op failed): read it again
-            refused = _refused_decision(exc, args) if exc.status in (403, 422) else None
-            if refused is not None:
-                raise refused from exc
-            raise await _api_error(session, exc, f"agentrun {session.namespace}/{args.name}") from exc
-        verb = "approved" if decision == "approve" else "denied"
-        what = f"{call.get('toolName')} ({call['toolUseId']})"
-        return f"agentrun.agentrun.dev/{args.name}: {verb} {what} as {by}\n"
-    raise PluginError(f"agentrun {args.name} kept changing; try again")
 
 
 def _quota_scope(session: Session, args: argparse.Namespace) -> str:
@@ -357,14 +204,6 @@ async def _unserved_note(session: Session, run: dict[str, Any]) -> str:
         return ""  # the user may not read Leases: say nothing rather than guess
     served, sentence = verdict(replicas, session.namespace, dt.datetime.now(dt.UTC))
     return "" if served or not replicas else f"{sentence} (kubectl agentrun operators)\n"
-
-
-async def cmd_approve(session: Session, args: argparse.Namespace) -> str:
-    return await decide(session, args, "approve")
-
-
-async def cmd_deny(session: Session, args: argparse.Namespace) -> str:
-    return await decide(session, args, "deny")
 
 
 def _connection_options(default: Any) -> argparse.ArgumentParser:
