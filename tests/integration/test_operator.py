@@ -114,13 +114,14 @@ async def test_finished_run_is_not_restarted_by_a_new_operator(
 async def test_invalid_tool_ends_in_invalid_spec_naming_the_field(
     cluster: TestCluster, operator: OperatorProcess
 ) -> None:
-    manifest = agentrun(
-        "bad-tool", "x", namespace=cluster.namespace, tools=[{"builtin": {"name": "no_such_tool"}}]
-    )
+    # The CRD refuses an unknown built-in's name at the API server; a built-in's config only the operator
+    # checks.
+    tools = [{"builtin": {"name": "calculator", "config": {"precision": 3}}}]
+    manifest = agentrun("bad-tool", "x", namespace=cluster.namespace, tools=tools)
     await request(cluster, "POST", cluster.runs_path, json=manifest)
     status = (await wait_finished(cluster, "bad-tool"))["status"]
     assert (status["phase"], status["stopReason"]) == ("Failed", "InvalidSpec")
-    assert "spec.tools[0].builtin.name" in status["message"]
+    assert "spec.tools[0].builtin.config" in status["message"]
 
 
 async def test_missing_api_key_secret_keeps_the_run_pending_until_it_appears(
