@@ -27,6 +27,8 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import Credentials, TestCluster
+from tests.support.kube_requests import phase_in, wait_status
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "approval-policy.yaml"
@@ -156,16 +158,14 @@ async def approval_policy(cluster: TestCluster) -> AsyncIterator[str]:
 async def _until_enforced(cluster: TestCluster, timeout: float = 30.0) -> None:
     """A real server takes a moment to load a new policy: probe with server-side dry runs until it denies."""
     probe = {"toolUseId": "probe", "decision": "deny", "by": "policy-probe"}
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    out = ""
-    while loop.time() < deadline:
-        stdin = _run(cluster, "probe", approvals=[probe])
-        code, out = await cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=stdin)
-        if code != 0 and "denied request" in out:
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"the approval policy was not enforced within {timeout}s: {out}")
+    stdin = _run(cluster, "probe", approvals=[probe])
+    await until(
+        lambda: cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=stdin),
+        "the approval policy to be enforced",
+        timeout,
+        done=lambda answer: answer[0] != 0 and "denied request" in answer[1],
+        every=0.5,
+    )
 
 
 # --- append-only: the CRD's own rules, with or without the policy ----------------------------------------
@@ -414,16 +414,7 @@ async def test_under_the_policy_the_operator_runs_and_a_plugin_approval_lets_the
 
 
 async def _wait_phase(cluster: TestCluster, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    status: dict[str, Any] = {}
-    while loop.time() < deadline:
-        run = await cluster.get_run(name)
-        status = (run or {}).get("status") or {}
-        if status.get("phase") in phases:
-            return status
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"{name} did not reach {phases}: {status}")
+    return await wait_status(cluster, name, phase_in(*phases), f"one of {phases}", timeout)
 
 
 @pytest.mark.emulator_only(

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
+from tests.support.kube_requests import until, wait_status
 from tests.support.operator_process import OperatorProcess
 
 API_KEY = "sk-ant-approvals-0123456789"
@@ -54,19 +54,6 @@ async def _merge_patch(cluster: TestCluster, name: str, patch: dict[str, Any]) -
     )
 
 
-async def _wait_status(
-    cluster: TestCluster, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 90.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = (await cluster.request("GET", f"{cluster.runs_path}/{name}")).get("status", {})
-        if done(status):
-            return status
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{name}: condition not reached; status: {status}")
-
-
 def _finished(status: dict[str, Any]) -> bool:
     return status.get("phase") in ("Succeeded", "Failed", "Cancelled")
 
@@ -91,7 +78,7 @@ async def test_run_waits_in_awaiting_approval_until_spec_approvals_approves_then
 ) -> None:
     me = await cluster.whoami()
     await _create(cluster, _manifest(cluster, "gated"))
-    status = await _wait_status(cluster, "gated", _awaiting)
+    status = await wait_status(cluster, "gated", _awaiting)
     [pending] = status["pendingApprovals"]
     assert (pending["toolUseId"], pending["toolName"], pending["input"]) == (
         "toolu_ap1",
@@ -114,7 +101,7 @@ async def test_run_waits_in_awaiting_approval_until_spec_approvals_approves_then
         {"spec": {"approvals": [{"toolUseId": "toolu_ap1", "decision": "approve", "by": me}]}},
     )
     assert code == 200, body
-    final = await _wait_status(cluster, "gated", _finished)
+    final = await wait_status(cluster, "gated", _finished)
     assert (final["phase"], final["stopReason"], final["toolCalls"]) == ("Succeeded", "EndTurn", 1)
     assert "pendingApprovals" not in final
     result = model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]
@@ -127,11 +114,11 @@ async def test_denied_call_reaches_the_model_as_an_error_with_the_reason(
 ) -> None:
     me = await cluster.whoami()
     await _create(cluster, _manifest(cluster, "denied"))
-    await _wait_status(cluster, "denied", _awaiting)
+    await wait_status(cluster, "denied", _awaiting)
     decision = {"toolUseId": "toolu_ap1", "decision": "deny", "by": me, "reason": "use your head"}
     code, body = await _merge_patch(cluster, "denied", {"spec": {"approvals": [decision]}})
     assert code == 200, body
-    final = await _wait_status(cluster, "denied", _finished)
+    final = await wait_status(cluster, "denied", _finished)
     assert (final["phase"], final["toolCalls"]) == ("Succeeded", 0)
     result = model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]
     assert result["is_error"] is True
@@ -143,7 +130,7 @@ async def test_undecided_call_is_denied_when_the_approval_timeout_passes(
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
     await _create(cluster, _manifest(cluster, "timeout", approvalTimeoutSeconds=1))
-    final = await _wait_status(cluster, "timeout", _finished)
+    final = await wait_status(cluster, "timeout", _finished)
     assert (final["phase"], final["toolCalls"]) == ("Succeeded", 0)
     error = json.loads(model.requests_for(SCENARIO)[1].body["messages"][-1]["content"][0]["content"])
     assert (error["code"], error["reason"]) == ("denied", "approval timed out")
@@ -153,10 +140,10 @@ async def test_cancel_while_awaiting_approval_ends_cancelled_and_clears_pending_
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
     await _create(cluster, _manifest(cluster, "cancelled"))
-    await _wait_status(cluster, "cancelled", _awaiting)
+    await wait_status(cluster, "cancelled", _awaiting)
     code, body = await _merge_patch(cluster, "cancelled", {"spec": {"cancel": True}})
     assert code == 200, body
-    final = await _wait_status(cluster, "cancelled", _finished)
+    final = await wait_status(cluster, "cancelled", _finished)
     assert (final["phase"], final["stopReason"]) == ("Cancelled", "Cancelled")
     assert "pendingApprovals" not in final
     assert len(model.requests_for(SCENARIO)) == 1
@@ -186,18 +173,19 @@ async def test_pending_approval_survives_an_operator_restart_and_a_decision_made
 ) -> None:
     me = await cluster.whoami()
     await _create(cluster, _manifest(cluster, "durable"))
-    before = await _wait_status(cluster, "durable", _awaiting)
+    before = await wait_status(cluster, "durable", _awaiting)
     assert before["iterations"] == 1 and before["usage"]["totalTokens"] > 0
     await operator.stop(kill=True)
     await operator.start()
     # The restarted operator resumes from the stored model answer and asks again, without a new
     # model request; `since` keeps the time the wait really began.
-    for _ in range(300):  # a minute: a real server under load is slow
-        if operator.logs().count("is waiting for approval") >= 2:
-            break
-        await asyncio.sleep(0.2)
+    await until(
+        lambda: operator.logs().count("is waiting for approval") >= 2,
+        "the restarted operator to wait for the approval again",
+        60,
+    )
     assert operator.logs().count("is waiting for approval") == 2, operator.logs()
-    again = await _wait_status(cluster, "durable", _awaiting)
+    again = await wait_status(cluster, "durable", _awaiting)
     assert again["pendingApprovals"][0]["since"] == before["pendingApprovals"][0]["since"]
     assert len(model.requests_for(SCENARIO)) == 1
 
@@ -209,7 +197,7 @@ async def test_pending_approval_survives_an_operator_restart_and_a_decision_made
     )
     assert code == 200, body
     await operator.start()
-    final = await _wait_status(cluster, "durable", _finished)
+    final = await wait_status(cluster, "durable", _finished)
     assert (final["phase"], final["stopReason"], final["toolCalls"], final["iterations"]) == (
         "Succeeded",
         "EndTurn",

@@ -7,9 +7,7 @@ if the operator really keeps what it sends within it.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,9 @@ from agentrun_sandbox.messages.wire import estimate_input_tokens
 from tests.integration.test_plugin import plugin
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
+from tests.support.kube_requests import FINISHED, phase_in, wait_status
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import until
 from tests.unit.tools.servers import Answer, WebhookReceiver
 
 API_KEY = "sk-ant-context-integration-0123456789"
@@ -118,27 +118,19 @@ def _summary_requests(model: FakeMessagesAPI, tag: str) -> list[str]:
 
 
 async def _finished(cluster: TestCluster, name: str, timeout: float = 90.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = ((await cluster.get_run(name)) or {}).get("status") or {}
-        if status.get("phase") in ("Succeeded", "Failed", "Cancelled"):
-            return status
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"{name} never finished: {status}")
+    return await wait_status(cluster, name, phase_in(*FINISHED), "a final phase", timeout)
 
 
 async def _events(
     cluster: TestCluster, name: str, reason: str, timeout: float = 30.0
 ) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    found: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
+    """The run's Events with ``reason``, once there is one."""
+
+    async def events() -> list[dict[str, Any]]:
         items = (await cluster.request("GET", cluster.path("events")))["items"]
-        found = [e for e in items if e["involvedObject"].get("name") == name and e["reason"] == reason]
-        if found:
-            return found
-        await asyncio.sleep(0.25)
+        return [e for e in items if e["involvedObject"].get("name") == name and e["reason"] == reason]
+
+    found: list[dict[str, Any]] = await until(events, f"a {reason} Event of {name}", timeout, every=0.25)
     return found
 
 
@@ -195,10 +187,12 @@ async def test_an_operator_killed_after_a_compaction_resumes_compacted_without_a
             await cluster.request(
                 "POST", cluster.runs_path, json=_manifest(cluster, "restarts", tag, f"{receiver.url}/logs")
             )
-            deadline = time.monotonic() + 60
-            while not any("<summary turns=" in json.dumps(r.body) for r in model.requests_for(tag)):
-                assert time.monotonic() < deadline, "no request after a compaction reached the model"
-                await asyncio.sleep(0.1)
+            await until(
+                lambda: any("<summary turns=" in json.dumps(r.body) for r in model.requests_for(tag)),
+                "a request after a compaction to reach the model",
+                60,
+                every=0.1,
+            )
             assert len(_summary_requests(model, tag)) == 1
             await first.stop(kill=True)
             await second.start()

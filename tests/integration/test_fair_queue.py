@@ -7,10 +7,8 @@ the test's own (created and deleted here), and the operator serves both.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import RUNS_API, TestCluster
+from tests.support.waiting import until
 
 API_KEY = "sk-ant-fair-queue-0123456789"
 HOLD = "[scenario:fair-hold]"
@@ -76,17 +75,23 @@ async def eventually(
     what: str,
     timeout: float = 90.0,
 ) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    seen: dict[str, dict[str, Any]] = {}
-    while time.monotonic() < deadline:
-        seen = {}
+
+    async def look() -> dict[str, dict[str, Any]]:
+        seen: dict[str, dict[str, Any]] = {}
         for namespace in namespaces:
             seen.update(await statuses(cluster, namespace))
-        if check(seen):
-            return seen
-        await asyncio.sleep(0.2)
-    summary = {name: (s.get("phase"), s.get("queuePosition"), s.get("message")) for name, s in seen.items()}
-    raise AssertionError(f"timed out waiting for {what}: {json.dumps(summary, indent=1)}")
+        return seen
+
+    def summary(seen: dict[str, dict[str, Any]]) -> str:
+        return json.dumps(
+            {name: (s.get("phase"), s.get("queuePosition"), s.get("message")) for name, s in seen.items()},
+            indent=1,
+        )
+
+    found: dict[str, dict[str, Any]] = await until(
+        look, what, timeout, done=check, every=0.2, explain=summary
+    )
+    return found
 
 
 def positions(seen: dict[str, dict[str, Any]]) -> dict[str, int | None]:

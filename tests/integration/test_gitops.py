@@ -14,7 +14,6 @@ import asyncio
 import copy
 import json
 import subprocess
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use
 from tests.support import kstatus
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster, cluster_for
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH_LUA = ROOT / "docs" / "argocd-health.lua"
@@ -58,14 +58,15 @@ async def _wait(
     cluster: TestCluster, name: str, phase: str | tuple[str, ...], timeout: float = 60
 ) -> dict[str, Any]:
     phases = (phase,) if isinstance(phase, str) else phase
-    deadline = time.monotonic() + timeout
-    obj: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        obj = await cluster.request("GET", f"{cluster.runs_path}/{name}")
-        if obj.get("status", {}).get("phase") in phases:
-            return dict(obj)
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{name} did not reach {phases}: {obj.get('status')}")
+    found: dict[str, Any] = await until(
+        lambda: cluster.request("GET", f"{cluster.runs_path}/{name}"),
+        f"{name} to reach {phases}",
+        timeout,
+        done=lambda obj: obj.get("status", {}).get("phase") in phases,
+        every=0.1,
+        explain=lambda obj: f"its status: {obj.get('status')}",
+    )
+    return dict(found)
 
 
 async def _capture(tmp: Path, real_kubeconfig: Path | None) -> dict[str, dict[str, Any]]:

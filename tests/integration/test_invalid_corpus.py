@@ -13,11 +13,9 @@ answers to the same manifests must match it (tests/unit/sandbox/test_kube_api_sc
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster, cluster_for
+from tests.support.kube_requests import wait_status
 from tests.support.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,19 +82,9 @@ async def _create(cluster: TestCluster, manifest: dict[str, Any]) -> tuple[int, 
     return await cluster.status_of("POST", path, data=body, headers=headers)
 
 
-async def _wait_status(
-    cluster: TestCluster, name: str, phases: set[str], timeout: float = 60.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        code, obj = await cluster.status_of("GET", f"{cluster.runs_path}/{name}")
-        assert code == 200, obj
-        status = obj.get("status") or {}
-        if status.get("phase") in phases and status.get("message"):
-            return status
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{name} never reached {sorted(phases)}: {status}")
+def _said(*phases: str) -> Callable[[dict[str, Any]], bool]:
+    """For wait_status: one of ``phases``, with the message that says why."""
+    return lambda status: status.get("phase") in phases and bool(status.get("message"))
 
 
 def test_the_corpus_covers_every_kind_of_bad_input() -> None:
@@ -122,13 +111,13 @@ async def test_bad_manifest_is_refused_naming_the_field(
     assert code == 201, f"refused at admission although the operator should judge it: {body}"
     name = manifest["metadata"]["name"]
     if expect == "InvalidSpec":
-        status = await _wait_status(cluster, name, {"Failed"})
+        status = await wait_status(cluster, name, _said("Failed"))
         assert status["stopReason"] == "InvalidSpec"
         succeeded = {c["type"]: c for c in status["conditions"]}["Succeeded"]
         assert (succeeded["status"], succeeded["reason"]) == ("False", "InvalidSpec")
     else:
         reason = expect.removeprefix("Pending/")
-        status = await _wait_status(cluster, name, {"Pending"})
+        status = await wait_status(cluster, name, _said("Pending"))
         ready = {c["type"]: c for c in status["conditions"]}["Ready"]
         assert ready["reason"] == reason, status
         assert status["iterations"] == 0
@@ -164,7 +153,7 @@ async def test_operator_still_serves_valid_runs_after_the_corpus(
         ),
     )
     assert code == 201, body
-    status = await _wait_status(cluster, "after-the-corpus", {"Succeeded", "Failed"})
+    status = await wait_status(cluster, "after-the-corpus", _said("Succeeded", "Failed"))
     assert (status["phase"], status["result"]) == ("Succeeded", "Still serving.")
     assert "Traceback" not in operator.logs()
     assert API_KEY not in operator.logs()

@@ -14,8 +14,7 @@ import json
 import os
 import re
 import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from tests.support import kstatus
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
@@ -62,20 +62,6 @@ async def operator(cluster: TestCluster, tmp_path: Path) -> AsyncIterator[Operat
 def _run(cluster: TestCluster, name: str, task: str, **spec: Any) -> dict[str, Any]:
     spec.setdefault("model", MODEL)
     return agentrun(name, task, namespace=cluster.namespace, **spec)
-
-
-async def _eventually(
-    check: Callable[[], Awaitable[tuple[bool, str]]], what: str, timeout: float = 60
-) -> str:
-    """What ``check()`` saw once it said yes; the last thing it saw is in the failure message."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        done, last = await check()
-        if done:
-            return last
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last answer: {last}")
 
 
 # --- the CRD -------------------------------------------------------------------------------------------
@@ -140,12 +126,14 @@ async def test_kubectl_explain_describes_the_field_and_each_of_its_fields(
     assert all(descriptions) and properties
     described = _words(" ".join(descriptions))
 
-    async def explain() -> tuple[bool, str]:
-        # A real server publishes a new schema a second or two after the CRD is applied.
-        code, out = await cluster.kubectl("explain", field)
-        return code == 0 and described in _words(out), out
-
-    out = await _eventually(explain, f"kubectl explain {field}")
+    # A real server publishes a new schema a second or two after the CRD is applied.
+    _, out = await until(
+        lambda: cluster.kubectl("explain", field),
+        f"kubectl explain {field} to describe it",
+        60,
+        done=lambda answer: answer[0] == 0 and described in _words(answer[1]),
+        every=0.5,
+    )
     text = _words(out)
     assert f"FIELD: {field.rsplit('.', 1)[1]} <" in out
     for name, child in properties.items():

@@ -10,7 +10,6 @@ import asyncio
 import os
 import random
 import re
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tests.integration.test_durable_runs import (
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import until
 
 # A thousand runs, and an operator killed over and over: started first in a parallel run, on the worker
 # of the other loads (tests/conftest.py's SHARED_WORKER).
@@ -62,15 +62,18 @@ async def _phases(cluster: TestCluster) -> dict[str, dict[str, Any]]:
 
 
 async def _wait_all_finished(cluster: TestCluster, count: int, timeout: float) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    runs: dict[str, dict[str, Any]] = {}
-    while time.monotonic() < deadline:
+    """Every run, once all ``count`` are there and finished (a failure shows how many are in each phase)."""
+
+    async def by_phase() -> tuple[Counter[str | None], dict[str, dict[str, Any]]]:
         runs = await _phases(cluster)
-        if len(runs) == count and all(r.get("status", {}).get("phase") in FINISHED for r in runs.values()):
-            return runs
-        await asyncio.sleep(1.0)
-    pending = Counter(r.get("status", {}).get("phase") for r in runs.values())
-    raise AssertionError(f"not all {count} runs finished within {timeout}s: {dict(pending)}")
+        return Counter(r.get("status", {}).get("phase") for r in runs.values()), runs
+
+    def finished(seen: tuple[Counter[str | None], dict[str, dict[str, Any]]]) -> bool:
+        phases, runs = seen
+        return len(runs) == count and set(phases) <= set(FINISHED)
+
+    _, runs = await until(by_phase, f"all {count} runs to finish", timeout, done=finished, every=1.0)
+    return runs
 
 
 @pytest.mark.timeout(1200)

@@ -7,8 +7,6 @@ only thing telling the two runs apart is what the model asks for, turn after tur
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +16,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
+from tests.support.kube_requests import phase_in, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.unit.tools.servers import Answer, WebhookReceiver
 
@@ -72,15 +71,7 @@ def webhook(name: str, receiver: WebhookReceiver, field: str) -> dict[str, Any]:
 
 
 async def finished(cluster: TestCluster, name: str, timeout: float = 90.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        run = await cluster.get_run(name)
-        status = (run or {}).get("status") or {}
-        if status.get("phase") in {"Succeeded", "Failed"}:
-            return status
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{name} never finished: {status}")
+    return await wait_status(cluster, name, phase_in("Succeeded", "Failed"), "a final phase", timeout)
 
 
 async def test_three_parallel_webhook_calls_with_equal_answers_succeed_not_loop(

@@ -28,7 +28,7 @@ from agentrun_sandbox.messages.script import HttpError, Reply, Script, ScriptUsa
 from tests.chart.tooling import find_tool
 from tests.support.builders import agentrun
 from tests.support.clusters import RUNS_API, TestCluster
-from tests.support.kube_requests import until, wait_finished
+from tests.support.kube_requests import FINISHED, until, wait_finished
 from tests.support.operator_process import OperatorProcess
 from tests.support.prometheus import running_prometheus
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
@@ -150,15 +150,18 @@ async def _run_workload(cluster: TestCluster) -> dict[str, dict[str, Any]]:
     for name, (task, _) in WORKLOAD.items():
         run = agentrun(name, task, namespace=cluster.namespace, model=MODEL, tools=CALC)
         await cluster.request("POST", cluster.runs_path, json=run)
-    finished: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and len(finished) < len(WORKLOAD):
-        for name in WORKLOAD:
-            obj = await cluster.request("GET", f"{cluster.runs_path}/{name}")
-            if obj.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
-                finished[name] = obj
-        await asyncio.sleep(0.2)
-    assert set(finished) == set(WORKLOAD), {n: o.get("status") for n, o in finished.items()}
+
+    async def runs() -> dict[str, dict[str, Any]]:
+        return {name: await cluster.request("GET", f"{cluster.runs_path}/{name}") for name in WORKLOAD}
+
+    finished = await until(
+        runs,
+        "the workload to finish",
+        90,
+        done=lambda seen: all(o.get("status", {}).get("phase") in FINISHED for o in seen.values()),
+        every=0.2,
+        explain=lambda seen: f"phases: { {n: o.get('status', {}).get('phase') for n, o in seen.items()} }",
+    )
     phases = {name: obj["status"]["phase"] for name, obj in finished.items()}
     assert phases == {name: phase for name, (_, phase) in WORKLOAD.items()}
     return finished
@@ -191,17 +194,20 @@ async def _run_agents_and_schedule(cluster: TestCluster) -> None:
         },
     }
     await cluster.request("POST", cluster.path("agentschedules", api=RUNS_API), json=schedule)
-    deadline = time.monotonic() + 150
-    parent_status: dict[str, Any] = {}
-    schedule_status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        parent_status = (await cluster.request("GET", f"{cluster.runs_path}/obs-parent")).get("status") or {}
-        found = await cluster.request("GET", cluster.path("agentschedules", "obs-minutely", api=RUNS_API))
-        schedule_status = found.get("status") or {}
-        if parent_status.get("phase") == "Succeeded" and schedule_status.get("lastScheduleTime"):
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"parent: {parent_status}; schedule: {schedule_status}")
+
+    async def parent_and_schedule() -> tuple[dict[str, Any], dict[str, Any]]:
+        parent = await cluster.request("GET", f"{cluster.runs_path}/obs-parent")
+        schedule = await cluster.request("GET", cluster.path("agentschedules", "obs-minutely", api=RUNS_API))
+        return parent.get("status") or {}, schedule.get("status") or {}
+
+    await until(
+        parent_and_schedule,
+        "the parent to succeed and the schedule to create its first run",
+        150,
+        done=lambda seen: seen[0].get("phase") == "Succeeded" and seen[1].get("lastScheduleTime"),
+        every=0.5,
+        explain=lambda seen: f"parent: {seen[0]}; schedule: {seen[1]}",
+    )
 
 
 def _samples(scrape: str) -> dict[str, float]:
@@ -298,21 +304,28 @@ async def test_a_scripted_workload_exports_every_documented_metric_and_promtool_
 
     # The quota gauges follow the quota's status (written by the ledger, seen through the watch).
     quota = f'namespace="{cluster.namespace}",quota="{QUOTA}"'
-    deadline = time.monotonic() + 30
-    while True:
-        status = await quota_status(cluster, QUOTA)
-        used = status.get("used") or {}
-        samples = _samples(scrape)
-        if (
+
+    async def quota_and_gauges() -> tuple[dict[str, Any], dict[str, float]]:
+        return await quota_status(cluster, QUOTA), _samples(await operator.scrape())
+
+    def caught_up(seen: tuple[dict[str, Any], dict[str, float]]) -> bool:
+        used, samples = seen[0].get("used") or {}, seen[1]
+        return (
             used.get("runs") == len(WORKLOAD)
             and used.get("concurrentRuns") == 0
             and samples.get(f'agentrun_quota_used{{{quota},resource="runs"}}') == len(WORKLOAD)
             and samples.get(f'agentrun_quota_used{{{quota},resource="concurrentRuns"}}') == 0
-        ) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.2)
-        scrape = await operator.scrape()
-    assert used.get("runs") == len(WORKLOAD), status
+        )
+
+    status, samples = await until(
+        quota_and_gauges,
+        "the quota's status and gauges to count the workload",
+        30,
+        done=caught_up,
+        every=0.2,
+        explain=lambda seen: f"quota status: {seen[0]}",
+    )
+    used = status["used"]
     for resource, value in QUOTA_HARD.items():
         assert samples[f'agentrun_quota_hard{{{quota},resource="{resource}"}}'] == value
     assert samples[f'agentrun_quota_used{{{quota},resource="runs"}}'] == len(WORKLOAD)
@@ -418,12 +431,14 @@ async def test_runs_get_kubernetes_events_for_start_outcomes_retries_and_model_e
         tools=[{"builtin": {"name": "calculator", "config": {"precision": 3}}}],
     )
     runs["obs-invalid"] = await cluster.request("POST", cluster.runs_path, json=invalid)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        items = (await cluster.request("GET", cluster.path("events")))["items"]
-        if any(e["involvedObject"]["name"] == "obs-invalid" for e in items):
-            break
-        await asyncio.sleep(0.2)
+    await until(
+        lambda: cluster.request("GET", cluster.path("events")),
+        "an Event of obs-invalid",
+        60,
+        done=lambda events: any(e["involvedObject"]["name"] == "obs-invalid" for e in events["items"]),
+        every=0.2,
+        explain=lambda _: "",
+    )
     events = (await cluster.request("GET", cluster.path("events")))["items"]
     by_run: dict[str, list[dict[str, Any]]] = {}
     for event in events:

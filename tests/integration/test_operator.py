@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
-from tests.support.kube_requests import request, wait_finished
+from tests.support.kube_requests import phase_in, request, wait_finished, wait_status
 from tests.support.operator_process import OperatorProcess
 
 API_KEY = "sk-ant-integration-secret-0123456789"
@@ -140,14 +138,7 @@ async def test_missing_api_key_secret_keeps_the_run_pending_until_it_appears(
             tools=[{"builtin": {"name": "calculator"}}],
         )
         await request(cluster, "POST", cluster.runs_path, json=manifest)
-        deadline = time.monotonic() + 30
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            status = (await request(cluster, "GET", f"{cluster.runs_path}/needs-key")).get("status", {})
-            if status.get("phase") == "Pending":
-                break
-            await asyncio.sleep(0.2)
-        assert status.get("phase") == "Pending"
+        status = await wait_status(cluster, "needs-key", phase_in("Pending"), timeout=30)
         reasons = {c["type"]: c["reason"] for c in status["conditions"]}
         assert reasons["Succeeded"] == "SecretNotFound"
         assert "anthropic" in status["message"]

@@ -13,8 +13,7 @@ import json
 import os
 import shutil
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
-from tests.support.kube_requests import request
+from tests.support.kube_requests import request, wait_status
 from tests.support.operator_process import OperatorProcess
 
 API_KEY = "sk-ant-plugin-0123456789"
@@ -86,19 +85,6 @@ async def plugin(cluster: TestCluster, *args: str, via_kubectl: bool = False) ->
     return Ran(process.returncode, out.decode(), err.decode())
 
 
-async def _wait_status(
-    cluster: TestCluster, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 30.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = (await request(cluster, "GET", f"{cluster.runs_path}/{name}")).get("status", {})
-        if done(status):
-            return status
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{name}: condition not reached; status: {status}")
-
-
 def _awaiting(status: dict[str, Any]) -> bool:
     return status.get("phase") == "AwaitingApproval"
 
@@ -143,11 +129,11 @@ async def test_approve_without_an_id_decides_the_only_pending_call_and_the_run_s
 ) -> None:
     me = await cluster.whoami()  # kube-emulator on the emulator, admin on the real server
     await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, "calc"))
-    await _wait_status(cluster, "calc", _awaiting)
+    await wait_status(cluster, "calc", _awaiting)
     ran = await plugin(cluster, "approve", "calc", "--reason", "looks safe")
     assert ran.code == 0, ran.err
     assert ran.out == f"agentrun.agentrun.dev/calc: approved calculator (toolu_pl1) as {me}\n"
-    final = await _wait_status(cluster, "calc", _finished)
+    final = await wait_status(cluster, "calc", _finished)
     assert (final["phase"], final["toolCalls"]) == ("Succeeded", 1)
     obj = await request(cluster, "GET", f"{cluster.runs_path}/calc")
     assert obj["spec"]["approvals"] == [
@@ -180,7 +166,7 @@ async def test_deny_through_kubectl_plugin_discovery_shows_the_error_in_the_tran
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
     await request(cluster, "POST", cluster.runs_path, json=_manifest(cluster, "nope"))
-    await _wait_status(cluster, "nope", _awaiting)
+    await wait_status(cluster, "nope", _awaiting)
     ran = await plugin(
         cluster,
         "deny",
@@ -194,7 +180,7 @@ async def test_deny_through_kubectl_plugin_discovery_shows_the_error_in_the_tran
     )
     assert ran.code == 0, ran.err
     assert "denied calculator (toolu_pl1)" in ran.out
-    final = await _wait_status(cluster, "nope", _finished)
+    final = await wait_status(cluster, "nope", _finished)
     assert (final["phase"], final["toolCalls"]) == ("Succeeded", 0)
     text = (await plugin(cluster, "transcript", "nope", via_kubectl=True)).out
     assert "<- error of calculator (toolu_pl1)" in text and "do it by hand" in text

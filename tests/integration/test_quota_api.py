@@ -7,7 +7,6 @@ a real kube-apiserver.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +17,7 @@ import yaml
 from tests.support.builders import agentrun
 from tests.support.clusters import ROOT, TestCluster
 from tests.support.quotas import QUOTA_CRD, quota, quotas_path
+from tests.support.waiting import until
 
 POLICY = ROOT / "deploy" / "quota-policy.yaml"
 PER_RUN = {
@@ -40,14 +40,15 @@ async def _apply_quota_crd(cluster: TestCluster) -> None:
 
 async def _eventually(cluster: TestCluster, *args: str, expect: str, timeout: float = 30.0) -> str:
     """kubectl until its output holds ``expect`` (a real server publishes a new schema after 1-2 s)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        code, out = await cluster.kubectl(*args)
-        if code == 0 and expect in out:
-            return out
-        assert loop.time() < deadline, f"kubectl {' '.join(args)} never showed {expect!r}:\n{out}"
-        await asyncio.sleep(0.5)
+    _, out = await until(
+        lambda: cluster.kubectl(*args),
+        f"kubectl {' '.join(args)} to show {expect!r}",
+        timeout,
+        done=lambda answer: answer[0] == 0 and expect in answer[1],
+        every=0.5,
+        explain=lambda answer: answer[1],
+    )
+    return out
 
 
 async def test_kubectl_get_agentrunquota_shows_used_against_hard_in_columns(cluster: TestCluster) -> None:
@@ -124,14 +125,14 @@ async def _create(cluster: TestCluster, run: dict[str, Any], *, dry_run: bool = 
 async def _until_enforced(cluster: TestCluster, run: dict[str, Any], timeout: float = 30.0) -> str:
     """A real server loads a new policy, and the informer of its paramKind, after a moment: dry runs
     until the refusal names a quota (until then the run is admitted, or the binding not configured)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        status, body = await _create(cluster, run, dry_run=True)
-        if status == 403 and "quota " in str(body.get("message")):
-            return str(body["message"])
-        assert loop.time() < deadline, f"the quota policy was never enforced: {status} {body}"
-        await asyncio.sleep(0.5)
+    _, body = await until(
+        lambda: _create(cluster, run, dry_run=True),
+        "the quota policy to refuse the run naming a quota",
+        timeout,
+        done=lambda answer: answer[0] == 403 and "quota " in str(answer[1].get("message")),
+        every=0.5,
+    )
+    return str(body["message"])
 
 
 async def test_the_quota_policy_refuses_a_run_above_a_quotas_maximum_naming_quota_and_field(

@@ -17,7 +17,6 @@ import contextlib
 import os
 import random
 import re
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import install_quota_crd
+from tests.support.waiting import until
 
 # Two hundred runs against quotas, with faults and kills: started first in a parallel run, on the
 # worker of the other loads (tests/conftest.py's SHARED_WORKER).
@@ -209,18 +209,19 @@ def _operator(
 
 async def _settled(cluster: TestCluster, namespaces: list[Namespace], timeout: float) -> dict[str, Any]:
     """Every run terminal or held back by a quota, twice in a row a second apart."""
-    deadline = time.monotonic() + timeout
-    stable = 0
-    runs: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    settled: list[bool] = []
+
+    async def look() -> tuple[Counter[tuple[Any, Any]], dict[str, Any]]:
         runs = await _runs(cluster, namespaces)
-        done = all((r.get("status") or {}).get("phase") in FINISHED or _held_back(r) for r in runs.values())
-        stable = stable + 1 if done else 0
-        if stable >= 2:
-            return runs
-        await asyncio.sleep(1.0)
-    phases = Counter(((r.get("status") or {}).get("phase"), _reason(r)) for r in runs.values())
-    raise AssertionError(f"runs did not settle within {timeout}s: {dict(phases)}")
+        settled.append(
+            all((r.get("status") or {}).get("phase") in FINISHED or _held_back(r) for r in runs.values())
+        )
+        return Counter(((r.get("status") or {}).get("phase"), _reason(r)) for r in runs.values()), runs
+
+    _, runs = await until(
+        look, "the runs to settle", timeout, done=lambda _: settled[-2:] == [True, True], every=1.0
+    )
+    return runs
 
 
 @pytest.mark.timeout(900)
@@ -352,13 +353,13 @@ async def _measure(cluster: TestCluster, model: FakeMessagesAPI, namespace: str,
     await cluster.request("POST", f"{QUOTAS_API}/namespaces/{namespace}/agentruns", json=run)
     env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
     async with cluster.operator(tmp_path / "measure.log", env, ("--namespace", namespace)):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            got = await cluster.request("GET", f"{QUOTAS_API}/namespaces/{namespace}/agentruns/measure")
-            if (got.get("status") or {}).get("phase") == "Succeeded":
-                return
-            await asyncio.sleep(0.3)
-    raise AssertionError("the measuring run did not succeed")
+        await until(
+            lambda: cluster.request("GET", f"{QUOTAS_API}/namespaces/{namespace}/agentruns/measure"),
+            "the measuring run to succeed",
+            60,
+            done=lambda got: (got.get("status") or {}).get("phase") == "Succeeded",
+            every=0.3,
+        )
 
 
 async def _cleanup_measure(cluster: TestCluster, namespace: str) -> None:

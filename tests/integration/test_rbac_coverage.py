@@ -24,7 +24,6 @@ the permissions it uses from PENDING.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -64,6 +63,7 @@ from tests.support.rbac import (
     installed_chart,
 )
 from tests.support.schedules import install_schedule_crd
+from tests.support.waiting import until
 
 API_KEY = "sk-ant-rbac-coverage-0123456789"
 RUN_KEY = "sk-ant-rbac-run-key-0123456789"
@@ -118,14 +118,14 @@ class Workload:
         what: str,
         timeout: float = 60,
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        status: dict[str, Any] | None = {}
-        while time.monotonic() < deadline:
-            status = await self.status(namespace, name)
-            if status is not None and check(status):
-                return status
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"{namespace}/{name}: {what} not reached within {timeout}s: {status}")
+        found: dict[str, Any] = await until(
+            lambda: self.status(namespace, name),
+            f"{namespace}/{name}: {what}",
+            timeout,
+            done=lambda status: status is not None and check(status),
+            every=0.1,
+        )
+        return found
 
     async def finished(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.wait_for(namespace, name, lambda s: s.get("phase") in FINISHED, "a finished phase")
@@ -232,10 +232,13 @@ async def is_deleted_after_its_ttl(work: Workload) -> None:
     # completionTime has whole seconds: a TTL of 1 s can run out a few ms after the run finishes.
     await work.apply(namespace, "short-lived", "[rbac:answer] ttl", ttlSecondsAfterFinished=2)
     await work.finished(namespace, "short-lived")
-    deadline = time.monotonic() + 30
-    while await work.status(namespace, "short-lived") is not None:
-        assert time.monotonic() < deadline, "the finished run was not deleted after its TTL"
-        await asyncio.sleep(0.2)
+    await until(
+        lambda: work.status(namespace, "short-lived"),
+        "the finished run to be deleted after its TTL",
+        30,
+        done=lambda status: status is None,
+        every=0.2,
+    )
 
 
 async def reads_the_cluster_as_its_service_account(work: Workload) -> None:
@@ -266,10 +269,13 @@ async def resumes_after_a_restart(work: Workload) -> None:
     namespace = work.namespaces[0]
     await work.apply(namespace, "resumed", "[rbac:resume] 1+1", tools=[{"builtin": {"name": "calculator"}}])
     chunk = f"/api/v1/namespaces/{namespace}/secrets/resumed-transcript-0"
-    deadline = time.monotonic() + 60
-    while (await work.cluster.status_of("GET", chunk))[0] != 200:
-        assert time.monotonic() < deadline, "the tool_use answer was not stored"
-        await asyncio.sleep(0.1)
+    await until(
+        lambda: work.cluster.status_of("GET", chunk),
+        "the tool_use answer to be stored",
+        60,
+        done=lambda answer: answer[0] == 200,
+        every=0.1,
+    )
     await work.restart()
     status = await work.finished(namespace, "resumed")
     assert (status["phase"], status["result"], status["iterations"]) == ("Succeeded", "resumed", 2)
@@ -283,10 +289,13 @@ async def takes_off_an_earlier_builds_finalizer(work: Workload) -> None:
     await work.cluster.request("POST", _runs(namespace), json=manifest)
     work.names.append((namespace, "inherited"))
     await work.finished(namespace, "inherited")
-    deadline = time.monotonic() + 30
-    while (await work.cluster.request("GET", f"{_runs(namespace)}/inherited"))["metadata"].get("finalizers"):
-        assert time.monotonic() < deadline, "the earlier build's finalizer was not removed"
-        await asyncio.sleep(0.1)
+    await until(
+        lambda: work.cluster.request("GET", f"{_runs(namespace)}/inherited"),
+        "the earlier build's finalizer to be removed",
+        30,
+        done=lambda run: not run["metadata"].get("finalizers"),
+        every=0.1,
+    )
 
 
 async def is_admitted_by_a_quota(work: Workload) -> None:
@@ -317,12 +326,13 @@ async def runs_from_an_agent(work: Workload) -> None:
     await work.apply(namespace, "from-agent", "[rbac:answer] agent", agentRef={"name": "answerer"})
     assert (await work.finished(namespace, "from-agent"))["phase"] == "Succeeded"
     # The Agent's validation verdict goes to its status subresource.
-    deadline = time.monotonic() + 30
-    while "conditions" not in (
-        await work.cluster.request("GET", f"{RUNS_API}/namespaces/{namespace}/agents/answerer")
-    ).get("status", {}):
-        assert time.monotonic() < deadline, "the Agent's status was never written"
-        await asyncio.sleep(0.2)
+    await until(
+        lambda: work.cluster.request("GET", f"{RUNS_API}/namespaces/{namespace}/agents/answerer"),
+        "the Agent's status to be written",
+        30,
+        done=lambda agent: "conditions" in agent.get("status", {}),
+        every=0.2,
+    )
 
 
 async def runs_on_a_schedule(work: Workload) -> None:
@@ -350,17 +360,22 @@ async def runs_on_a_schedule(work: Workload) -> None:
         json={"status": {"lastScheduleTime": past}},
         headers={"Content-Type": "application/merge-patch+json"},
     )
-    deadline = time.monotonic() + 60
-    while True:
+
+    async def schedule_and_runs() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         status = (await work.cluster.request("GET", f"{schedules}/nightly")).get("status") or {}
         listing = await work.cluster.request(
             "GET", _runs(namespace), params={"labelSelector": "agentrun.dev/schedule=nightly"}
         )
-        # lastScheduleTime moves in the pass that created the run; a finished run is deleted (limit 0).
-        if status.get("lastSuccessfulTime") and not listing["items"]:
-            break
-        assert time.monotonic() < deadline, f"the scheduled run was not created, run and pruned: {status}"
-        await asyncio.sleep(0.2)
+        return status, listing["items"]
+
+    # lastScheduleTime moves in the pass that created the run; a finished run is deleted (limit 0).
+    await until(
+        schedule_and_runs,
+        "the scheduled run to be created, run and pruned",
+        60,
+        done=lambda seen: seen[0].get("lastSuccessfulTime") and not seen[1],
+        every=0.2,
+    )
 
 
 async def fans_out_to_a_child(work: Workload) -> None:

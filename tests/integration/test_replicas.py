@@ -126,15 +126,20 @@ async def create_webhook_runs(
 async def until_mid_run(group: ReplicaGroup, model: FakeMessagesAPI, tag: str, *replicas: str) -> str:
     """Until one of ``replicas`` is in the middle of one of its runs (it asked for a run's step 2 or
     later): that one, the first to get there."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    def first_mid_run() -> str | None:
         for request in model.requests_for(tag):
             if (request.step or 0) >= 2 and (replica := group.replica_of(request)) in replicas:
                 return replica
-        assert time.monotonic() < deadline, (
-            f"none of {replicas} got to the middle of a run\n{progress(group, model, tag)}"
-        )
-        await asyncio.sleep(0.05)
+        return None
+
+    found: str = await until(
+        first_mid_run,
+        f"one of {replicas} to get to the middle of a run",
+        60,
+        explain=lambda _: progress(group, model, tag),
+    )
+    return found
 
 
 def progress(group: ReplicaGroup, model: FakeMessagesAPI, tag: str) -> str:
@@ -152,10 +157,12 @@ def progress(group: ReplicaGroup, model: FakeMessagesAPI, tag: str) -> str:
 
 async def until_asked(group: ReplicaGroup, model: FakeMessagesAPI, tag: str, replica: str) -> None:
     """Until ``replica`` asked the model for a step of one of the runs."""
-    deadline = time.monotonic() + 60
-    while not any(group.replica_of(r) == replica for r in model.requests_for(tag)):
-        assert time.monotonic() < deadline, f"{replica} never asked the model for a step"
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: any(group.replica_of(r) == replica for r in model.requests_for(tag)),
+        f"{replica} to ask the model for a step",
+        60,
+        explain=lambda _: progress(group, model, tag),
+    )
 
 
 def by_run(requests: list[RecordedRequest]) -> dict[str, list[RecordedRequest]]:

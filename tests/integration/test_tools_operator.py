@@ -7,10 +7,8 @@ enforces stored roles on impersonated requests as a real server does).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
+from tests.support.kube_requests import phase_in, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import grant_service_account
 from tests.unit.tools.servers import Answer, WebhookReceiver
@@ -81,20 +80,6 @@ async def operator(
         yield process
 
 
-async def _wait_status(
-    cluster: TestCluster, name: str, phases: set[str], timeout: float = 60.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        run = await cluster.get_run(name)
-        status = (run or {}).get("status") or {}
-        if status.get("phase") in phases:
-            return status
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{name} never reached {phases}: {status}")
-
-
 def _tool_results(model: FakeMessagesAPI, tag: str) -> dict[str, dict[str, Any]]:
     """The tool_result blocks the model was sent back for the scenario ``tag``, by tool_use id."""
     requests = [m for m in model.requests if tag in json.dumps(m.body)]
@@ -153,7 +138,7 @@ async def test_a_webhook_header_secret_created_later_takes_the_run_from_pending_
             tools=[{"http": webhook}],
         )
         created = await cluster.request("POST", cluster.runs_path, json=manifest)
-        pending = await _wait_status(cluster, "notify", {"Pending", "Succeeded", "Failed"})
+        pending = await wait_status(cluster, "notify", phase_in("Pending", "Succeeded", "Failed"))
         assert pending["phase"] == "Pending"
         assert {c["type"]: c["reason"] for c in pending["conditions"]}["Succeeded"] == "SecretNotFound"
         assert f"{cluster.namespace}/hook-headers" in pending["message"]
@@ -168,7 +153,7 @@ async def test_a_webhook_header_secret_created_later_takes_the_run_from_pending_
             "data": {"headers": base64.b64encode(headers.encode()).decode()},
         }
         await cluster.request("POST", cluster.path("secrets"), json=secret)
-        final = await _wait_status(cluster, "notify", {"Succeeded", "Failed"})
+        final = await wait_status(cluster, "notify", phase_in("Succeeded", "Failed"))
     assert (final["phase"], final["result"]) == ("Succeeded", "Notified.")
     [received] = receiver.received
     assert received.body == {"text": "deploy finished"}
@@ -197,7 +182,7 @@ async def test_kubernetes_tools_in_the_operator_may_read_what_the_runs_service_a
         serviceAccountName="pod-reader",
     )
     await cluster.request("POST", cluster.runs_path, json=manifest)
-    final = await _wait_status(cluster, "reader", {"Succeeded", "Failed"})
+    final = await wait_status(cluster, "reader", phase_in("Succeeded", "Failed"))
     assert (final["phase"], final["result"]) == ("Succeeded", "web-1 runs; the secrets are not mine to read.")
 
     results = _tool_results(model, "[scenario:rbac]")
@@ -245,7 +230,7 @@ async def test_the_log_tool_reads_the_tail_as_the_runs_service_account(
         serviceAccountName="log-reader",
     )
     await cluster.request("POST", cluster.runs_path, json=manifest)
-    final = await _wait_status(cluster, "logs", {"Succeeded", "Failed"})
+    final = await wait_status(cluster, "logs", phase_in("Succeeded", "Failed"))
     assert final["phase"] == "Succeeded", final
     assert _text(_tool_results(model, "[scenario:logs]")["toolu_logs1"]) == "allocating\nOOMKilled\n"
     [read] = [r for r in cluster.emulator.request_log if r.subresource == "log"]
@@ -284,7 +269,7 @@ async def test_the_log_tool_answers_a_pod_no_kubelet_serves_with_a_tool_error_no
     )
     try:
         await cluster.request("POST", cluster.runs_path, json=manifest)
-        final = await _wait_status(cluster, "logs", {"Succeeded", "Failed"})
+        final = await wait_status(cluster, "logs", phase_in("Succeeded", "Failed"))
     finally:
         # Without a kubelet a bound pod is never deleted gracefully, and would hold its namespace.
         await cluster.request("DELETE", cluster.path("pods", "web-1"), json={"gracePeriodSeconds": 0})

@@ -29,6 +29,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.recording import Bill, RecordedRequest
 from agentrun_sandbox.messages.script import Script, Step
 from tests.support.loop_harness import FAST_RETRIES, Recorder
+from tests.support.waiting import until
 
 UNSETTLED = object()
 
@@ -156,10 +157,11 @@ async def run_with_allowance(
             if cancel_task_after_requests is None:
                 outcome = await task
             else:
-                for _ in range(2000):  # ten seconds at most
-                    if len(list(server.requests)) >= cancel_task_after_requests or task.done():
-                        break
-                    await asyncio.sleep(0.005)
+                await until(
+                    lambda: len(list(server.requests)) >= cancel_task_after_requests or task.done(),
+                    f"{cancel_task_after_requests} requests or the end of the run",
+                    every=0.005,
+                )
                 task.cancel()
                 if cancel_again_after is not None:
                     await asyncio.sleep(cancel_again_after)

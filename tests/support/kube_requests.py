@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tests.support.clusters import TestCluster
@@ -26,3 +27,27 @@ async def wait_finished(cluster: TestCluster, name: str, timeout: float = 45.0) 
         every=0.1,
     )
     return run
+
+
+async def wait_status(
+    cluster: TestCluster,
+    name: str,
+    done: Callable[[dict[str, Any]], object],
+    what: str = "",
+    timeout: float = 90.0,
+) -> dict[str, Any]:
+    """The status of the run ``name`` once ``done`` accepts it (a run not there yet has an empty one)."""
+
+    async def status() -> dict[str, Any]:
+        run = await cluster.get_run(name)
+        return dict((run or {}).get("status") or {})
+
+    found: dict[str, Any] = await until(
+        status, f"{name}: {what or 'its status'}", timeout, done=done, every=0.2
+    )
+    return found
+
+
+def phase_in(*phases: str) -> Callable[[dict[str, Any]], bool]:
+    """For wait_status: the run's phase is one of ``phases``."""
+    return lambda status: status.get("phase") in phases

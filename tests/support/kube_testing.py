@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 WIDGETS_CRD = Path(__file__).parents[1] / "unit" / "sandbox" / "kube_widgets_crd.yaml"
@@ -25,17 +23,3 @@ def widget(name: str | None = None, generate_name: str | None = None, **spec: ob
         "metadata": metadata,
         "spec": {"task": "build", **spec},
     }
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = 5.0, what: str = "condition"
-) -> None:
-    """Poll ``check`` until it holds: the emulator's controllers (GC, teardown) run asynchronously."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        if await check():
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)

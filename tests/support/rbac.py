@@ -29,7 +29,6 @@ import dataclasses
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from agentrun_sandbox.kube.rbac import BOOTSTRAP_RULES as CLUSTER_BOOTSTRAP_RULE
 from agentrun_sandbox.kube.rbac import PolicyRule, groups_of, subject_matches
 from tests.chart.tooling import CHART, find_tool
 from tests.support.clusters import TestCluster
+from tests.support.waiting import until
 
 RELEASE = "agentrun-operator"
 RELEASE_NAMESPACE = "agentrun-system"
@@ -246,13 +246,14 @@ async def grant_service_account(
     ]
     for api, resource, manifest in manifests:
         await cluster.request("POST", f"{api}/namespaces/{namespace}/{resource}", json=manifest)
-    deadline = time.monotonic() + 30
-    while True:
-        code, body = await cluster.status_of("GET", probe, headers={"Impersonate-User": user})
-        if code == 200:
-            return user
-        assert time.monotonic() < deadline, f"{user} still may not GET {probe}: {code} {body}"
-        await asyncio.sleep(0.2)
+    await until(
+        lambda: cluster.status_of("GET", probe, headers={"Impersonate-User": user}),
+        f"{user} to be allowed to GET {probe}",
+        30,
+        done=lambda answer: answer[0] == 200,
+        every=0.2,
+    )
+    return user
 
 
 def _helm() -> Path:

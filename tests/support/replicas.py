@@ -24,6 +24,7 @@ from yarl import URL
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import until
 
 #: Short leases, so failover scenarios take seconds (the default is 15 s with renewals every 5 s).
 LEASE_DURATION_SECONDS = 6
@@ -187,14 +188,17 @@ class ReplicaGroup:
 
     async def wait_for_members(self, count: int, timeout: float = 60) -> None:
         """Until every running replica sees ``count`` live members."""
-        deadline = time.monotonic() + timeout
-        seen: dict[str, int | None] = {}
-        while time.monotonic() < deadline:
-            seen = {name: await replica.members() for name, replica in self.replicas.items()}
-            if all(members == count for members in seen.values()):
-                return
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"the replicas did not all see {count} members within {timeout}s: {seen}")
+
+        async def seen() -> dict[str, int | None]:
+            return {name: await replica.members() for name, replica in self.replicas.items()}
+
+        await until(
+            seen,
+            f"every replica to see {count} members",
+            timeout,
+            done=lambda members: all(m == count for m in members.values()),
+            every=0.2,
+        )
 
     def replica_of(self, request: RecordedRequest) -> str:
         """Which replica sent a model request (by its API key: x-api-key, or a Bearer token)."""

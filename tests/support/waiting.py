@@ -24,13 +24,14 @@ async def until(
     *,
     done: Callable[[T], object] = bool,
     every: float = 0.05,
+    explain: Callable[[T], str] | None = None,
 ) -> T:
     """The first value of ``check()`` that ``done`` accepts (by default: the first true one).
 
     ``check`` may be a plain or an async function; it is asked every ``every`` seconds. After
     ``timeout`` seconds an AssertionError names ``what`` and the last value ``check`` returned,
     so a failure shows how far the system got (a phase, a message) rather than only that it
-    did not get there.
+    did not get there; ``explain(last value)``, when given, says it instead (a summary, progress, logs).
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -40,7 +41,10 @@ async def until(
         if done(value):
             return value
         if time.monotonic() >= deadline:
-            seen = "" if isinstance(value, bool) else f"; last seen: {_shortened(repr(value))}"
+            if explain is not None:
+                seen = f"\n{explain(value)}"
+            else:
+                seen = "" if isinstance(value, bool) else f"; last seen: {_shortened(repr(value))}"
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{seen}")
         await asyncio.sleep(every)
 

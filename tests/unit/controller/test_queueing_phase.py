@@ -25,6 +25,7 @@ from agentrun.kube.calling import KubeClient
 from agentrun.loop.events import RunFinished, RunStarted
 from agentrun.metrics.definitions import Metrics
 from tests.support.builders import agentrun
+from tests.support.waiting import until
 
 
 class Announcements:
@@ -43,13 +44,6 @@ class Announcements:
 
 def run(namespace: str, name: str, created: str = "2026-11-24T09:00:00Z") -> QueuedRun:
     return QueuedRun(namespace, name, f"uid-{namespace}-{name}", created)
-
-
-async def eventually(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_free_slot_is_taken_at_once_without_an_announcement() -> None:
@@ -123,12 +117,12 @@ async def test_position_changes_are_announced_at_most_once_per_interval_and_only
     for _ in range(3):  # 9 -> 6 within one interval: one write, of the latest position
         release()
         await asyncio.sleep(0.02)
-    await eventually(lambda: len(announce.said) == 2)
+    await until(lambda: len(announce.said) == 2, "the second announcement")
     assert announce.positions == [9, 6]
     await asyncio.sleep(interval * 1.5)
     assert announce.positions == [9, 6], "nothing changed: nothing written"
     release()  # the interval has passed: written at once
-    await eventually(lambda: len(announce.said) == 3)
+    await until(lambda: len(announce.said) == 3, "the third announcement")
     assert announce.positions == [9, 6, 5]
     times = [t for t, _ in announce.said]
     assert times[1] - times[0] >= interval * 0.95

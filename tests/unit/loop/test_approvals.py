@@ -27,6 +27,7 @@ from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Reply, Script, Step, text_block, tool_use_block
 from tests.support.loop_harness import FAST_RETRIES, FakeTool, Recorder
+from tests.support.waiting import until
 
 MARKER = "[scenario:approvals]"
 
@@ -294,10 +295,7 @@ async def test_other_calls_of_the_turn_run_while_one_waits_and_results_keep_call
     tools: dict[str, Tool] = {"deploy": NeedsApproval(deploy), "lookup": lookup}
     async with started(steps, tools=tools, approvals=desk) as run:
         await asyncio.wait_for(run.waiter.requested.wait(), 10)
-        for _ in range(50):
-            if lookup.calls:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: lookup.calls, "the call that needs no approval", every=0.01)
         assert [c.id for c in lookup.calls] == ["toolu_2"] and deploy.calls == []
         assert [e.tool_use_id for e in run.recorder.of(ApprovalRequested)] == ["toolu_1", "toolu_3"]
         desk.give("toolu_3", Decision(approved=True, by="alice"))

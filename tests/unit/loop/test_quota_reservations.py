@@ -35,6 +35,7 @@ from agentrun_sandbox.messages.script import (
 )
 from tests.support.allowances import MemoryAllowance, QuotaRun, run_with_allowance
 from tests.support.loop_harness import FakeTool
+from tests.support.waiting import until
 
 MODEL = "claude-sonnet-4-6"
 MAX_TOKENS = 1024
@@ -263,10 +264,7 @@ async def test_a_request_in_flight_when_the_run_is_cancelled_is_charged_in_full(
     cancel = asyncio.Event()
 
     async def cancel_once_sent() -> None:
-        for _ in range(1000):
-            if allowance.reservations:
-                break
-            await asyncio.sleep(0.005)
+        await until(lambda: allowance.reservations, "the request's reservation", every=0.005)
         await asyncio.sleep(0.1)
         cancel.set()
 
@@ -289,11 +287,8 @@ async def test_a_request_in_flight_when_the_operator_stops_the_run_is_still_sett
     )
     assert run.outcome is None
     [reservation] = allowance.reservations
-    for _ in range(100):
-        if reservation.settled:
-            break
-        await asyncio.sleep(0.01)
-    assert reservation.settled and reservation.usage is None
+    await until(lambda: reservation.settled, "the reservation to be settled", every=0.01)
+    assert reservation.usage is None
 
 
 async def test_a_request_the_quota_cannot_hold_is_never_sent_and_the_run_ends_quota_exceeded() -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import CONFIGMAPS, WIDGETS, eventually, widget
+from tests.support.kube_testing import CONFIGMAPS, WIDGETS, widget
+from tests.support.waiting import until
 
 
 async def test_an_object_created_with_an_owner_that_no_longer_exists_is_collected(client: KubeClient) -> None:
@@ -21,7 +22,7 @@ async def test_an_object_created_with_an_owner_that_no_longer_exists_is_collecte
     async def collected() -> bool:
         return (await client.get(f"{CONFIGMAPS}/late")).status == 404
 
-    await eventually(collected, what="the late dependent to be collected")
+    await until(collected, "the late dependent to be collected")
 
 
 async def test_an_object_with_a_living_owner_and_a_missing_one_keeps_the_living_reference(
@@ -41,7 +42,7 @@ async def test_an_object_with_a_living_owner_and_a_missing_one_keeps_the_living_
         refs = (await client.get(f"{CONFIGMAPS}/child")).body["metadata"].get("ownerReferences")
         return refs == [living]
 
-    await eventually(stripped, what="the missing owner's reference to be removed")
+    await until(stripped, "the missing owner's reference to be removed")
     # The living owner keeps its dependent: only the dangling reference went, not the object.
     kept = await client.get(f"{CONFIGMAPS}/child")
     assert kept.status == 200 and kept.body["metadata"]["ownerReferences"] == [living]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import CONFIGMAPS, WIDGETS, eventually, widget
+from tests.support.kube_testing import CONFIGMAPS, WIDGETS, widget
+from tests.support.waiting import until
 
 
 async def gone(client: KubeClient, path: str) -> bool:
@@ -77,7 +78,7 @@ async def test_dependents_are_garbage_collected_when_their_owner_is_deleted(clie
     await client.post(CONFIGMAPS, owned_by(grandchild_owner, "grandchild"))
     await client.post(CONFIGMAPS, {"metadata": {"name": "bystander"}})
     await client.delete(f"{WIDGETS}/w1")
-    await eventually(lambda: gone(client, f"{CONFIGMAPS}/grandchild"))
+    await until(lambda: gone(client, f"{CONFIGMAPS}/grandchild"), f"{f'{CONFIGMAPS}/grandchild'} to be gone")
     assert await gone(client, f"{CONFIGMAPS}/child")
     assert (await client.get(f"{CONFIGMAPS}/bystander")).status == 200
 
@@ -91,7 +92,7 @@ async def test_garbage_collection_waits_for_the_owner_to_be_finalized(client: Ku
     await asyncio.sleep(0.05)
     assert (await client.get(f"{CONFIGMAPS}/child")).status == 200
     await client.patch(f"{WIDGETS}/w1", {"metadata": {"finalizers": None}})
-    await eventually(lambda: gone(client, f"{CONFIGMAPS}/child"))
+    await until(lambda: gone(client, f"{CONFIGMAPS}/child"), f"{f'{CONFIGMAPS}/child'} to be gone")
 
 
 async def test_a_dependent_with_another_living_owner_survives_and_loses_the_dangling_reference(
@@ -108,7 +109,7 @@ async def test_a_dependent_with_another_living_owner_survives_and_loses_the_dang
         refs = (await client.get(f"{CONFIGMAPS}/child")).body["metadata"]["ownerReferences"]
         return [r["name"] for r in refs] == ["w2"]
 
-    await eventually(reference_dropped)
+    await until(reference_dropped, "the owner reference to be dropped")
     assert (await client.get(f"{CONFIGMAPS}/child")).status == 200
 
 
@@ -133,13 +134,13 @@ async def test_deleting_a_namespace_deletes_its_content_then_the_namespace(clien
     await client.post(team_widgets, widget("free"))
     answer = await client.delete("/api/v1/namespaces/team")
     assert answer.body["status"]["phase"] == "Terminating"
-    await eventually(lambda: gone(client, f"{team_widgets}/free"))
+    await until(lambda: gone(client, f"{team_widgets}/free"), f"{f'{team_widgets}/free'} to be gone")
     refused = await client.post("/api/v1/namespaces/team/configmaps", {"metadata": {"name": "late"}})
     assert refused.status == 403
     assert "because it is being terminated" in refused.body["message"]
     assert (await client.get("/api/v1/namespaces/team")).status == 200  # held by the finalized widget
     await client.patch(f"{team_widgets}/held", {"metadata": {"finalizers": None}})
-    await eventually(lambda: gone(client, "/api/v1/namespaces/team"))
+    await until(lambda: gone(client, "/api/v1/namespaces/team"), f"{'/api/v1/namespaces/team'} to be gone")
 
 
 async def test_deleting_a_crd_deletes_its_objects_then_stops_serving_the_resource(client: KubeClient) -> None:
@@ -153,7 +154,7 @@ async def test_deleting_a_crd_deletes_its_objects_then_stops_serving_the_resourc
     assert (await client.get(crd_path)).status == 200  # blocked by the widget's finalizer
     assert (await client.get(f"{WIDGETS}/held")).body["metadata"]["deletionTimestamp"]
     await client.patch(f"{WIDGETS}/held", {"metadata": {"finalizers": None}})
-    await eventually(lambda: gone(client, crd_path))
+    await until(lambda: gone(client, crd_path), f"{crd_path} to be gone")
     assert (await client.get(WIDGETS)).status == 404
     assert (await client.get("/apis/test.agentrun.dev/v1")).status == 404
 

@@ -14,7 +14,8 @@ import pytest
 
 from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import WIDGETS, eventually, widget
+from tests.support.kube_testing import WIDGETS, widget
+from tests.support.waiting import until
 
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
@@ -92,11 +93,9 @@ def kopf_log(log: Path) -> str:
     return log.read_text()
 
 
-async def until(check: Callable[[], Awaitable[bool]], log: Path, what: str) -> None:
-    try:
-        await eventually(check, timeout=15.0, what=what)
-    except AssertionError as exc:
-        pytest.fail(f"{exc}; Kopf log:\n{kopf_log(log)}")
+async def until_kopf(check: Callable[[], Awaitable[bool]], log: Path, what: str) -> None:
+    """Until ``check`` holds; a failure shows Kopf's log."""
+    await until(check, what, 30.0, explain=lambda _: f"Kopf log:\n{kopf_log(log)}")
 
 
 async def test_a_kopf_daemon_runs_patches_status_and_releases_its_finalizer_on_deletion(
@@ -110,13 +109,13 @@ async def test_a_kopf_daemon_runs_patches_status_and_releases_its_finalizer_on_d
             held = FINALIZER in body["metadata"].get("finalizers", [])
             return held and body.get("status", {}).get("iterations", 0) >= 3
 
-        await until(running_with_finalizer, kopf_operator, "the daemon to run")
+        await until_kopf(running_with_finalizer, kopf_operator, "the daemon to run")
 
         async def resumed_watch() -> bool:
             watches = [r for r in kube.emulator.request_log if r.verb == "watch" and r.resource == "widgets"]
             return any(r.query.get("resourceVersion") for r in watches[1:])
 
-        await until(resumed_watch, kopf_operator, "Kopf to resume its watch")
+        await until_kopf(resumed_watch, kopf_operator, "Kopf to resume its watch")
         current = (await client.get(f"{WIDGETS}/w1")).body
         assert current["metadata"]["generation"] == 1  # status writes do not count as spec changes
 
@@ -127,7 +126,7 @@ async def test_a_kopf_daemon_runs_patches_status_and_releases_its_finalizer_on_d
         async def gone() -> bool:
             return (await client.get(f"{WIDGETS}/w1")).status == 404
 
-        await until(gone, kopf_operator, "the deletion to finish")
+        await until_kopf(gone, kopf_operator, "the deletion to finish")
 
     history = kube.emulator.objects["test.agentrun.dev/v1/widgets", "default", "w1"].history
     last_state = [version for version in history if version is not None][-1]

@@ -10,7 +10,8 @@ import pytest
 
 from agentrun_sandbox.kube import EmulatedCluster, KubeEmulator
 from tests.support.kube_client import KubeClient
-from tests.support.kube_testing import ALL_WIDGETS, CONFIGMAPS, WIDGETS, WIDGETS_CRD, eventually, widget
+from tests.support.kube_testing import ALL_WIDGETS, CONFIGMAPS, WIDGETS, WIDGETS_CRD, widget
+from tests.support.waiting import until
 
 
 @pytest.fixture
@@ -198,4 +199,4 @@ async def test_closing_the_client_side_of_a_watch_releases_the_server_side(kube:
     async def released() -> bool:
         return kube.emulator.open_watches == 0
 
-    await eventually(released, what="the watcher to be released")
+    await until(released, "the watcher to be released")

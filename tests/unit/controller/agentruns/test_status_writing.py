@@ -22,7 +22,7 @@ from agentrun.loop.events import ApprovalRequested, Checkpoint, RunFinished, Run
 from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.builders import agentrun
-from tests.support.kube_testing import eventually
+from tests.support.waiting import until
 
 NAME = "progress"
 
@@ -193,7 +193,7 @@ async def test_progress_a_resumed_runs_status_missed_is_written_without_holding_
     async def caught_up() -> bool:
         return (await status()).get("iterations") == 3
 
-    await eventually(caught_up, what="the resumed run's progress written")
+    await until(caught_up, "the resumed run's progress written")
     assert status_patches(cluster) == before + 1
     await writer.close()
 

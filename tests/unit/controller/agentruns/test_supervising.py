@@ -9,6 +9,7 @@ from typing import Any
 from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.loop.errors import HandedOff
+from tests.support.waiting import until
 
 
 def run_body(
@@ -109,11 +110,7 @@ async def test_a_failed_task_starts_again_after_a_backoff_from_the_newest_body()
     supervisor.observe("ADDED", run_body("a"))
     await settle()
     supervisor.observe("MODIFIED", run_body("a", "Running", status={"startTime": "2026-11-22T00:00:00Z"}))
-    for _ in range(100):
-        if len(executions.started) == 3:
-            break
-        await asyncio.sleep(0.01)
-    assert len(executions.started) == 3
+    await until(lambda: len(executions.started) == 3, "the third start", every=0.01)
     assert executions.started[-1][1].status.start_time == "2026-11-22T00:00:00Z"
     assert supervisor.running == 1
     await supervisor.close()

@@ -36,8 +36,8 @@ from agentrun.kube.errors import APIForbiddenError
 from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.loop.events import Checkpoint, RunFinished, RunYielded
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
-from tests.support.kube_testing import eventually
 from tests.support.transcripts import list_chunk_objects, load
+from tests.support.waiting import until
 
 
 class FakeClock:
@@ -396,7 +396,7 @@ async def test_deleting_the_run_garbage_collects_its_transcript(
     async def collected() -> bool:
         return cluster.emulator.list_objects("secrets", "default") == []
 
-    await eventually(collected, what="transcript chunks garbage-collected")
+    await until(collected, "transcript chunks garbage-collected")
 
 
 async def test_another_run_with_the_same_name_reads_only_its_own_chunks(

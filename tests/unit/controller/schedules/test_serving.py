@@ -14,6 +14,7 @@ from agentrun.controller.schedules.control import ScheduleController
 from agentrun.controller.schedules.serving import ScheduleServer
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics
+from tests.support.waiting import until
 
 NAMESPACE = "default"
 
@@ -156,10 +157,6 @@ async def test_only_the_owner_of_the_schedule_serves_it(kube: KubeClient) -> Non
         ownership.mine = True
         for changed in ownership.listeners:
             changed()
-        for _ in range(100):
-            if await run_names(kube):
-                break
-            await asyncio.sleep(0.05)
-        assert len(await run_names(kube)) == 1
+        assert len(await until(lambda: run_names(kube), "the run the schedule owes")) == 1
     finally:
         await controller.close()
