@@ -51,7 +51,8 @@ typecheck: $(STAMP)
 # The tests run in parallel (pytest-xdist): WORKERS processes, for tests that mostly wait on operators,
 # API servers and timers (docs/testing.md#parallel-runs). --dist loadfile keeps each file's tests on one
 # worker, one after another (tests/conftest.py adds the groups of files that share one: the loads).
-WORKERS ?= 4
+# With K= (a few tests) one process: starting four workers would take longer than the tests.
+WORKERS ?= $(if $(K),0,4)
 PYTEST  := $(BIN)/python -m pytest
 SCAN    := tests/test_secrets_never_leak.py::test_no_secret_appears_in_anything_the_operators_left_behind
 
