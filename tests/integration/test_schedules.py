@@ -322,8 +322,13 @@ async def test_finished_runs_beyond_the_history_limits_are_deleted_oldest_first(
         return [r["metadata"]["name"] for r in await runs_of(cluster, "history")] == ["history-3"]
 
     await until(pruned, "the history to keep only the newest succeeded run", WAIT)
-    status = (await get_schedule(cluster, "history")).get("status") or {}
-    assert status.get("lastSuccessfulTime") == "2026-01-01T00:03:00Z"
+
+    # The pass that pruned writes the status after its deletions: wait for that write, not for luck.
+    async def written() -> bool:
+        status = (await get_schedule(cluster, "history")).get("status") or {}
+        return bool(status.get("lastSuccessfulTime") == "2026-01-01T00:03:00Z")
+
+    await until(written, "the schedule's status to name the newest succeeded run", WAIT)
 
 
 async def test_an_invalid_schedule_is_not_ready_and_creates_nothing(
