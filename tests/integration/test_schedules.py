@@ -329,6 +329,7 @@ async def test_finished_runs_beyond_the_history_limits_are_deleted_oldest_first(
         return bool(status.get("lastSuccessfulTime") == "2026-01-01T00:03:00Z")
 
     await until(written, "the schedule's status to name the newest succeeded run", WAIT)
+    assert [r["metadata"]["name"] for r in await runs_of(cluster, "history")] == ["history-3"]
 
 
 async def test_an_invalid_schedule_is_not_ready_and_creates_nothing(
