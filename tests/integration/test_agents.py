@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from agentrun_sandbox.messages.api import FakeMessagesAPI
@@ -244,13 +245,29 @@ async def test_a_run_from_an_agent_with_a_time_to_live_is_deleted_after_it_finis
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:
     await _create_agent(cluster, "short-lived", model={"name": "claude-haiku-4-5"}, ttlSecondsAfterFinished=1)
-    await _create_run(cluster, "ephemeral", "[scenario:agent-plain] ttl", agentRef={"name": "short-lived"})
-    assert (await wait_finished(cluster, "ephemeral"))["status"]["phase"] == "Succeeded"
-
-    async def deleted() -> bool:
-        return await cluster.get_run("ephemeral") is None
-
-    await until(deleted, "the Agent's ttlSecondsAfterFinished to delete the run", timeout=60)
+    # A watch opened before the run exists sees every state it passes through: polling can miss the
+    # finished run entirely when the TTL of 1 s runs out between two reads.
+    seen: list[tuple[str, str | None]] = []
+    async with (
+        cluster.session() as session,
+        session.get(
+            cluster.runs_path,
+            params={"watch": "true", "fieldSelector": "metadata.name=ephemeral", "timeoutSeconds": "60"},
+            timeout=aiohttp.ClientTimeout(total=90),
+        ) as stream,
+    ):
+        assert stream.status == 200, await stream.text()
+        await _create_run(
+            cluster, "ephemeral", "[scenario:agent-plain] ttl", agentRef={"name": "short-lived"}
+        )
+        async for line in stream.content:
+            event = json.loads(line)
+            seen.append((event["type"], event["object"].get("status", {}).get("phase")))
+            if event["type"] == "DELETED":
+                break
+    phases = [phase for _, phase in seen]
+    assert seen[-1][0] == "DELETED", f"the Agent's ttlSecondsAfterFinished never deleted the run: {seen}"
+    assert "Succeeded" in phases[:-1], f"deleted before it was seen Succeeded: {seen}"
 
 
 async def test_a_valid_agent_is_ready_at_its_generation(

@@ -451,8 +451,9 @@ async def test_finished_runs_are_deleted_after_their_ttl_with_their_transcript(
 ) -> None:
     await start_operator()
     short = webhook_manifest(cluster, "short-lived", "[durable:plain]", webhook)
-    # completionTime has whole seconds: a TTL of 1 s can run out a few ms after the run finishes.
-    short["spec"]["ttlSecondsAfterFinished"] = 2
+    # completionTime has whole seconds, so a TTL of n s may run out n-1 s after the run finishes: 5 s
+    # leaves a loaded machine's polling time to read the finished run before it goes.
+    short["spec"]["ttlSecondsAfterFinished"] = 5
     await request(cluster, "POST", cluster.runs_path, json=short)
     await request(
         cluster,
