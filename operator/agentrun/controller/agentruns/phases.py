@@ -27,7 +27,7 @@ from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import NO_PROGRESS, ResumePoint, find_resume_point
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.controller.agentruns.transcript_storing import TranscriptStore
-from agentrun.controller.quotas.admission import AdmissionGate, Candidate, QuotaAdmission, QuotaRefusal
+from agentrun.controller.quotas.admission import AdmissionGate, AdmittedSpec, Candidate, QuotaRefusal
 from agentrun.loop.approving import Approvals
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
@@ -247,7 +247,7 @@ async def admit_to_quotas(
     cancel: asyncio.Event,
     announce: Callable[[str, str], Awaitable[None]],
     progress: Progress = NO_PROGRESS,
-) -> QuotaAdmission | Ending:
+) -> AdmittedSpec | Ending:
     """Room in every AgentRunQuota of the namespace (controller/quotas/admission.py); Pending
     (reason QuotaExceeded) until there is. A run above a quota's per-run maximum ends InvalidSpec
     naming the quota and the field; one whose first request alone passes a quota's whole limit ends

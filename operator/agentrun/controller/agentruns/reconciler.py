@@ -41,7 +41,7 @@ from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.controller.agentruns.transcript_storing import RunIdentity, TranscriptStore
 from agentrun.controller.kube_eventing import InvolvedRun, KubeEventSink, RunEvents
-from agentrun.controller.quotas.admission import Candidate, QuotaAdmission
+from agentrun.controller.quotas.admission import AdmittedSpec, Candidate
 from agentrun.controller.quotas.allowance import RunAllowance
 from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
@@ -289,9 +289,9 @@ class AgentRunReconciler:
 
     async def _admit_to_quotas(
         self, run: _Run, spec: AgentRunSpec, point: ResumePoint
-    ) -> QuotaAdmission | Ending:
+    ) -> AdmittedSpec | Ending:
         if self.quotas is None:
-            return QuotaAdmission(spec)
+            return AdmittedSpec(spec)
         ref = run.ref
         admission = await phases.admit_to_quotas(
             self.quotas.gate,
@@ -303,7 +303,7 @@ class AgentRunReconciler:
             announce=run.writer.pending,
             progress=point.progress,
         )
-        if isinstance(admission, QuotaAdmission) and admission.record and admission.limits is not None:
+        if isinstance(admission, AdmittedSpec) and admission.record and admission.limits is not None:
             set_by_quotas = ", ".join(
                 f"{k} {v}" for k, v in admission.limits.model_dump(by_alias=True, exclude_none=True).items()
             )

@@ -70,7 +70,7 @@ class QuotaRefusal:
 
 
 @dataclass(frozen=True)
-class QuotaAdmission:
+class AdmittedSpec:
     """The run may go on: ``spec`` is what the loop uses, with the limits the quotas set in it."""
 
     spec: AgentRunSpec
@@ -149,7 +149,7 @@ class AdmissionGate:
         started: bool,
         cancel: asyncio.Event,
         announce: Callable[[str, str], Awaitable[None]],
-    ) -> QuotaAdmission | PerRunViolation | QuotaRefusal | None:
+    ) -> AdmittedSpec | PerRunViolation | QuotaRefusal | None:
         """The admission phase: per-run maxima, then room in every quota; None when cancelled.
 
         A run that started before (``started``) or has its limits recorded passed the maxima then,
@@ -158,7 +158,7 @@ class AdmissionGate:
         kept = limits.recorded(status)
         definitions = await self.definitions(run.namespace)
         if not definitions and kept is None:
-            return QuotaAdmission(spec)
+            return AdmittedSpec(spec)
         if not started and kept is None:
             refused = limits.violation(definitions, spec)
             if refused is not None:
@@ -171,7 +171,7 @@ class AdmissionGate:
             imposed = kept
         else:
             imposed = limits.imposed(await self.definitions(run.namespace), spec)
-        return QuotaAdmission(
+        return AdmittedSpec(
             limits.applied(spec, imposed), imposed, record=kept is None and imposed is not None
         )
 
