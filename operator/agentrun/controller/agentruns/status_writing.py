@@ -26,6 +26,7 @@ from typing import Any
 from agentrun.api import status_patches
 from agentrun.api.status import AgentRunStatus, PendingApproval, Phase, TranscriptRef
 from agentrun.api.status_patches import StatusPatch
+from agentrun.api.stops import Outcome
 from agentrun.api.times import now_rfc3339
 from agentrun.api.traces import Progress
 from agentrun.kube.calling import KubeClient
@@ -117,90 +118,126 @@ class StatusWriter:
         self.writes = 0
 
     async def notify(self, event: Event) -> None:
+        """Each loop event to the write it calls for; events the status does not show are ignored."""
         match event:
-            case RunStarted(progress=progress) if self._still_running and not (
-                self._clear_pending or self._clear_queue_position
-            ):
-                if (progress.iterations, progress.tool_calls) != self._stored_counts:
-                    # Progress the status missed (its interval): in the background, like any progress.
-                    self._unwritten = progress
-                    self._flush = asyncio.create_task(self._write_progress_after(0.0))
+            case RunStarted(progress=progress) if self._resumes_quietly():
+                self._resumed(progress)
             case RunStarted(progress=progress):
-                self._start_time = self._start_time or now_rfc3339()
-                # Calls still undecided after a restart ask again (ApprovalRequested) right away.
-                started = self._left_queue(
-                    status_patches.running(self._start_time, clear_pending_approvals=self._clear_pending)
-                )
-                await self.write(
-                    started.merged(status_patches.progressed(progress)),
-                    Phase.RUNNING,
-                    "Running",
-                    "the agent loop is running",
-                )
-            case Checkpoint(progress=progress) if event.trace is None:
-                self._progress = progress
-            case Checkpoint(trace=trace, progress=progress) if trace is not None:
-                self._progress = progress
-                self._unwritten = progress
-                due = self._due()
-                if due <= 0:
-                    await self._write_progress()
-                elif self._flush is None or self._flush.done():
-                    self._flush = asyncio.create_task(self._write_progress_after(due))
+                await self._started(progress)
+            case Checkpoint(progress=progress, trace=trace):
+                await self._checkpointed(progress, iteration_done=trace is not None)
             case RunFinished(outcome=outcome, progress=progress):
-                # Not cancelled: a deferred progress write already on the wire finishes first (the
-                # lock), and one still waiting finds the run finished and writes nothing.
-                async with self._lock:
-                    self._finished = True
-                    patch = status_patches.finished(
-                        outcome,
-                        progress,
-                        now=now_rfc3339(),
-                        generation=self._generation,
-                        previous_conditions=self._conditions,
-                    )
-                    if self._pending or self._clear_pending:
-                        patch = patch.merged(StatusPatch(cleared=frozenset({"pending_approvals"})))
-                    patch = self._left_queue(patch)
-                    await self._patch(patch)
+                await self._finish(outcome, progress)
             case ContextCompacted() as done:
-                # Rare and worth seeing at once: written now, with the latest progress.
-                patch = status_patches.compacted(
-                    compactions=done.compactions,
-                    iteration=done.iteration,
-                    tokens_before=done.tokens_before,
-                    tokens_after=done.tokens_after,
-                    tokens_removed=done.tokens_removed,
-                )
-                if self._progress is not None:
-                    patch = status_patches.progressed(self._progress).merged(patch)
-                await self.write(
-                    patch,
-                    Phase.RUNNING,
-                    "Running",
-                    f"context compacted after iteration {done.iteration}: about {done.tokens_before} "
-                    f"-> {done.tokens_after} input tokens",
-                )
+                await self._compacted(done)
             case ApprovalRequested(tool_use_id=call_id, tool_name=tool, input=call_input):
-                self._clear_pending = True
-                since = self._since.get(call_id) or now_rfc3339()
-                self._pending[call_id] = status_patches.pending_approval(call_id, tool, call_input, since)
-                await self.write_pending(f"{tool} ({call_id}) waits for approval")
+                await self._approval_requested(call_id, tool, call_input)
             case ApprovalDecided(tool_use_id=call_id, tool_name=tool, approved=approved, by=by):
-                if self._pending.pop(call_id, None) is None:
-                    return
-                verdict = ("approved" if approved else "denied") + (f" by {by}" if by else "")
-                if self._pending:
-                    await self.write_pending(f"{tool} ({call_id}) {verdict}")
-                else:
-                    await self.write(
-                        status_patches.approvals_settled(),
-                        Phase.RUNNING,
-                        "Running",
-                        f"{tool} ({call_id}) {verdict}",
-                    )
+                await self._approval_decided(call_id, tool, approved=approved, by=by)
             case _:
                 pass
+
+    def _resumes_quietly(self) -> bool:
+        """A resumed run whose status already says Running and has nothing to clear writes no start.
+
+        Pending approvals or a queue position left in status must go, so such a run writes as a new one.
+        """
+        return self._still_running and not (self._clear_pending or self._clear_queue_position)
+
+    def _resumed(self, progress: Progress) -> None:
+        """Progress the status missed (its interval) goes out in the background, like any progress."""
+        if (progress.iterations, progress.tool_calls) != self._stored_counts:
+            self._unwritten = progress
+            self._flush = asyncio.create_task(self._write_progress_after(0.0))
+
+    async def _started(self, progress: Progress) -> None:
+        """Running, with the start time kept from an earlier start (a resumed run keeps its own)."""
+        self._start_time = self._start_time or now_rfc3339()
+        # Calls still undecided after a restart ask again (ApprovalRequested) right away.
+        started = self._left_queue(
+            status_patches.running(self._start_time, clear_pending_approvals=self._clear_pending)
+        )
+        await self.write(
+            started.merged(status_patches.progressed(progress)),
+            Phase.RUNNING,
+            "Running",
+            "the agent loop is running",
+        )
+
+    async def _checkpointed(self, progress: Progress, *, iteration_done: bool) -> None:
+        """The latest progress kept; a finished iteration written now or once the interval is up.
+
+        A checkpoint without a trace row (mid-iteration) is only remembered: the next write carries it.
+        """
+        self._progress = progress
+        if not iteration_done:
+            return
+        self._unwritten = progress
+        due = self._due()
+        if due <= 0:
+            await self._write_progress()
+        elif self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._write_progress_after(due))
+
+    async def _finish(self, outcome: Outcome, progress: Progress) -> None:
+        """The run's end: the last write, which every later write (a deferred progress one) skips.
+
+        Not cancelled: a deferred progress write already on the wire finishes first (the lock), and
+        one still waiting finds the run finished and writes nothing.
+        """
+        async with self._lock:
+            self._finished = True
+            patch = status_patches.finished(
+                outcome,
+                progress,
+                now=now_rfc3339(),
+                generation=self._generation,
+                previous_conditions=self._conditions,
+            )
+            if self._pending or self._clear_pending:
+                patch = patch.merged(StatusPatch(cleared=frozenset({"pending_approvals"})))
+            await self._patch(self._left_queue(patch))
+
+    async def _compacted(self, done: ContextCompacted) -> None:
+        """Rare and worth seeing at once: written now, with the latest progress."""
+        patch = status_patches.compacted(
+            compactions=done.compactions,
+            iteration=done.iteration,
+            tokens_before=done.tokens_before,
+            tokens_after=done.tokens_after,
+            tokens_removed=done.tokens_removed,
+        )
+        if self._progress is not None:
+            patch = status_patches.progressed(self._progress).merged(patch)
+        await self.write(
+            patch,
+            Phase.RUNNING,
+            "Running",
+            f"context compacted after iteration {done.iteration}: about {done.tokens_before} "
+            f"-> {done.tokens_after} input tokens",
+        )
+
+    async def _approval_requested(self, call_id: str, tool: str, call_input: Mapping[str, Any]) -> None:
+        """The call joins status.pendingApprovals, dated when it first asked (a restart keeps that)."""
+        self._clear_pending = True
+        since = self._since.get(call_id) or now_rfc3339()
+        self._pending[call_id] = status_patches.pending_approval(call_id, tool, call_input, since)
+        await self.write_pending(f"{tool} ({call_id}) waits for approval")
+
+    async def _approval_decided(self, call_id: str, tool: str, *, approved: bool, by: str | None) -> None:
+        """The call leaves the pending list; the run is Running again once none is left waiting."""
+        if self._pending.pop(call_id, None) is None:
+            return
+        verdict = ("approved" if approved else "denied") + (f" by {by}" if by else "")
+        if self._pending:
+            await self.write_pending(f"{tool} ({call_id}) {verdict}")
+        else:
+            await self.write(
+                status_patches.approvals_settled(),
+                Phase.RUNNING,
+                "Running",
+                f"{tool} ({call_id}) {verdict}",
+            )
 
     def _due(self) -> float:
         """Seconds until progress may be written again (0 or less: now)."""

@@ -18,7 +18,7 @@ from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIForbiddenError
 from agentrun.kube.retrying import KubeRetryPolicy
-from agentrun.loop.events import ApprovalRequested, Checkpoint, RunFinished, RunStarted
+from agentrun.loop.events import ApprovalDecided, ApprovalRequested, Checkpoint, RunFinished, RunStarted
 from agentrun.settings import Settings
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.builders import agentrun
@@ -233,6 +233,70 @@ async def test_a_phase_change_carries_the_unwritten_progress(
     )
     written = await status()
     assert (written["phase"], written["iterations"], written["toolCalls"]) == ("AwaitingApproval", 1, 1)
+    await writer.close()
+
+
+async def test_a_checkpoint_inside_an_iteration_writes_nothing_and_the_next_write_shows_its_progress(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    writer, status = await make_writer(api_client, 0.0, Clock())
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    before = status_patches(cluster)
+    answered = Checkpoint(
+        iteration=1, new_messages=[], message_count=2, trace=None, progress=progress(1), tools_pending=True
+    )
+    await writer.notify(answered)  # the model answered; the tools have not run: no trace row yet
+    assert status_patches(cluster) == before
+    await writer.notify(
+        ApprovalRequested(iteration=1, tool_use_id="toolu_1", tool_name="deploy", input={"version": "2"})
+    )
+    written = await status()
+    assert (written["phase"], written["iterations"], written["usage"]["totalTokens"]) == (
+        "AwaitingApproval",
+        1,
+        11,
+    )
+    await writer.close()
+
+
+async def test_a_decision_for_a_call_not_waiting_writes_nothing_and_the_last_one_settles_the_run(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    writer, status = await make_writer(api_client, 0.0, Clock())
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    for call in ("toolu_1", "toolu_2"):
+        await writer.notify(
+            ApprovalRequested(iteration=1, tool_use_id=call, tool_name="deploy", input={"version": "2"})
+        )
+
+    def decided(call: str) -> ApprovalDecided:
+        return ApprovalDecided(
+            iteration=1,
+            tool_use_id=call,
+            tool_name="deploy",
+            approved=True,
+            by="alice",
+            reason=None,
+            timed_out=False,
+            waited_seconds=1.0,
+        )
+
+    before = status_patches(cluster)
+    await writer.notify(decided("toolu_9"))
+    assert status_patches(cluster) == before
+    await writer.notify(decided("toolu_1"))
+    written = await status()
+    assert (written["phase"], [p["toolUseId"] for p in written["pendingApprovals"]]) == (
+        "AwaitingApproval",
+        ["toolu_2"],
+    )
+    await writer.notify(decided("toolu_2"))
+    written = await status()
+    assert (written["phase"], written["message"], written.get("pendingApprovals")) == (
+        "Running",
+        "deploy (toolu_2) approved by alice",
+        None,
+    )
     await writer.close()
 
 
