@@ -20,12 +20,6 @@ MAX_MODULE_LINES = 450
 
 #: "path/under/agentrun.py::Qualified.name" (or the path alone, for a module) -> why it stays long.
 ALLOWED: dict[str, str] = {
-    "controller/agentruns/reconciler.py::AgentRunReconciler.reconcile": (
-        "the reconciler is being reshaped by issue #30's item 1 (a run parsed once): split there"
-    ),
-    "controller/agentruns/reconciler.py::AgentRunReconciler._open_tools_and_loop": (
-        "the reconciler is being reshaped by issue #30's item 1 (a run parsed once): split there"
-    ),
     "controller/agentruns/status_writing.py::StatusWriter.notify": (
         "the status writer is being reshaped by issue #30's item 1 (typed status): split there"
     ),

@@ -9,6 +9,7 @@ from typing import Any
 import kopf
 
 from agentrun.api import AGENT_PLURAL, GROUP, LABEL_SCHEDULE, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, VERSION
+from agentrun.controller.agentruns.agent_resolving import AgentWaiters
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.quotas.control import Quotas
@@ -41,6 +42,8 @@ def build_registry(
     quotas: Quotas | None = None,
     schedules: ScheduleController | None = None,
     agents: AgentValidator | None = None,
+    *,
+    agent_waiters: AgentWaiters | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -62,7 +65,8 @@ def build_registry(
     async def agent_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         """Runs waiting for this Agent look again (they also look every secret retry interval); the
         Agent's owner replica writes its verdict (status.conditions Ready) when the spec changed."""
-        agentruns.reconciler.agent_waiters.changed(body.metadata.namespace or "", body.metadata.name or "")
+        if agent_waiters is not None:
+            agent_waiters.changed(body.metadata.namespace or "", body.metadata.name or "")
         if agents is not None:
             await agents.observe(event.get("type"), body)
 

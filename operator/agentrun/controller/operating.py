@@ -137,7 +137,11 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             return
         await kopf.operator(
             registry=build_registry(
-                controllers.runs, controllers.quotas, controllers.schedules, controllers.agents
+                controllers.runs,
+                controllers.quotas,
+                controllers.schedules,
+                controllers.agents,
+                agent_waiters=reconciler.agent_waiters,
             ),
             settings=kopf_settings(scanning=scanning),
             standalone=True,
@@ -218,7 +222,11 @@ def _start_controllers(
     background.start(keep_beating(metrics, settings.heartbeat_seconds))
     handler = AgentRunHandler(
         reconciler,
-        membership if membership is not None else Standalone(),
+        kube=kube,
+        child_watch=reconciler.child_watch,
+        metrics=metrics,
+        settings=settings,
+        ownership=membership if membership is not None else Standalone(),
         handoff=membership,
     )
     stack.push_async_callback(handler.close)

@@ -4,7 +4,8 @@
 
 The phases are in phases.py; this module gives each run what its phases share (its transcript
 store, its status writer, its cancel signal, its approvals, its Events) and runs them in order,
-starting from the run as its watch event showed it, parsed (run_objects.py).
+starting from the run as its watch event showed it, parsed (run_objects.py). Whether the run must stop,
+and why, it asks the run's one RunControl (run_control.py), and so does every part it hands it to.
 Every phase may end the run instead (an :class:`~phases.Ending`), and then only the finish phase
 follows. Errors are translated here, once: an invalid spec or a tool that cannot start is an
 outcome; a missing Secret keeps the run Pending; everything the model or tools do is the loop's
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -35,6 +36,7 @@ from agentrun.controller.agentruns.observers import Fanout, LogObserver
 from agentrun.controller.agentruns.phases import Ending
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import ResumePoint
+from agentrun.controller.agentruns.run_control import RunControl
 from agentrun.controller.agentruns.run_objects import InvalidRunSpec, RunObject
 from agentrun.controller.agentruns.spec_approvals import SpecApprovals
 from agentrun.controller.agentruns.status_writing import StatusWriter
@@ -49,7 +51,7 @@ from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.loop.clocks import SystemClock
 from agentrun.loop.errors import HandedOff
 from agentrun.loop.events import RunFinished
-from agentrun.loop.protocols import ModelClient, Observer
+from agentrun.loop.protocols import Observer
 from agentrun.loop.reserving import first_request_floor
 from agentrun.metrics.definitions import Metrics
 from agentrun.metrics.observing import MetricsObserver
@@ -68,9 +70,9 @@ class _Run:
     """What the phases of one execution share."""
 
     ref: RunObject
+    control: RunControl
     store: TranscriptStore
     writer: StatusWriter
-    cancel: asyncio.Event
     approvals: SpecApprovals
     events: RunEvents
     log: Log
@@ -78,16 +80,13 @@ class _Run:
     priority: int = field(init=False)
     # The child runs its agent tools start (and its status.children).
     children: RunChildren | None = None
-    # Set by a handoff to another replica: the loop stops at its next checkpoint (HandedOff).
-    yielding: asyncio.Event | None = None
-    # In its loop: a handoff lets it reach a checkpoint; before that, it has nothing to finish.
-    looping: bool = False
-    # With replicas: whether this replica still holds the run, asked before each model request and
-    # tool call (and, through `stopping`, each write); it stops the run when it says no.
-    held: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         self.priority = self.ref.priority
+
+    @property
+    def cancel(self) -> asyncio.Event:
+        return self.control.cancel
 
 
 @dataclass
@@ -98,8 +97,6 @@ class AgentRunReconciler:
     clients: ClientPool
     prices: PriceTable
     queue: FairQueue
-    # A cancel request per run (by uid), also for runs not started yet: they find it when they do.
-    cancels: dict[str, asyncio.Event] = field(default_factory=dict)
     # The runs executing here (by uid): the watch handler feeds their spec.approvals.
     runs: dict[str, _Run] = field(default_factory=dict)
     # An OpenTelemetry Tracer when AGENTRUN_OTEL_ENABLED is set (tracing/observing.py).
@@ -111,13 +108,6 @@ class AgentRunReconciler:
     # Watch events of child runs, routed to the agent tools waiting for them.
     child_watch: ChildWatch = field(default_factory=ChildWatch)
 
-    def request_cancel(self, uid: str) -> None:
-        self.cancels.setdefault(uid, asyncio.Event()).set()
-
-    def forget(self, uid: str) -> None:
-        """The run is deleted: a cancel request for it has nobody left to reach."""
-        self.cancels.pop(uid, None)
-
     def update_priority(self, uid: str, priority: int) -> None:
         """A new spec.priority: a run waiting for a slot moves within its namespace's line."""
         run = self.runs.get(uid)
@@ -127,70 +117,18 @@ class AgentRunReconciler:
                 self.quotas.gate.reprioritise(run.ref.namespace, uid, priority)
         self.queue.reprioritise(uid, priority)
 
-    def looping(self, uid: str) -> bool:
-        """Whether the run is in its loop here (a handoff lets it reach its next checkpoint)."""
-        run = self.runs.get(uid)
-        return run is not None and run.looping
-
     def update_approvals(self, uid: str, entries: Sequence[Approval]) -> None:
         """A new version of spec.approvals; only runs executing here care."""
         run = self.runs.get(uid)
         if run is not None:
             run.approvals.update(entries)
 
-    async def reconcile(
-        self,
-        ref: RunObject,
-        *,
-        stopping: Callable[[], bool],
-        log: Log,
-        yielding: asyncio.Event | None = None,
-        held: Callable[[], bool] | None = None,
-    ) -> None:
-        """Run it to its end. Raises HandedOff when `yielding` stopped its loop at a checkpoint for
-        another replica: the run has not ended, so nothing terminal is written and its quota
-        admission is kept. `held()` (replicas): False once this replica may no longer write for the
-        run; it has stopped the run by then, and nothing more is sent or written."""
-        if held is not None:
-            stopping = _or_not_held(stopping, held)
-        retry = KubeRetryPolicy.from_settings(self.settings)
-        store = TranscriptStore(
-            self.kube,
-            RunIdentity(ref.namespace, ref.name, ref.uid),
-            storage=self.settings.transcript_storage,
-            flush_after_seconds=self.settings.transcript_flush_seconds,
-            stopping=stopping,
-            retry=retry,
-        )
-        writer = StatusWriter(
-            self.kube,
-            namespace=ref.namespace,
-            name=ref.name,
-            generation=ref.generation,
-            status=ref.status,
-            stopping=stopping,
-            transcript=store.reference,
-            progress_interval=self.settings.status_interval_seconds,
-            retry=retry,
-        )
-        cancel = self.cancels.setdefault(ref.uid, asyncio.Event())
-        if ref.spec.cancel:
-            cancel.set()
-        run = _Run(
-            ref,
-            store,
-            writer,
-            cancel,
-            SpecApprovals(ref.spec.approvals),
-            RunEvents(
-                KubeEventSink(self.kube),
-                InvolvedRun(ref.namespace, ref.name, ref.uid),
-                instance=self.settings.replica_name,
-            ),
-            log,
-            yielding=yielding,
-            held=held,
-        )
+    async def reconcile(self, ref: RunObject, control: RunControl, *, log: Log) -> None:
+        """Run it to its end. Raises HandedOff when the loop stopped at a checkpoint for another replica
+        (`control.checkpoint`): the run has not ended, so nothing terminal is written and its quota
+        admission is kept. Once `control` is silenced (stopped, or no longer held by this replica)
+        nothing more is sent or written for the run."""
+        run = self._prepare(ref, control, log)
         self.runs[ref.uid] = run
         try:
             with logs.bound_run(logs.RunLogContext(ref.namespace, ref.name, ref.uid)):
@@ -199,9 +137,37 @@ class AgentRunReconciler:
         finally:
             if run.children is not None:
                 run.children.stop()
-            await writer.close()
-            self.cancels.pop(ref.uid, None)
+            await run.writer.close()
             self.runs.pop(ref.uid, None)
+
+    def _prepare(self, ref: RunObject, control: RunControl, log: Log) -> _Run:
+        """The run's transcript store, status writer, approvals and Events, each asking `control`."""
+        retry = KubeRetryPolicy.from_settings(self.settings)
+        store = TranscriptStore(
+            self.kube,
+            RunIdentity(ref.namespace, ref.name, ref.uid),
+            storage=self.settings.transcript_storage,
+            flush_after_seconds=self.settings.transcript_flush_seconds,
+            stopping=control.silenced,
+            retry=retry,
+        )
+        writer = StatusWriter(
+            self.kube,
+            namespace=ref.namespace,
+            name=ref.name,
+            generation=ref.generation,
+            status=ref.status,
+            stopping=control.silenced,
+            transcript=store.reference,
+            progress_interval=self.settings.status_interval_seconds,
+            retry=retry,
+        )
+        events = RunEvents(
+            KubeEventSink(self.kube),
+            InvolvedRun(ref.namespace, ref.name, ref.uid),
+            instance=self.settings.replica_name,
+        )
+        return _Run(ref, control, store, writer, SpecApprovals(ref.spec.approvals), events, log)
 
     async def _run_phases(self, run: _Run) -> None:
         spec = await self._definition(run)
@@ -351,12 +317,12 @@ class AgentRunReconciler:
     async def _open_tools_and_loop(
         self, run: _Run, spec: AgentRunSpec, point: ResumePoint, tool_env: RunToolEnvironment, api_key: str
     ) -> None:
-        ref = run.ref
+        ref, control = run.ref, run.control
         clock = SystemClock()
         metrics_observer = MetricsObserver(
             self.metrics, namespace=ref.namespace, started_monotonic=clock.monotonic(), clock=clock
         )
-        tracing: TracingObserver | None = None
+        tracing = self._tracing(ref, spec)
         tools_open = contextlib.AsyncExitStack()
         self.metrics.run_began(ref.uid, unix_time(ref.status.start_time))
         if point.state is None:
@@ -365,58 +331,65 @@ class AgentRunReconciler:
             tools = await phases.open_run_tools(spec, tool_env, tools_open)
             if isinstance(tools, Ending):
                 return await self._finish(run, tools)
-            # Transcript first, then status: status only ever references persisted chunks, and the
-            # pair stays together (the terminal patch is the run's last word, so it is the last write).
-            observers: list[Observer] = [
-                Fanout(run.store, run.writer),
-                *([run.children] if run.children is not None else []),
-                metrics_observer,
-                run.events,
-                LogObserver(run.log),
-            ]
-            if self.tracer is not None:
-                tracing = TracingObserver(
-                    self.tracer, namespace=ref.namespace, name=ref.name, uid=ref.uid, model=spec.model.name
-                )
-                observers.append(tracing)
-            model: ModelClient = self.clients.model(
+            model = self.clients.model(
                 api_key=api_key,
                 base_url=spec.model.base_url or self.settings.anthropic_base_url,
                 shard_key=ref.uid,
             )
-            if run.held is not None:
-                model, tools = HeldModel(model, run.held), held_tools(tools, run.held)
             allowance: RunAllowance | None = None
             if self.quotas is not None:
                 allowance = self.quotas.allowance(ref.namespace, ref.name, ref.uid)
                 await allowance.start()
-            run.looping = True
+            control.looping = True
             await phases.run_agent_loop(
                 spec,
                 run_id=ref.uid,
-                model=model,
-                tools=tools,
-                observer=Fanout(*observers, terminal_last=True),
+                # Neither asks or acts once this replica no longer holds the run.
+                model=HeldModel(model, control.held),
+                tools=held_tools(tools, control.held),
+                observer=self._observers(run, metrics_observer, tracing),
                 clock=clock,
                 pricer=self.prices,
-                cancel=run.cancel,
+                cancel=control.cancel,
                 approvals=run.approvals,
                 resume_from=point,
                 approval_timeout_seconds=self.settings.approval_timeout_seconds,
                 context_windows=self.settings.context_windows,
                 allowance=allowance,
-                yield_at_checkpoint=run.yielding,
+                yield_at_checkpoint=control.checkpoint,
             )
         except HandedOff:
-            run.log.info("stopped at a checkpoint: another replica resumes the run from there")
+            run.log.info(
+                "stopped at a checkpoint (%s): another replica resumes the run from there", control.why()
+            )
             raise
         finally:
-            run.looping = False
+            control.looping = False
             await tools_open.aclose()
             metrics_observer.release_approvals()
             if tracing is not None:
                 tracing.close()
             self.metrics.run_ended(ref.uid)
+
+    def _tracing(self, ref: RunObject, spec: AgentRunSpec) -> TracingObserver | None:
+        if self.tracer is None:
+            return None
+        return TracingObserver(
+            self.tracer, namespace=ref.namespace, name=ref.name, uid=ref.uid, model=spec.model.name
+        )
+
+    def _observers(self, run: _Run, metrics: MetricsObserver, tracing: TracingObserver | None) -> Observer:
+        """Transcript first, then status: status only ever references persisted chunks, and the pair
+        stays together (the terminal patch is the run's last word, so it is the last write)."""
+        observers: list[Observer] = [
+            Fanout(run.store, run.writer),
+            *([run.children] if run.children is not None else []),
+            metrics,
+            run.events,
+            LogObserver(run.log),
+            *([tracing] if tracing is not None else []),
+        ]
+        return Fanout(*observers, terminal_last=True)
 
     async def _finish(self, run: _Run, ending: Ending) -> None:
         """The finish phase of a run that ends before its loop: counted, an Event, then the status."""
@@ -439,8 +412,3 @@ def _candidate(ref: RunObject, spec: AgentRunSpec, prices: PriceTable, priority:
         need_tokens=floor.tokens,
         need_cost_usd=floor.cost_usd or Decimal(0),
     )
-
-
-def _or_not_held(stopping: Callable[[], bool], held: Callable[[], bool]) -> Callable[[], bool]:
-    """The writes' check: the run is being stopped, or this replica no longer holds it."""
-    return lambda: stopping() or not held()

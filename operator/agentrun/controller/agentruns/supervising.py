@@ -16,6 +16,9 @@ A run handed to another replica is not cut off mid-step when that can be helped 
 asked to yield at its next checkpoint, so the next owner asks the model nothing this replica already
 asked, and is cancelled only if that takes longer than a grace period. A yielded run has not ended:
 it may be started here again when its ownership comes back.
+
+Each run with a task here has one :class:`~run_control.RunControl`, kept across its attempts: every
+stop of the run goes through it, and the execution hands it to everything that must ask.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentrun.controller.agentruns.run_control import RunControl, StopCause
 from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.loop.errors import HandedOff
 
@@ -37,19 +41,23 @@ MAX_RETRY_SECONDS = 60.0
 
 
 class Execute(Protocol):
-    def __call__(
-        self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event
-    ) -> Awaitable[None]:
-        """Run it to its end; raise HandedOff when `yielding` stopped it at a checkpoint."""
+    def __call__(self, run: RunObject, control: RunControl) -> Awaitable[None]:
+        """Run it to its end; raise HandedOff when it stopped at a checkpoint (`control.checkpoint`)."""
         ...
 
 
 @dataclass
 class _Task:
     run: RunObject  # the newest seen: a restarted attempt starts from the current status
-    stopped: asyncio.Event = field(default_factory=asyncio.Event)
-    yielding: asyncio.Event = field(default_factory=asyncio.Event)  # stop at the next checkpoint
+    control: RunControl = field(init=False)
     task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.control = RunControl(on_stop=self.cancel_task)
+
+    def cancel_task(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
 
 
 class RunSupervisor:
@@ -77,6 +85,10 @@ class RunSupervisor:
         """The uids of the runs with a task here (running, or waiting to be started again)."""
         return set(self._running)
 
+    def control(self, uid: str) -> RunControl | None:
+        entry = self._running.get(uid)
+        return entry.control if entry is not None else None
+
     def observe(self, event_type: str | None, run: RunObject) -> None:
         """One watch event (None: from the initial listing) of one AgentRun."""
         uid = run.uid
@@ -92,39 +104,42 @@ class RunSupervisor:
         if run.finished:
             return
         running = self._running.get(uid)
-        if running is not None:
-            running.run = run
-            return
-        if self._closed or uid in self._ended:
-            return
-        entry = _Task(run)
-        self._running[uid] = entry
-        entry.task = asyncio.create_task(self._supervise(uid, entry), name=f"agentrun:{uid}")
+        if running is None:
+            if self._closed or uid in self._ended:
+                return
+            running = self._running[uid] = _Task(run)
+            running.task = asyncio.create_task(self._supervise(uid, running), name=f"agentrun:{uid}")
+        running.run = run
+        if run.spec.cancel:
+            # Also for an attempt not started yet, or between two: the control outlives them.
+            running.control.request_cancel()
 
-    def stop(self, uid: str) -> None:
+    def stop(self, uid: str, cause: StopCause = StopCause.STOPPED) -> None:
         entry = self._running.get(uid)
-        if entry is None:
-            return
-        entry.stopped.set()
-        if entry.task is not None:
-            entry.task.cancel()
+        if entry is not None:
+            entry.control.stop(cause)
 
-    async def halt(self, uids: Collection[str]) -> None:
+    def lapsed(self) -> list[str]:
+        """The runs this replica no longer holds (its membership lapsed since they started): asking
+        stops them (RunControl.held)."""
+        return [uid for uid, entry in list(self._running.items()) if not entry.control.held()]
+
+    async def halt(self, uids: Collection[str], cause: StopCause = StopCause.FENCED) -> None:
         """Stop these runs and wait until their tasks have ended, so they write nothing more.
 
         A replica hands a run over only after this returns (controller/replicas/): the next owner resumes
         it from a transcript nobody else appends to. A halted run may be started again later.
         """
-        await self.handoff(uids, 0.0)
+        await self.handoff(uids, 0.0, cause)
 
     async def handoff(
-        self, uids: Collection[str], grace: float, *, at_once: Callable[[str], bool] = lambda uid: False
+        self, uids: Collection[str], grace: float, cause: StopCause = StopCause.HANDED_OFF
     ) -> None:
         """Stop these runs at their next checkpoint, or where they are after `grace` seconds, and wait
         until their tasks have ended, so they write nothing more (then `halt`'s promise holds).
 
-        `at_once(uid)`: a run with no step under way (not in its loop yet: waiting for a Secret, a
-        quota or a slot) is stopped at once; it has nothing to finish.
+        A run with no step under way (not in its loop yet: waiting for a Secret, a quota or a slot) is
+        stopped at once; it has nothing to finish.
         """
         yielding: list[tuple[str, asyncio.Task[None]]] = []
         tasks = []
@@ -133,50 +148,56 @@ class RunSupervisor:
             if entry is None or entry.task is None:
                 continue
             tasks.append(entry.task)
-            if grace > 0 and not at_once(uid):
-                entry.yielding.set()
+            if grace > 0 and entry.control.looping:
+                entry.control.stop_at_checkpoint(cause)
                 yielding.append((uid, entry.task))
             else:
-                self.stop(uid)
+                entry.control.stop(cause)
         if yielding:
-            waiting = {task for _, task in yielding}
-            timer = asyncio.ensure_future(self._sleep(grace))
-            try:
-                while waiting and not timer.done():
-                    done, _ = await asyncio.wait({*waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
-                    waiting -= done
-            finally:
-                timer.cancel()
-            late = [uid for uid, task in yielding if not task.done()]
-            if late:
-                logger.warning(
-                    "%d run(s) did not reach a checkpoint within %gs: stopping them where they are",
-                    len(late),
-                    grace,
-                )
-            for uid in late:
-                self.stop(uid)
+            await self._wait_for_checkpoints(yielding, grace)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def close(self, grace: float = 0.0, *, at_once: Callable[[str], bool] = lambda uid: False) -> None:
+    async def _wait_for_checkpoints(
+        self, yielding: list[tuple[str, asyncio.Task[None]]], grace: float
+    ) -> None:
+        waiting = {task for _, task in yielding}
+        timer = asyncio.ensure_future(self._sleep(grace))
+        try:
+            while waiting and not timer.done():
+                done, _ = await asyncio.wait({*waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
+                waiting -= done
+        finally:
+            timer.cancel()
+        late = [uid for uid, task in yielding if not task.done()]
+        if late:
+            logger.warning(
+                "%d run(s) did not reach a checkpoint within %gs: stopping them where they are",
+                len(late),
+                grace,
+            )
+        for uid in late:
+            self.stop(uid)
+
+    async def close(self, grace: float = 0.0) -> None:
         """Operator shutdown: runs stop writing (at their next checkpoint, given a grace, else at once);
         a restart, or another replica, resumes them from the transcript."""
         self._closed = True
-        await self.handoff(list(self._running), grace, at_once=at_once)
+        await self.handoff(list(self._running), grace, StopCause.SHUTTING_DOWN)
 
     async def _supervise(self, uid: str, entry: _Task) -> None:
         delay = self._first_retry
+        control = entry.control
         try:
-            while not entry.stopped.is_set():
+            while not control.stopped:
                 try:
-                    await self._execute(entry.run, entry.stopped.is_set, entry.yielding)
+                    await self._execute(entry.run, control)
                 except asyncio.CancelledError:
                     raise
                 except HandedOff:
                     return  # not ended: it may come back here
                 except Exception:
-                    if entry.stopped.is_set() or entry.yielding.is_set():
+                    if control.stopped or control.checkpoint.is_set():
                         return
                     logger.exception(
                         "the run %s failed unexpectedly; starting it again from its transcript in %.0fs",
@@ -184,7 +205,7 @@ class RunSupervisor:
                         delay,
                     )
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(entry.stopped.wait(), timeout=delay)
+                        await asyncio.wait_for(control.wait_stopped(), timeout=delay)
                     delay = min(delay * 2, self._max_retry)
                 else:
                     self._ended.add(uid)

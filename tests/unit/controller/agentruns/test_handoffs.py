@@ -14,9 +14,10 @@ from prometheus_client import CollectorRegistry
 from agentrun.api.spec import Approval
 from agentrun.controller.agentruns.children import ChildWatch
 from agentrun.controller.agentruns.handling import AgentRunHandler
-from agentrun.controller.agentruns.reconciler import AgentRunReconciler
+from agentrun.controller.agentruns.run_control import RunControl, StopCause
 from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.replicas.ownership import Standalone
+from agentrun.kube.calling import KubeClient
 from agentrun.loop.errors import HandedOff
 from agentrun.metrics.definitions import Metrics
 from agentrun.settings import Settings
@@ -95,8 +96,6 @@ class FakeReconciler:
     metrics: Metrics = field(default_factory=lambda: Metrics(CollectorRegistry()))
     started: list[tuple[str, int]] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
-    child_watch: ChildWatch = field(default_factory=ChildWatch)
-    runs: dict[str, Any] = field(default_factory=dict)
 
     # Runs in their loop: each goes on to its checkpoint (when the test sets `checkpoint`) once asked
     # to yield; the others are waiting before their loop and have nothing to finish.
@@ -104,47 +103,46 @@ class FakeReconciler:
     checkpoint: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: list[str] = field(default_factory=list)
     yielded: list[str] = field(default_factory=list)
-    holds: dict[str, Callable[[], bool] | None] = field(default_factory=dict)
+    controls: dict[str, RunControl] = field(default_factory=dict)
+    causes: dict[str, StopCause | None] = field(default_factory=dict)
 
-    async def reconcile(
-        self,
-        ref: RunObject,
-        *,
-        stopping: Callable[[], bool],
-        log: Any,
-        yielding: asyncio.Event | None = None,
-        held: Callable[[], bool] | None = None,
-    ) -> None:
-        self.holds[ref.uid] = held
+    async def reconcile(self, ref: RunObject, control: RunControl, *, log: Any) -> None:
+        self.controls[ref.uid] = control
         self.started.append((ref.uid, ref.status.iterations))
         self.active.add(ref.uid)
+        control.looping = ref.uid in self.in_loop
         try:
-            if ref.uid in self.in_loop and yielding is not None:
-                await yielding.wait()
+            if control.looping:
+                await control.checkpoint.wait()
                 await self.checkpoint.wait()  # the step in flight is recorded
                 self.yielded.append(ref.uid)
+                self.causes[ref.uid] = control.why()
                 raise HandedOff()
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             self.cancelled.append(ref.uid)
+            self.causes[ref.uid] = control.why()
             raise
         finally:
             await asyncio.shield(asyncio.sleep(0.05))  # winding down: the task has not ended yet
             self.active.discard(ref.uid)
 
-    def looping(self, uid: str) -> bool:
-        return uid in self.in_loop
-
-    def forget(self, uid: str) -> None: ...
-    def request_cancel(self, uid: str) -> None: ...
     def update_priority(self, uid: str, priority: int) -> None: ...
     def update_approvals(self, uid: str, entries: Sequence[Approval]) -> None: ...
 
 
 def handler_of(
-    reconciler: FakeReconciler, ownership: FakeOwnership, handoff: FakeHandoff | None = None
+    reconciler: FakeReconciler, ownership: FakeOwnership | Standalone, handoff: FakeHandoff | None = None
 ) -> AgentRunHandler:
-    handler = AgentRunHandler(cast(AgentRunReconciler, reconciler), ownership, handoff)
+    handler = AgentRunHandler(
+        reconciler,
+        kube=cast(KubeClient, reconciler.kube),
+        child_watch=ChildWatch(),
+        metrics=reconciler.metrics,
+        settings=reconciler.settings,
+        ownership=ownership,
+        handoff=handoff,
+    )
     if handoff is not None:
         handoff.executing = lambda: set(reconciler.active)
     return handler
@@ -248,7 +246,7 @@ async def test_a_finished_run_is_reaped_and_marked_only_by_its_owner_and_its_del
     await settle()
     assert handler.reaper.scheduled == 0
     assert reconciler.kube.patched == []
-    assert set(handler.finished) == {"done"}, "only runs with a TTL are kept"
+    assert set(handler.rebalancer.finished) == {"done"}, "only runs with a TTL are kept"
 
     ownership.change(owned={"done"})
     await settle()
@@ -261,7 +259,7 @@ async def test_a_finished_run_is_reaped_and_marked_only_by_its_owner_and_its_del
     await handler.observe("MODIFIED", body)
     assert reconciler.kube.patched == ["run-done"]
     await handler.observe("DELETED", body)
-    assert handler.reaper.scheduled == 0 and not handler.finished
+    assert handler.reaper.scheduled == 0 and not handler.rebalancer.finished
     await handler.close()
 
 
@@ -273,13 +271,13 @@ async def test_a_deleted_run_is_forgotten_and_not_started_when_ownership_later_m
     ownership.change(owned={"gone"})
     await settle()
     assert reconciler.started == []
-    assert handler.unfinished == {}
+    assert handler.rebalancer.unfinished == {}
     await handler.close()
 
 
 async def test_standalone_owns_every_run_and_never_reports_a_view() -> None:
     reconciler = FakeReconciler()
-    handler = AgentRunHandler(cast(AgentRunReconciler, reconciler), Standalone())
+    handler = handler_of(reconciler, Standalone())
     await handler.observe(None, run_body("a"))
     await settle()
     assert reconciler.started == [("a", 0)]
@@ -307,6 +305,7 @@ async def test_a_run_handed_over_in_its_loop_reaches_its_checkpoint_before_the_v
     reconciler.checkpoint.set()
     await settle(0.3)
     assert reconciler.yielded == ["a"] and reconciler.cancelled == ["b"], "a was cut off mid-step"
+    assert reconciler.causes == {"a": StopCause.HANDED_OFF, "b": StopCause.HANDED_OFF}
     assert handoff.applied_views == [("v2", set())]
 
     # Yielded is not ended: when the run comes back here, it is started again.
@@ -350,6 +349,7 @@ async def test_a_replica_fenced_while_its_runs_go_on_to_their_checkpoints_stops_
     ownership.change(fenced=True)
     await settle()
     assert reconciler.cancelled == ["a"] and handler.supervisor.executing() == set()
+    assert reconciler.causes["a"] is StopCause.FENCED
     await handler.close()
 
 
@@ -366,6 +366,7 @@ async def test_a_shutdown_with_replicas_lets_runs_reach_their_checkpoints_and_al
     reconciler.checkpoint.set()
     await asyncio.wait_for(closing, 2)
     assert reconciler.yielded == ["a"] and reconciler.cancelled == []
+    assert reconciler.causes["a"] is StopCause.SHUTTING_DOWN
 
     alone, standalone = FakeReconciler(in_loop={"a"}), FakeOwnership(owned={"a"})
     handler = handler_of(alone, standalone)
@@ -380,13 +381,14 @@ async def test_a_run_started_before_its_replicas_membership_lapsed_is_no_longer_
     handler = handler_of(reconciler, ownership, FakeHandoff())
     await handler.observe(None, run_body("a"))
     await settle()
-    held = reconciler.holds["a"]
-    assert held is not None and held()
+    control = reconciler.controls["a"]
+    assert control.held() and not control.silenced()
     # The membership thread fenced and rejoined; this loop has not heard of it yet.
     ownership.term += 1
-    assert not held()
+    assert not control.held() and control.silenced()
     await settle()
     assert reconciler.cancelled == ["a"] and handler.supervisor.executing() == set()
+    assert reconciler.causes["a"] is StopCause.FENCED
     await handler.close()
 
 
@@ -408,9 +410,10 @@ async def test_a_replica_that_rejoined_before_hearing_of_its_fence_stops_its_run
 
 
 async def test_alone_a_run_has_no_hold_to_check() -> None:
-    reconciler = FakeReconciler()
-    handler = AgentRunHandler(cast(AgentRunReconciler, reconciler), Standalone())
+    reconciler, ownership = FakeReconciler(), FakeOwnership(owned={"a"})
+    handler = handler_of(reconciler, ownership)  # no membership: no handoff barrier, nothing to lapse
     await handler.observe(None, run_body("a"))
     await settle()
-    assert reconciler.holds == {"a": None}
+    ownership.term += 1
+    assert reconciler.controls["a"].held() and reconciler.controls["a"].why() is None
     await handler.close()

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.controller.agentruns.holding import HeldModel, HeldTool
 from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
+from agentrun.controller.agentruns.run_control import RunControl, StopCause
 from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.replicas.ownership import Held
@@ -138,13 +139,13 @@ async def lapse_during(
         ref = RunObject.parse(created)
         stops: list[str] = []
 
-        def lost() -> None:
-            stops.append(ref.uid)
-            supervisor.stop(ref.uid)
+        async def execute(run: RunObject, control: RunControl) -> None:
+            def lost() -> None:
+                stops.append(ref.uid)
+                control.stop(StopCause.FENCED)
 
-        async def execute(run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
-            held = Held(membership, ref.uid, lost)  # as the run handler does, with replicas
-            await reconciler.reconcile(ref, stopping=stopping, log=logging.getLogger("test"), held=held)
+            control.hold(Held(membership, ref.uid, lost))  # as the run handler does, with replicas
+            await reconciler.reconcile(ref, control, log=logging.getLogger("test"))
 
         supervisor = RunSupervisor(execute)
         supervisor.observe(None, ref)

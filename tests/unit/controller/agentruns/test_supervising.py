@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentrun.controller.agentruns.run_control import RunControl, StopCause
 from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.loop.errors import HandedOff
@@ -13,13 +14,18 @@ from tests.support.waiting import until
 
 
 def run_body(
-    uid: str, phase: str | None = None, *, status: Mapping[str, Any] = {}, **metadata: Any
+    uid: str,
+    phase: str | None = None,
+    *,
+    status: Mapping[str, Any] = {},
+    cancel: bool = False,
+    **metadata: Any,
 ) -> RunObject:
     """The run as the handler hands it on: parsed from its watch event."""
     return RunObject.parse(
         {
             "metadata": {"uid": uid, "name": f"run-{uid}", "namespace": "default", **metadata},
-            "spec": {"task": "t"},
+            "spec": {"task": "t", **({"cancel": True} if cancel else {})},
             "status": {**status, **({"phase": phase} if phase else {})},
         }
     )
@@ -31,14 +37,16 @@ class Executions:
     def __init__(self) -> None:
         self.started: list[tuple[str, RunObject]] = []
         self.stopping: dict[str, Callable[[], bool]] = {}
+        self.controls: dict[str, RunControl] = {}
         self.cancelled: list[str] = []
         self.release = asyncio.Event()
         self.failures = 0
 
-    async def __call__(self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
+    async def __call__(self, run: RunObject, control: RunControl) -> None:
         uid = run.uid
         self.started.append((uid, run))
-        self.stopping[uid] = stopping
+        self.stopping[uid] = control.silenced
+        self.controls[uid] = control
         if self.failures:
             self.failures -= 1
             raise RuntimeError("transcript unwritable")
@@ -143,24 +151,29 @@ async def test_shutdown_stops_every_run_and_starts_no_new_one() -> None:
 
 
 class Checkpointing:
-    """An execution in its loop: asked to yield, it goes on until its step is recorded (`recorded`),
-    then stops at that checkpoint (HandedOff)."""
+    """An execution in its loop (unless its uid is in `before_loop`): asked to yield, it goes on until
+    its step is recorded (`recorded`), then stops at that checkpoint (HandedOff)."""
 
-    def __init__(self) -> None:
+    def __init__(self, before_loop: frozenset[str] = frozenset()) -> None:
+        self.before_loop = before_loop
+        self.causes: list[StopCause | None] = []
         self.starts = 0
         self.recorded = asyncio.Event()
         self.cancelled = 0
         self.yielded = 0
 
-    async def __call__(self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event) -> None:
+    async def __call__(self, run: RunObject, control: RunControl) -> None:
         self.starts += 1
+        control.looping = run.uid not in self.before_loop
         try:
-            await yielding.wait()
+            await control.checkpoint.wait()
             await self.recorded.wait()
         except asyncio.CancelledError:
             self.cancelled += 1
+            self.causes.append(control.why())
             raise
         self.yielded += 1
+        self.causes.append(control.why())
         raise HandedOff()
 
 
@@ -188,6 +201,7 @@ async def test_a_handed_off_run_stops_at_its_checkpoint_not_mid_step_and_may_sta
     execution.recorded.set()
     await asyncio.wait_for(handing, 1)
     assert (execution.yielded, execution.cancelled) == (1, 0)
+    assert execution.causes == [StopCause.HANDED_OFF]
     assert supervisor.executing() == set()
     # Not ended, unlike a run that finished: ownership that comes back starts it again.
     supervisor.observe("MODIFIED", run_body("a", "Running"))
@@ -207,28 +221,29 @@ async def test_a_run_still_mid_step_when_the_grace_runs_out_is_cancelled_where_i
     grace.over.set()
     await asyncio.wait_for(handing, 1)
     assert (execution.yielded, execution.cancelled) == (0, 1)
+    assert execution.causes == [StopCause.STOPPED], "cut off where it was, after the grace"
     assert supervisor.executing() == set()
 
 
 async def test_a_run_with_nothing_under_way_and_a_zero_grace_are_stopped_at_once() -> None:
-    execution, grace = Checkpointing(), FakeGrace()
+    execution, grace = Checkpointing(before_loop=frozenset({"queued"})), FakeGrace()
     supervisor = RunSupervisor(execution, sleep=grace.sleep)
     for uid in ("queued", "looping"):
         supervisor.observe(None, run_body(uid))
     await settle()
-    await asyncio.wait_for(supervisor.handoff(["queued"], 30, at_once=lambda uid: uid == "queued"), 1)
+    await asyncio.wait_for(supervisor.handoff(["queued"], 30), 1)
     assert execution.cancelled == 1 and grace.asked == []
     await asyncio.wait_for(supervisor.close(0.0), 1)
     assert execution.cancelled == 2 and execution.yielded == 0
+    assert execution.causes == [StopCause.HANDED_OFF, StopCause.SHUTTING_DOWN]
 
 
 async def test_an_execution_that_fails_while_yielding_is_not_started_again() -> None:
     class FailsWhenAsked(Checkpointing):
-        async def __call__(
-            self, run: RunObject, stopping: Callable[[], bool], yielding: asyncio.Event
-        ) -> None:
+        async def __call__(self, run: RunObject, control: RunControl) -> None:
             self.starts += 1
-            await yielding.wait()
+            control.looping = True
+            await control.checkpoint.wait()
             raise RuntimeError("transcript unwritable")
 
     execution, grace = FailsWhenAsked(), FakeGrace()
@@ -237,3 +252,28 @@ async def test_an_execution_that_fails_while_yielding_is_not_started_again() -> 
     await settle()
     await asyncio.wait_for(supervisor.handoff(["a"], 30), 1)
     assert execution.starts == 1 and supervisor.executing() == set()
+
+
+async def test_a_cancel_in_a_watch_event_reaches_the_run_and_the_attempt_after_a_failure() -> None:
+    executions = Executions()
+    executions.failures = 1
+    supervisor = RunSupervisor(executions, first_retry_seconds=0.01)
+    supervisor.observe("ADDED", run_body("a"))
+    await settle()
+    supervisor.observe("MODIFIED", run_body("a", "Running", cancel=True))
+    await until(lambda: len(executions.started) == 2, "the attempt after the failure", every=0.01)
+    control = executions.controls["a"]
+    assert control.cancel.is_set() and control.why() is StopCause.CANCELLED
+    assert not control.silenced(), "a cancelled run still writes its Cancelled status"
+    await supervisor.close()
+
+
+async def test_a_deleted_run_is_stopped_as_such_and_writes_nothing_more() -> None:
+    executions = Executions()
+    supervisor = RunSupervisor(executions)
+    supervisor.observe("ADDED", run_body("a"))
+    await settle()
+    control = executions.controls["a"]
+    supervisor.observe("DELETED", run_body("a"))
+    await settle()
+    assert control.why() is StopCause.STOPPED and control.silenced() and not control.held()
