@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, QuotaLimits
@@ -76,6 +76,41 @@ class AdmittedSpec:
     spec: AgentRunSpec
     limits: QuotaLimits | None = None  # what the quotas set (status.quotaLimits)
     record: bool = False  # ``limits`` are new: status.quotaLimits is to be written
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """What holds a waiting run back on one look, and when room may come (None: no time to promise)."""
+
+    message: str
+    #: (quota, limit) that is full, or ("", "order") for runs ahead of it in the namespace's line.
+    cause: tuple[str, str]
+    room_at: dt.datetime | None = None
+
+
+@dataclass
+class Announcements:
+    """What a waiting run last said about why it waits, and when.
+
+    A new reason (another quota or limit) is said at once, new numbers of the same reason (usage,
+    runs ahead) at most once per ``interval`` seconds: else every settled request of a namespace
+    would rewrite the status of every run waiting there.
+    """
+
+    interval: float
+    message: str | None = None
+    cause: tuple[str, str] | None = None
+    at: dt.datetime | None = None
+
+    def due(self, held: HeldBack, now: dt.datetime) -> bool:
+        """Whether ``held`` is to be said at ``now``: it says something new, and may say it now."""
+        if held.message == self.message:
+            return False
+        return held.cause != self.cause or self.at is None or (now - self.at).total_seconds() >= self.interval
+
+    def record(self, held: HeldBack, now: dt.datetime) -> None:
+        """``held`` was said at ``now``."""
+        self.message, self.cause, self.at = held.message, held.cause, now
 
 
 @dataclass
@@ -185,67 +220,79 @@ class AdmissionGate:
         a refusal when it can never be admitted."""
         queue = self._queues.setdefault(run.namespace, _Queue())
         queue.enter(run)
-        announced: str | None = None
-        # What holds the run back, and when that was last written: a new reason is written at once,
-        # new numbers (usage, runs ahead) at most once per announce interval. Else every settled
-        # request of the namespace would rewrite the status of every run waiting there.
-        announced_cause: tuple[str, str] | None = None
-        announced_at: dt.datetime | None = None
-        refused: set[str] = set()
+        said = Announcements(self._announce_interval)
+        refused: set[str] = set()  # quotas that counted this run as refused: once per run and quota
         try:
             while not cancel.is_set():
                 changed, moved = self._view.changed(), queue.moved
-                try:
-                    objects = await self._view.quotas(run.namespace)
-                except QuotaListingFailed:  # a listing looked for a CRD installed since: as known
-                    objects = self._view.cached(run.namespace)
+                objects = await self._quota_objects(run.namespace)
                 if not objects or all(_admitted_in(obj, run.uid) for obj in objects):
                     return True  # no quota, or a resumed run admitted before: not counted again
                 run = next((r for r in queue.waiting if r.uid == run.uid), run)  # priority changes
-                ahead = queue.waiting.index(run)
-                # Admitted somewhere already (a resumed run, a quota added since): it holds a place
-                # that runs ahead of it may be waiting for, so it must not wait behind them.
-                first = ahead == 0 or any(_admitted_in(obj, run.uid) for obj in objects)
-                blocked = self._first_blocked(run, objects)
-                if blocked is None and first:
-                    blocked = await self._admit_everywhere(run, objects)
-                    if blocked is None:
-                        return True
-                if blocked is None:
-                    message = (
-                        f"waiting for {_runs(ahead)} of namespace {run.namespace} ahead of it in quota order"
-                    )
-                    room_at = None
-                    cause = ("", "order")
-                else:
-                    quota, verdict = blocked
-                    if verdict.final:
-                        self._metrics.quota_refused(run.namespace, quota, verdict.limit, "admission")
-                        with contextlib.suppress(QuotaGone):
-                            await self._write(run.namespace, quota, _count_refused)
-                        return QuotaRefusal(quota, verdict.limit, verdict.message)
-                    if quota not in refused:  # counted once per run and quota, not per look
-                        refused.add(quota)
-                        self._metrics.quota_refused(run.namespace, quota, verdict.limit, "admission")
-                        with contextlib.suppress(QuotaGone):
-                            await self._write(run.namespace, quota, _count_refused)
-                    message = verdict.message + (
-                        f"; {_runs(ahead)} of the namespace ahead of it" if ahead else ""
-                    )
-                    room_at = verdict.room_at
-                    cause = (quota, verdict.limit)
-                now = self._clock()
-                due = announced_at is None or (now - announced_at).total_seconds() >= self._announce_interval
-                if message != announced and (cause != announced_cause or due):
-                    await announce(REASON, message)
-                    announced, announced_cause, announced_at = message, cause, now
-                elif message != announced:
-                    # Newer numbers to show: look again once they may be written.
-                    room_at = _earliest(room_at, now + dt.timedelta(seconds=self._announce_interval))
+                looked = await self._look(run, queue.waiting.index(run), objects, refused)
+                if not isinstance(looked, HeldBack):
+                    return looked
+                room_at = await self._announce(looked, said, announce)
                 await self._wait(changed, moved, cancel, room_at)
             return False
         finally:
             queue.leave(run)
+
+    async def _quota_objects(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's quotas; as last known when a listing (for a CRD installed since) failed."""
+        try:
+            return await self._view.quotas(namespace)
+        except QuotaListingFailed:
+            return self._view.cached(namespace)
+
+    async def _look(
+        self, run: Candidate, ahead: int, objects: list[dict[str, Any]], refused: set[str]
+    ) -> Literal[True] | QuotaRefusal | HeldBack:
+        """One look at the quotas for a run with ``ahead`` runs before it in line: admitted
+        everywhere (True), refused for good, or what holds it back this time."""
+        # Admitted somewhere already (a resumed run, a quota added since): it holds a place that runs
+        # ahead of it may be waiting for, so it must not wait behind them.
+        first = ahead == 0 or any(_admitted_in(obj, run.uid) for obj in objects)
+        blocked = self._first_blocked(run, objects)
+        if blocked is None and first:
+            blocked = await self._admit_everywhere(run, objects)
+            if blocked is None:
+                return True
+        if blocked is None:
+            return HeldBack(
+                f"waiting for {_runs(ahead)} of namespace {run.namespace} ahead of it in quota order",
+                ("", "order"),
+            )
+        quota, verdict = blocked
+        if verdict.final or quota not in refused:
+            refused.add(quota)
+            await self._count_refused(run.namespace, quota, verdict.limit)
+        if verdict.final:
+            return QuotaRefusal(quota, verdict.limit, verdict.message)
+        message = verdict.message + (f"; {_runs(ahead)} of the namespace ahead of it" if ahead else "")
+        return HeldBack(message, (quota, verdict.limit), verdict.room_at)
+
+    async def _count_refused(self, namespace: str, quota: str, limit: str) -> None:
+        """A refused admission, in the metrics and in the quota's status.refused."""
+        self._metrics.quota_refused(namespace, quota, limit, "admission")
+        with contextlib.suppress(QuotaGone):
+            await self._write(namespace, quota, _count_refused)
+
+    async def _announce(
+        self,
+        held: HeldBack,
+        said: Announcements,
+        announce: Callable[[str, str], Awaitable[None]],
+    ) -> dt.datetime | None:
+        """Says why the run waits when ``said`` allows it now; returns when to look again."""
+        now = self._clock()
+        if said.due(held, now):
+            await announce(REASON, held.message)
+            said.record(held, now)
+        elif held.message != said.message:
+            # Newer numbers to show: look again once they may be written.
+            return _earliest(held.room_at, now + dt.timedelta(seconds=said.interval))
+        return held.room_at
 
     def _first_blocked(self, run: Candidate, objects: list[dict[str, Any]]) -> tuple[str, Blocked] | None:
         """What the cached ledgers say, without writing: the first quota (by name) that is full.

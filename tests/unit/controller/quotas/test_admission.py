@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agentrun.controller.quotas.admission import Candidate
+from agentrun.controller.quotas.admission import Announcements, Candidate, HeldBack
 from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics
@@ -178,3 +179,17 @@ async def test_a_waiting_run_shows_new_numbers_at_most_once_per_announce_interva
     finally:
         cancel.set()
         assert await asyncio.wait_for(waiter, 5) is False
+
+
+def test_a_waiting_run_says_a_new_reason_at_once_and_new_numbers_once_per_interval() -> None:
+    said = Announcements(interval=10)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    full = HeldBack("quota default/team: tokens 900 of 1000 used", ("team", "tokens"))
+    assert said.due(full, start)
+    said.record(full, start)
+    assert not said.due(full, start + dt.timedelta(seconds=60))  # nothing new to say
+    fuller = HeldBack("quota default/team: tokens 950 of 1000 used", ("team", "tokens"))
+    assert not said.due(fuller, start + dt.timedelta(seconds=9))
+    assert said.due(fuller, start + dt.timedelta(seconds=10))
+    in_line = HeldBack("waiting for 1 run of namespace default ahead of it in quota order", ("", "order"))
+    assert said.due(in_line, start + dt.timedelta(seconds=1))
