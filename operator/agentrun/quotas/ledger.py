@@ -20,6 +20,17 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from agentrun.api.quota import (
+    AgentRunQuotaStatus,
+    QuotaAdmission,
+    QuotaBucket,
+    QuotaLost,
+    QuotaRefusals,
+    QuotaReservation,
+    QuotaReserved,
+    QuotaSummary,
+    QuotaUsed,
+)
 from agentrun.api.times import rfc3339
 from agentrun.quotas import messages
 from agentrun.quotas.definitions import (
@@ -84,54 +95,45 @@ class Ledger:
         return set(self._state.admitted) | {uid for uid, _ in self._state.reservations}
 
     def status(self, now: dt.datetime, generation: int | None) -> dict[str, Any]:
-        """The whole status, as the contract shapes it; expired buckets are dropped."""
+        """The whole status, built from its API model (api/quota.py) so it cannot drift from the CRD's
+        schema; expired buckets are dropped."""
         window = self.definition.window
         state = self._state
         state.buckets = {s: u for s, u in state.buckets.items() if counts(window, s, now) and not u.empty}
         used, reserved, hard = self.used(now), self.reserved(), self.definition.hard
-        status: dict[str, Any] = {}
-        if generation is not None:
-            status["observedGeneration"] = generation
-        status["windowStart"] = rfc3339(window_start(window, now))
-        status["used"] = {
-            "concurrentRuns": len(state.admitted),
-            "runs": used.runs,
-            "tokens": used.tokens,
-            "costUSD": decimal_text(used.cost_usd),
-        }
-        status["reserved"] = {"tokens": reserved.tokens, "costUSD": decimal_text(reserved.cost_usd)}
-        status["summary"] = {
-            "concurrentRuns": _summary(str(len(state.admitted)), hard.concurrent_runs),
-            "runs": _summary(str(used.runs), hard.runs),
-            "tokens": _summary(str(used.tokens), hard.tokens),
-            "costUSD": _summary(cents_text(used.cost_usd, below=hard.cost_usd), hard.cost_usd),
-        }
-        status["admitted"] = [
-            {"uid": a.uid, "name": a.name, "at": rfc3339(a.at)} for a in state.admitted.values()
-        ]
-        status["reservations"] = [
-            {
-                "uid": r.uid,
-                "name": r.name,
-                "id": r.id,
-                "holder": r.holder,
-                "tokens": r.tokens,
-                "costUSD": decimal_text(r.cost_usd),
-                "at": rfc3339(r.at),
-            }
-            for r in state.reservations.values()
-        ]
-        status["buckets"] = [
-            {"start": rfc3339(s), "runs": u.runs, "tokens": u.tokens, "costUSD": decimal_text(u.cost_usd)}
-            for s, u in sorted(state.buckets.items())
-        ]
-        status["lost"] = {
-            "requests": state.lost.requests,
-            "tokens": state.lost.tokens,
-            "costUSD": decimal_text(state.lost.cost_usd),
-        }
-        status["refused"] = {"runs": state.refused.runs, "requests": state.refused.requests}
-        return status
+        status = AgentRunQuotaStatus(
+            observed_generation=generation,
+            window_start=rfc3339(window_start(window, now)),
+            used=QuotaUsed(
+                concurrent_runs=len(state.admitted),
+                runs=used.runs,
+                tokens=used.tokens,
+                costUSD=decimal_text(used.cost_usd),
+            ),
+            reserved=QuotaReserved(tokens=reserved.tokens, costUSD=decimal_text(reserved.cost_usd)),
+            summary=QuotaSummary(
+                concurrent_runs=_summary(str(len(state.admitted)), hard.concurrent_runs),
+                runs=_summary(str(used.runs), hard.runs),
+                tokens=_summary(str(used.tokens), hard.tokens),
+                costUSD=_summary(cents_text(used.cost_usd, below=hard.cost_usd), hard.cost_usd),
+            ),
+            admitted=[
+                QuotaAdmission(uid=a.uid, name=a.name, at=rfc3339(a.at)) for a in state.admitted.values()
+            ],
+            reservations=[_reservation(r) for r in state.reservations.values()],
+            buckets=[
+                QuotaBucket(start=rfc3339(s), runs=u.runs, tokens=u.tokens, costUSD=decimal_text(u.cost_usd))
+                for s, u in sorted(state.buckets.items())
+            ],
+            lost=QuotaLost(
+                requests=state.lost.requests,
+                tokens=state.lost.tokens,
+                costUSD=decimal_text(state.lost.cost_usd),
+            ),
+            refused=QuotaRefusals(runs=state.refused.runs, requests=state.refused.requests),
+        )
+        # Only observedGeneration may be None (a ledger written before the quota's generation is known).
+        return status.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     # Runs ---------------------------------------------------------------------------------------
 
@@ -353,3 +355,16 @@ def _summary(used: str, hard: Amount | None) -> str:
     if hard is None:
         return used
     return f"{used}/{hard if isinstance(hard, int) else decimal_text(hard)}"
+
+
+def _reservation(held: Reservation) -> QuotaReservation:
+    """One reservation as status.reservations lists it (its dollars always written: "0" when unpriced)."""
+    return QuotaReservation(
+        uid=held.uid,
+        name=held.name,
+        id=held.id,
+        holder=held.holder,
+        tokens=held.tokens,
+        costUSD=decimal_text(held.cost_usd),
+        at=rfc3339(held.at),
+    )

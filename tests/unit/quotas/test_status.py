@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -34,42 +35,63 @@ def _busy_ledger(window: str = "Day") -> Ledger:
     return ledger
 
 
-def test_the_status_holds_every_part_of_the_contract() -> None:
-    status = _busy_ledger().status(NOW, 3)
-    assert status == {
-        "observedGeneration": 3,
-        "windowStart": "2026-11-23T09:20:00Z",
-        "used": {"concurrentRuns": 2, "runs": 2, "tokens": 17345, "costUSD": "0.143456"},
-        "reserved": {"tokens": 8192, "costUSD": "0.05"},
-        "summary": {
-            "concurrentRuns": "2/5",
-            "runs": "2/100",
-            "tokens": "17345/2000000",
-            "costUSD": "0.14/50",
-        },
-        "admitted": [
-            {"uid": "u1", "name": "first", "at": "2026-11-24T08:59:00Z"},
-            {"uid": "u2", "name": "second", "at": "2026-11-24T09:20:00Z"},
-        ],
-        "reservations": [
-            {
-                "uid": "u2",
-                "name": "second",
-                "id": "r1",
-                "holder": "op/2",
-                "tokens": 8192,
-                "costUSD": "0.05",
-                "at": "2026-11-24T09:20:00Z",
-            }
-        ],
-        "buckets": [
-            {"start": "2026-11-24T08:45:00Z", "runs": 1, "tokens": 0, "costUSD": "0"},
-            {"start": "2026-11-24T09:00:00Z", "runs": 0, "tokens": 12345, "costUSD": "0.123456"},
-            {"start": "2026-11-24T09:15:00Z", "runs": 1, "tokens": 5000, "costUSD": "0.02"},
-        ],
-        "lost": {"requests": 1, "tokens": 5000, "costUSD": "0.02"},
-        "refused": {"runs": 0, "requests": 0},
-    }
+#: _busy_ledger's status at NOW, generation 3, keys in the order the ledger has always written them.
+BUSY_STATUS = {
+    "observedGeneration": 3,
+    "windowStart": "2026-11-23T09:20:00Z",
+    "used": {"concurrentRuns": 2, "runs": 2, "tokens": 17345, "costUSD": "0.143456"},
+    "reserved": {"tokens": 8192, "costUSD": "0.05"},
+    "summary": {
+        "concurrentRuns": "2/5",
+        "runs": "2/100",
+        "tokens": "17345/2000000",
+        "costUSD": "0.14/50",
+    },
+    "admitted": [
+        {"uid": "u1", "name": "first", "at": "2026-11-24T08:59:00Z"},
+        {"uid": "u2", "name": "second", "at": "2026-11-24T09:20:00Z"},
+    ],
+    "reservations": [
+        {
+            "uid": "u2",
+            "name": "second",
+            "id": "r1",
+            "holder": "op/2",
+            "tokens": 8192,
+            "costUSD": "0.05",
+            "at": "2026-11-24T09:20:00Z",
+        }
+    ],
+    "buckets": [
+        {"start": "2026-11-24T08:45:00Z", "runs": 1, "tokens": 0, "costUSD": "0"},
+        {"start": "2026-11-24T09:00:00Z", "runs": 0, "tokens": 12345, "costUSD": "0.123456"},
+        {"start": "2026-11-24T09:15:00Z", "runs": 1, "tokens": 5000, "costUSD": "0.02"},
+    ],
+    "lost": {"requests": 1, "tokens": 5000, "costUSD": "0.02"},
+    "refused": {"runs": 0, "requests": 0},
+}
+
+
+def test_the_status_holds_every_part_of_the_contract_byte_for_byte_in_its_order() -> None:
+    # As JSON text, key order included: the status built from the API model is what the dict literal
+    # it replaced wrote, so no stored quota status changes shape under an upgrade.
+    assert json.dumps(_busy_ledger().status(NOW, 3)) == json.dumps(BUSY_STATUS)
+
+
+def test_a_status_without_a_generation_has_no_observed_generation_and_shows_every_zero() -> None:
+    assert json.dumps(Ledger(definition(hard={})).status(NOW, None)) == json.dumps(
+        {
+            "windowStart": "2026-11-23T09:20:00Z",
+            "used": {"concurrentRuns": 0, "runs": 0, "tokens": 0, "costUSD": "0"},
+            "reserved": {"tokens": 0, "costUSD": "0"},
+            "summary": {"concurrentRuns": "0", "runs": "0", "tokens": "0", "costUSD": "0.00"},
+            "admitted": [],
+            "reservations": [],
+            "buckets": [],
+            "lost": {"requests": 0, "tokens": 0, "costUSD": "0"},
+            "refused": {"runs": 0, "requests": 0},
+        }
+    )
 
 
 def test_the_summary_shows_only_the_usage_of_limits_the_quota_does_not_set() -> None:
