@@ -14,7 +14,14 @@ from typing import Any
 from agentrun_sandbox.kube.schema import FieldError
 
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
-SUBRESOURCE_VERBS = {"status": ("get", "patch", "update"), "log": ("get",), "finalize": ("update",)}
+SUBRESOURCE_VERBS = {
+    "status": ("get", "patch", "update"),
+    "log": ("get",),
+    "finalize": ("update",),
+    "exec": ("create", "get"),
+}
+#: Subresources whose discovery kind is not the resource's own.
+SUBRESOURCE_KINDS = {"exec": "PodExecOptions"}
 CRD_CLEANUP_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
 
 
@@ -100,7 +107,7 @@ class ResourceType:
                     "name": f"{self.plural}/{sub}",
                     "singularName": "",
                     "namespaced": self.namespaced,
-                    "kind": self.kind,
+                    "kind": SUBRESOURCE_KINDS.get(sub, self.kind),
                     "verbs": list(SUBRESOURCE_VERBS.get(sub, ("get",))),
                 }
             )
@@ -137,7 +144,7 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         short_names=("po",),
         categories=("all",),
         generation=True,
-        subresources=frozenset({"status", "log"}),
+        subresources=frozenset({"status", "log", "exec"}),
     ),
     ResourceType(
         group="events.k8s.io",

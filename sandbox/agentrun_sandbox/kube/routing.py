@@ -226,7 +226,12 @@ class EmulatorRouting(EmulatorDiscovery):
         query = record.query
         accept = header_value(headers, "Accept")
         content_type = header_value(headers, "Content-Type")
-        allowed = {"status": {"get", "update", "patch"}, "log": {"get"}, "finalize": {"update"}}
+        allowed = {
+            "status": {"get", "update", "patch"},
+            "log": {"get"},
+            "finalize": {"update"},
+            "exec": {"get", "create"},  # a websocket upgrade (GET) or SPDY (POST)
+        }
         if (sub is not None and verb not in allowed.get(sub, set())) or verb not in rtype.verbs:
             raise ApiError.method_not_allowed()
         namespace, name = route.namespace, route.name
@@ -236,6 +241,8 @@ class EmulatorRouting(EmulatorDiscovery):
         if rtype.key == _SELF_SUBJECT_ACCESS_REVIEWS:
             return self._self_subject_access_review(rtype, record, decode_body(body, content_type))
         match verb:
+            case "get" | "create" if sub == "exec":
+                return self._serve_exec(namespace or "", name or "", query)
             case "get" if sub == "log":
                 return self._serve_log(namespace or "", name or "", query)
             case "get":

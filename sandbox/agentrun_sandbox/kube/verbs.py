@@ -1,4 +1,4 @@
-"""The verbs on stored objects: list, create, update, patch, delete, deletecollection and pods/log."""
+"""The verbs on stored objects: list, create, update, patch, delete, deletecollection, pods/log and exec."""
 
 from __future__ import annotations
 
@@ -75,6 +75,29 @@ class EmulatorVerbs(EmulatorAdmission):
         log registered here there is none: the server then fails to find the Node, and says so in its
         own words (``pods "NODE" not found``, as a real server with no such Node does).
         """
+        node = self._kubelet_target(namespace, name, query)
+        if node and (namespace, name) not in self.pod_logs:
+            raise _no_node(node)
+        text = self.pod_logs.get((namespace, name), "")
+        if tail := query.get("tailLines"):
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-int(tail) :]) if int(tail) > 0 else ""
+        return Reply(200, text=text)
+
+    def _serve_exec(self, namespace: str, name: str, query: Mapping[str, str]) -> Reply:
+        """What kube-apiserver answers before it would reach a kubelet: the emulator runs no containers.
+
+        The pod and container are checked as for logs; a pod not yet on a node is refused with 400, as a
+        real server does (the upgrade is never accepted); a pod bound to a node reaches for that Node,
+        which the emulator does not store, so the answer is a real server's for a missing Node.
+        """
+        node = self._kubelet_target(namespace, name, query)
+        if not node:
+            raise ApiError.bad_request(f"pod {name} does not have a host assigned")
+        raise _no_node(node)
+
+    def _kubelet_target(self, namespace: str, name: str, query: Mapping[str, str]) -> str | None:
+        """The node of the pod a log or exec request is for, once its ``container`` parameter is valid."""
         pods = self._types[("", "v1", "pods")]
         pod = self._get(pods, namespace, name)
         spec = pod.get("spec") or {}
@@ -92,13 +115,7 @@ class EmulatorVerbs(EmulatorAdmission):
                 f"a container name must be specified for pod {name}, choose one of: [{choices}]"
             )
         node = spec.get("nodeName")
-        if node and (namespace, name) not in self.pod_logs:
-            raise ApiError(404, "NotFound", f'pods "{node}" not found', {"name": node, "kind": "pods"})
-        text = self.pod_logs.get((namespace, name), "")
-        if tail := query.get("tailLines"):
-            lines = text.splitlines(keepends=True)
-            text = "".join(lines[-int(tail) :]) if int(tail) > 0 else ""
-        return Reply(200, text=text)
+        return str(node) if node else None
 
     def _op_create(
         self,
@@ -404,3 +421,8 @@ class EmulatorVerbs(EmulatorAdmission):
         return Reply(
             200, {"kind": rtype.list_kind, "apiVersion": rtype.api_version, "metadata": meta, "items": items}
         )
+
+
+def _no_node(node: str) -> ApiError:
+    """A real server's answer when the pod's Node is not stored: it looks the Node up as a pod."""
+    return ApiError(404, "NotFound", f'pods "{node}" not found', {"name": node, "kind": "pods"})

@@ -35,6 +35,10 @@ async def test_core_discovery_lists_namespaces_as_cluster_scoped_and_the_rest_as
     for name in ("configmaps", "secrets", "events", "pods", "serviceaccounts"):
         assert resource(core, name)["namespaced"] is True
     assert resource(core, "pods/log")["verbs"] == ["get"]
+    assert (resource(core, "pods/exec")["verbs"], resource(core, "pods/exec")["kind"]) == (
+        ["create", "get"],
+        "PodExecOptions",
+    )
     assert set(resource(core, "configmaps")["verbs"]) == {
         "create",
         "delete",

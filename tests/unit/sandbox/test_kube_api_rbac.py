@@ -2,7 +2,7 @@
 
 Every expected message below was read off a real v1.36 server (no kubelet) for the same requests:
 impersonated requests authorized by the target's stored roles, constrained impersonation's wording,
-``pods/log`` without a kubelet, and the graceful deletion of pods bound to a node.
+``pods/log`` and ``pods/exec`` without a kubelet, and the graceful deletion of pods bound to a node.
 """
 
 from __future__ import annotations
@@ -234,6 +234,76 @@ async def test_a_pod_log_names_its_container_and_there_is_none_without_a_kubelet
         # The emulator's kubelet stand-in serves a log once it has one.
         enforcing.emulator.set_pod_log("default", "bound", "hello\n")
         assert (await admin.get(f"{PODS}/bound/log")).body == "hello\n"
+
+
+async def test_an_exec_names_its_container_and_a_pod_no_node_runs_has_no_host_to_exec_in(
+    enforcing: EmulatedCluster,
+) -> None:
+    async with KubeClient(enforcing.url) as admin:
+        assert (await admin.post(PODS, _pod("web"))).status == 201
+        assert (
+            await admin.post(PODS, _pod("multi", "a", "b", initContainers=[{"name": "init"}]))
+        ).status == 201
+        assert (await admin.post(PODS, _pod("bound", nodeName="node-a"))).status == 201
+        command = {"command": "true", "stdout": "true"}
+
+        for method in ("GET", "POST"):  # the websocket upgrade and SPDY
+            unscheduled = await admin.request(method, f"{PODS}/web/exec", params=command)
+            assert (unscheduled.status, unscheduled.body["reason"], unscheduled.body["message"]) == (
+                400,
+                "BadRequest",
+                "pod web does not have a host assigned",
+            )
+        missing = await admin.get(f"{PODS}/nowhere/exec", params=command)
+        assert (missing.status, missing.body["message"]) == (404, 'pods "nowhere" not found')
+        wrong = await admin.get(f"{PODS}/web/exec", params={**command, "container": "zz"})
+        assert (wrong.status, wrong.body["message"]) == (400, "container zz is not valid for pod web")
+        several = await admin.get(f"{PODS}/multi/exec", params=command)
+        assert (several.status, several.body["message"]) == (
+            400,
+            "a container name must be specified for pod multi, choose one of: [init a b]",
+        )
+        chosen = await admin.get(f"{PODS}/multi/exec", params={**command, "container": "a"})
+        assert (chosen.status, chosen.body["message"]) == (400, "pod multi does not have a host assigned")
+        # Bound to a node the emulator does not store: the server looks the node up and says so.
+        bound = await admin.get(f"{PODS}/bound/exec", params=command)
+        assert (bound.status, bound.body["message"], bound.body["details"]) == (
+            404,
+            'pods "node-a" not found',
+            {"name": "node-a", "kind": "pods"},
+        )
+        assert (await admin.request("PUT", f"{PODS}/web/exec", json_body={})).status == 405
+
+
+@pytest.mark.parametrize(
+    ("verbs", "status", "message"),
+    [
+        (
+            ["create"],
+            403,
+            f'pods "web" is forbidden: User "{AGENT}" cannot get resource "pods/exec" '
+            'in API group "" in the namespace "default"',
+        ),
+        (["get"], 403, 'pods "web" is forbidden: '),  # the handler's own create check gives no reason
+        (["get", "create"], 400, "pod web does not have a host assigned"),
+    ],
+)
+async def test_an_exec_by_websocket_needs_get_and_create_on_pods_exec(
+    enforcing: EmulatedCluster, verbs: list[str], status: int, message: str
+) -> None:
+    async with KubeClient(enforcing.url) as admin:
+        assert (await admin.post(PODS, _pod("web"))).status == 201
+        rule = {"apiGroups": [""], "resources": ["pods/exec"], "verbs": verbs}
+        agent = [{"kind": "ServiceAccount", "name": "agent", "namespace": "default"}]
+        assert (await admin.post(f"{RBAC}/namespaces/default/roles", _role("Role", "ex", rule))).status == 201
+        binding = _binding("RoleBinding", "ex", "Role", agent)
+        assert (await admin.post(f"{RBAC}/namespaces/default/rolebindings", binding)).status == 201
+
+        answer = await admin.get(f"{PODS}/web/exec", params={"command": "true"}, headers=AS_AGENT)
+        assert (answer.status, answer.body["message"]) == (status, message)
+        # A pod that does not exist is not revealed to someone who may not exec.
+        missing = await admin.get(f"{PODS}/nowhere/exec", params={"command": "true"}, headers=AS_AGENT)
+        assert missing.status == (404 if status == 400 else 403)
 
 
 async def test_a_pod_bound_to_a_node_stays_terminating_until_deleted_without_a_grace_period(
