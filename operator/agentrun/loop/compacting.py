@@ -17,10 +17,10 @@ from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import COMPACTION, TraceRow
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context
-from agentrun.loop.errors import FatalModelError, QuotaRefused
+from agentrun.loop.errors import FatalModelError
 from agentrun.loop.events import ModelRequestFinished
 from agentrun.loop.protocols import ModelRequest, ModelResponse
-from agentrun.loop.sending import RetriesExhausted, quota_exceeded, send_with_retries
+from agentrun.loop.sending import Answered, send_with_retries, unanswered
 from agentrun.loop.state import Compaction, text_of
 from agentrun.loop.steps import Compact, Finish, Prepare
 from agentrun.loop.windowing import (
@@ -96,29 +96,10 @@ async def summarize(request: ModelRequest, ctx: Context) -> ModelResponse | Fini
     """
     state = ctx.state
     sent = await send_with_retries(request, ctx, iteration=state.iterations)
-    if isinstance(sent, QuotaRefused):
-        return quota_exceeded(sent)
-    if isinstance(sent, RetriesExhausted):
-        error = sent.error
-        return Finish(
-            Outcome(
-                StopReason.MODEL_ERROR,
-                f"the summary request for context compaction still failed after {sent.attempts} "
-                f"attempts ({error.retry_class.value}): {error.message}",
-                condition_reason="ModelRetriesExhausted",
-            )
-        )
-    if isinstance(sent, FatalModelError):
-        if sent.context_window_exceeded:
-            return cannot(f"the summary request itself was too long for the model: {sent.message}")
-        status = f"HTTP {sent.status}: " if sent.status else ""
-        return Finish(
-            Outcome(
-                StopReason.MODEL_ERROR,
-                f"the summary request for context compaction failed: {status}{sent.message}",
-                condition_reason=sent.reason,
-            )
-        )
+    if isinstance(sent, FatalModelError) and sent.context_window_exceeded:
+        return cannot(f"the summary request itself was too long for the model: {sent.message}")
+    if not isinstance(sent, Answered):
+        return unanswered(sent, request="the summary request for context compaction")
     response = sent.response
     usage = response.usage if response.usage is not None else TokenUsage()
     state.add_usage(response.model or request.model, usage)

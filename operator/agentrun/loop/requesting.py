@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.context import Context
-from agentrun.loop.errors import FatalModelError, QuotaRefused
+from agentrun.loop.errors import FatalModelError
 from agentrun.loop.events import ModelRequestFinished
 from agentrun.loop.protocols import AppliedContextEdits, ModelRequest
-from agentrun.loop.sending import Answered, RetriesExhausted, quota_exceeded, send_with_retries
+from agentrun.loop.sending import Answered, send_with_retries, unanswered
 from agentrun.loop.steps import CallModel, Compact, Finish, Handle
 from agentrun.loop.windowing import estimate, fixed_chars, overflow, sent_messages, view_chars
 
@@ -47,26 +46,11 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
     request = build_request(step, ctx)
     iteration = ctx.state.iterations + 1
     sent = await send_with_retries(request, ctx, iteration=iteration)
-    if isinstance(sent, QuotaRefused):
-        return quota_exceeded(sent)
-    if isinstance(sent, RetriesExhausted):
-        error = sent.error
-        return Finish(
-            Outcome(
-                StopReason.MODEL_ERROR,
-                f"model API still failing after {sent.attempts} attempts "
-                f"({error.retry_class.value}): {error.message}",
-                condition_reason="ModelRetriesExhausted",
-            )
-        )
-    if isinstance(sent, FatalModelError):
-        if sent.context_window_exceeded:
-            # Compacted (once per turn) if management is on, else the message says why not.
-            return overflow(ctx.state, ctx.config.context, sent.message, request)
-        status = f"HTTP {sent.status}: " if sent.status else ""
-        return Finish(
-            Outcome(StopReason.MODEL_ERROR, f"{status}{sent.message}", condition_reason=sent.reason)
-        )
+    if isinstance(sent, FatalModelError) and sent.context_window_exceeded:
+        # Compacted (once per turn) if management is on, else the message says why not.
+        return overflow(ctx.state, ctx.config.context, sent.message, request)
+    if not isinstance(sent, Answered):
+        return unanswered(sent)
     await record_answer(step, ctx, request, sent, iteration)
     return Handle(sent.response, final=step.final)
 

@@ -6,10 +6,11 @@ reserved and bounded alike: every attempt is reserved against the run's quotas b
 (`Context.reserved`) and told to the observers (`ModelRequestFinished`, and `ModelRetryScheduled`
 before each backoff), and no backoff sleeps past the run's deadline.
 
-What an outcome means for the run differs between the callers (the wording of a failure, what a
-context window overflow leads to, what an answer changes in the state), so this returns it and
-leaves that to them; the answer's own ModelRequestFinished is theirs too, told once they have
-recorded it.
+A request that got no answer ends the run the same way for both (`unanswered`: QuotaExceeded or
+ModelError, only the words naming the request differ). What else an outcome means differs between
+the callers (what a context window overflow leads to, what an answer changes in the state), so
+this returns it and leaves that to them; the answer's own ModelRequestFinished is theirs too, told
+once they have recorded it.
 """
 
 from __future__ import annotations
@@ -92,4 +93,31 @@ def quota_exceeded(refused: QuotaRefused) -> Finish:
     """A request that does not fit a quota ends the run QuotaExceeded, whichever request it was."""
     return Finish(
         Outcome(StopReason.QUOTA_EXCEEDED, refused.message, condition_reason=refused.condition_reason)
+    )
+
+
+def unanswered(sent: RetriesExhausted | FatalModelError | QuotaRefused, *, request: str = "") -> Finish:
+    """The end of a run whose model request got no answer: QuotaExceeded, or ModelError saying why.
+
+    One place for the outcome both callers give a request that failed (the step and compaction's
+    summary), so their stop reasons and condition reasons cannot drift apart; only ``request``, the
+    words naming the request in the message ("" for the step's own), differs. A context window
+    overflow is not handled here: what it leads to is the caller's (compaction, or why not).
+    """
+    if isinstance(sent, QuotaRefused):
+        return quota_exceeded(sent)
+    if isinstance(sent, RetriesExhausted):
+        error = sent.error
+        failing = f"{request} still failed" if request else "model API still failing"
+        return Finish(
+            Outcome(
+                StopReason.MODEL_ERROR,
+                f"{failing} after {sent.attempts} attempts ({error.retry_class.value}): {error.message}",
+                condition_reason="ModelRetriesExhausted",
+            )
+        )
+    status = f"HTTP {sent.status}: " if sent.status else ""
+    failed = f"{request} failed: " if request else ""
+    return Finish(
+        Outcome(StopReason.MODEL_ERROR, f"{failed}{status}{sent.message}", condition_reason=sent.reason)
     )

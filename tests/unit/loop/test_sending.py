@@ -23,7 +23,7 @@ from agentrun.loop.dispatching import Dispatcher
 from agentrun.loop.errors import FatalModelError, QuotaRefused, RetryableModelError, RetryClass
 from agentrun.loop.events import ModelRequestFinished, ModelRetryScheduled
 from agentrun.loop.protocols import ModelRequest, ModelResponse, Spend
-from agentrun.loop.sending import Answered, RetriesExhausted, send_with_retries
+from agentrun.loop.sending import Answered, RetriesExhausted, send_with_retries, unanswered
 from agentrun.loop.state import RunState
 from agentrun.loop.steps import Finish
 from agentrun.model.pricing import PriceTable
@@ -224,3 +224,41 @@ async def test_a_summary_answer_counts_in_usage_and_is_told_once() -> None:
     assert h.ctx.state.usage_by_model == {MODEL: USAGE}
     assert [e.outcome for e in h.recorder.of(ModelRequestFinished)] == ["overloaded", "ok"]
     assert h.ctx.state.iterations == 0
+
+
+@pytest.mark.parametrize(
+    ("request_words", "exhausted", "fatal"),
+    [
+        pytest.param(
+            "",
+            "model API still failing after 4 attempts (overloaded): busy",
+            "HTTP 401: invalid x-api-key",
+            id="the-step",
+        ),
+        pytest.param(
+            "the summary request for context compaction",
+            "the summary request for context compaction still failed after 4 attempts (overloaded): busy",
+            "the summary request for context compaction failed: HTTP 401: invalid x-api-key",
+            id="compaction",
+        ),
+    ],
+)
+def test_a_request_left_unanswered_ends_the_run_alike_for_every_caller_only_its_words_differ(
+    request_words: str, exhausted: str, fatal: str
+) -> None:
+    def ended(sent: RetriesExhausted | FatalModelError | QuotaRefused) -> tuple[StopReason, str | None, str]:
+        outcome = unanswered(sent, request=request_words).outcome
+        return outcome.stop_reason, outcome.condition_reason, outcome.message
+
+    assert ended(RetriesExhausted(4, overloaded("busy"))) == (
+        StopReason.MODEL_ERROR,
+        "ModelRetriesExhausted",
+        exhausted,
+    )
+    refused_key = FatalModelError("invalid x-api-key", reason="AuthenticationFailed", status=401)
+    assert ended(refused_key) == (StopReason.MODEL_ERROR, "AuthenticationFailed", fatal)
+    assert ended(QuotaRefused("quota default/team: tokens 1000 of 1000 used")) == (
+        StopReason.QUOTA_EXCEEDED,
+        "QuotaExceeded",
+        "quota default/team: tokens 1000 of 1000 used",
+    )
