@@ -20,12 +20,6 @@ MAX_MODULE_LINES = 450
 
 #: "path/under/agentrun.py::Qualified.name" (or the path alone, for a module) -> why it stays long.
 ALLOWED: dict[str, str] = {
-    "controller/agentruns/status_writing.py::StatusWriter.notify": (
-        "the status writer is being reshaped by issue #30's item 1 (typed status): split there"
-    ),
-    "controller/quotas/admission.py::AdmissionGate.admit": (
-        "the quota gate is being reshaped by issue #30's item 1 (declared limits from the model): split there"
-    ),
 }
 
 

@@ -141,6 +141,11 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
+# A run's sandbox (spec.sandbox): the NetworkPolicy that denies its pod's egress but for what the run
+# declares, owned by the run. The pod itself is created by the run's ServiceAccount (impersonation).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "delete"]
 {{- if eq .Values.operator.transcriptStorage "configmap" }}
 # Transcripts stored as ConfigMaps owned by the run (operator.transcriptStorage: configmap).
 - apiGroups: [""]

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, JsonValue, model_validator
 from agentrun.api.context_spec import ContextSpec
 from agentrun.api.model_spec import THINKING_TOOL_CHOICE, ModelSpec
 from agentrun.api.output_spec import OutputSpec
+from agentrun.api.sandbox_spec import SANDBOX_TOOL_NAMES, SandboxSpec
 from agentrun.api.spec_base import DNS_LABEL_PATTERN, SpecModel, ToolName
 from agentrun.api.tool_specs import ToolChoice, ToolSpec
 
@@ -136,11 +137,12 @@ IMMUTABLE_SPEC_FIELDS = (
     "serviceAccountName",
     "output",
     "context",
+    "sandbox",
 )
 
 
 #: What an Agent decides alone: a run created from it (spec.agentRef) cannot set these.
-AGENT_OWNED_FIELDS = ("systemPrompt", "tools", "requiredTools", "serviceAccountName", "context")
+AGENT_OWNED_FIELDS = ("systemPrompt", "tools", "requiredTools", "serviceAccountName", "context", "sandbox")
 
 AGENT_OWNED: list[JsonValue] = [
     {
@@ -198,7 +200,17 @@ class RunDefinition(SpecModel):
         default=None,
         pattern=DNS_LABEL_PATTERN,
         max_length=253,
-        description="ServiceAccount (in the run's namespace) that Kubernetes tools impersonate.",
+        description=(
+            "ServiceAccount (in the run's namespace) that Kubernetes tools impersonate and that creates "
+            "and execs into the run's sandbox pod."
+        ),
+    )
+    sandbox: SandboxSpec | None = Field(
+        default=None,
+        description=(
+            "A pod of the run's own where the model's bash and str_replace_based_edit_tool act "
+            "(docs/sandbox.md). Created when the run first needs it, deleted when the run ends."
+        ),
     )
     priority: int = Field(
         default=0,
@@ -233,6 +245,8 @@ class RunDefinition(SpecModel):
                 names.append(tool.builtin.name)
             elif tool.http is not None:
                 names.append(tool.http.name)
+        if self.sandbox is not None:
+            names += list(SANDBOX_TOOL_NAMES)
         return names
 
 

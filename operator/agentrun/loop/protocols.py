@@ -29,8 +29,13 @@ class ToolDefinition:
     # How long one call may take instead of the run's toolTimeoutSeconds; math.inf: no per-call
     # limit (a child run is bounded by its own timeout and the parent's deadline).
     timeout_seconds: float | None = None
+    # A client tool the API defines (e.g. "bash_20250124"): sent as its type and name only, since the
+    # model was trained on its schema; `input_schema` is then what the operator checks inputs against.
+    api_type: str | None = None
 
     def as_api(self) -> dict[str, Any]:
+        if self.api_type is not None:
+            return {"type": self.api_type, "name": self.name}
         return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
 
 

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Protocol
 from agentrun.api.spec_base import SecretKeyRef
 
 if TYPE_CHECKING:
+    from agentrun.api.sandbox_spec import SandboxSpec
     from agentrun.tools.agent_calling import ChildRuns
+    from agentrun.tools.sandbox.tools import Sandbox
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,11 @@ class ToolEnvironment(Protocol):
 
     def kube_connection(self) -> KubeConnection | None:
         """The cluster the Kubernetes tools read, or None when no cluster is configured."""
+        ...
+
+    def sandbox(self, spec: SandboxSpec) -> Sandbox | None:
+        """The run's sandbox pod (started on its first command), or None where the operator cannot
+        start one (`agentrun run` on a laptop)."""
         ...
 
     def child_runs(self) -> ChildRuns | None:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agentrun.api.sandbox_spec import SANDBOX_TOOL_NAMES
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.spec_base import TOOL_NAME_PATTERN
 from agentrun.api.tool_specs import MCPServer, ToolSpec
@@ -28,6 +29,7 @@ from agentrun.tools.builtin.kubernetes import CLUSTER_SCOPED_CAPABLE, KUBERNETES
 from agentrun.tools.environment import SecretMissing, SecretUse, ToolEnvironment, ToolStartError
 from agentrun.tools.errors import InvalidToolSpec
 from agentrun.tools.kube_reading import KubeReader, service_account_user
+from agentrun.tools.sandbox.tools import sandbox_tools
 from agentrun.tools.secret_headers import read_headers
 from agentrun.tools.webhooking import WebhookTool, check_schema, endpoint
 
@@ -94,6 +96,9 @@ def check_tools(spec: AgentRunSpec) -> None:
             servers[entry.mcp.name] = where
         elif entry.agent is not None:
             _claim(names, entry.agent.name, where)
+    if spec.sandbox is not None:
+        for name in SANDBOX_TOOL_NAMES:
+            _claim(names, name, "spec.sandbox")
     _check_references(spec, set(names), mcp_prefixes)
 
 
@@ -179,6 +184,15 @@ async def open_tools(
             where = f"spec.tools[{index}]"
             for tool in await _entry_tools(entry, where, env, stack, kube_reader, sleep, mcp_start_delays):
                 _add(tools, _declared(tool, entry), where)
+        if spec.sandbox is not None:
+            sandbox = env.sandbox(spec.sandbox)
+            if sandbox is None:
+                raise InvalidToolSpec(
+                    "spec.sandbox: a sandbox is a pod the operator starts in the run's namespace, "
+                    "which `agentrun run` cannot do"
+                )
+            for tool in sandbox_tools(sandbox):
+                _add(tools, tool, "spec.sandbox")
         for required in spec.required_tools:
             if required not in tools:
                 raise InvalidToolSpec(f"spec.requiredTools: {required!r} is not one of the run's tools")

@@ -156,6 +156,17 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         returns_deleted=False,
     ),
     ResourceType(
+        group="networking.k8s.io",
+        version="v1",
+        plural="networkpolicies",
+        kind="NetworkPolicy",
+        namespaced=True,
+        short_names=("netpol",),
+        returns_deleted=False,
+        strategic_merge=True,
+        generation=True,
+    ),
+    ResourceType(
         group="coordination.k8s.io",
         version="v1",
         plural="leases",

@@ -62,7 +62,10 @@ def test_other_fields_the_run_sets_replace_the_agents() -> None:
 
 @pytest.mark.parametrize("field", AGENT_OWNED_FIELDS)
 def test_a_field_the_agent_owns_is_refused_by_resolution_and_by_the_model(field: str) -> None:
-    value: Any = {"systemPrompt": "x", "serviceAccountName": "sa"}.get(field, [] if "ools" in field else {})
+    sandbox = {"image": "i", "resources": {k: {"cpu": "1", "memory": "1Gi"} for k in ("requests", "limits")}}
+    value: Any = {"systemPrompt": "x", "serviceAccountName": "sa", "sandbox": sandbox}.get(
+        field, [] if "ools" in field else {}
+    )
     without_ref = {k: v for k, v in run(**{field: value}).items() if k != "agentRef"}
     with pytest.raises(AgentSpecConflict, match=rf"^spec\.{field} comes from the Agent"):
         resolve(AGENT, without_ref, "reviewer")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.tools.agent_calling import ChildRuns
 from agentrun.tools.environment import KubeConnection
+from agentrun.tools.sandbox.tools import Sandbox
 
 
 @dataclass
@@ -17,6 +19,7 @@ class StaticEnvironment:
     connection: KubeConnection | None = None
     reads: list[tuple[str, str]] = field(default_factory=list)
     children: ChildRuns | None = None
+    sandboxed: Sandbox | None = None
 
     async def read_secret(self, name: str, key: str) -> str | None:
         self.reads.append((name, key))
@@ -27,3 +30,6 @@ class StaticEnvironment:
 
     def child_runs(self) -> ChildRuns | None:
         return self.children
+
+    def sandbox(self, spec: SandboxSpec) -> Sandbox | None:
+        return self.sandboxed

@@ -191,7 +191,13 @@ class AgentRunReconciler:
             summary_interval=self.settings.status_interval_seconds,
         )
         tool_env = RunToolEnvironment(
-            self.kube, run.ref.namespace, run.ref.uid, spec.service_account_name, children=run.children
+            self.kube,
+            run.ref.namespace,
+            run.ref.uid,
+            spec.service_account_name,
+            children=run.children,
+            run_name=run.ref.name,
+            resumed=point.state is not None,
         )
         operator_key = self.settings.anthropic_api_key
         api_key = await phases.wait_for_secrets(
@@ -358,6 +364,7 @@ class AgentRunReconciler:
                 allowance=allowance,
                 yield_at_checkpoint=control.checkpoint,
             )
+            await tool_env.remove_sandbox()  # the run ended; after a handoff or a stop the pod stays
         except HandedOff:
             run.log.info(
                 "stopped at a checkpoint (%s): another replica resumes the run from there", control.why()
@@ -366,6 +373,7 @@ class AgentRunReconciler:
         finally:
             control.looping = False
             await tools_open.aclose()
+            await tool_env.close()
             metrics_observer.release_approvals()
             if tracing is not None:
                 tracing.close()

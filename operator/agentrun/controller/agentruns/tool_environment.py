@@ -6,13 +6,19 @@ deciding the run may start are exactly the ones the tools are built with.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.kube.calling import KubeClient
 from agentrun.tools.agent_calling import ChildRuns
 from agentrun.tools.environment import KubeConnection, SecretMissing, SecretUse
+from agentrun.tools.kube_reading import service_account_user
+from agentrun.tools.sandbox.pods import RunIdentity as SandboxRun
+from agentrun.tools.sandbox.pods import SandboxPod
+from agentrun.tools.sandbox.tools import Sandbox
 
 
 def kube_connection(configuration: Any) -> KubeConnection:
@@ -47,9 +53,52 @@ class RunToolEnvironment:
     _connection: KubeConnection | None = None
     # Set by the operator: it alone creates and watches child runs (the agent tool kind).
     children: ChildRuns | None = None
+    # Set by the operator: it alone starts sandbox pods (the run's name names the pod).
+    run_name: str | None = None
+    # The run ran before (resumed): a sandbox pod missing at its first command was lost.
+    resumed: bool = False
+    _sandbox: SandboxPod | None = None
 
     def child_runs(self) -> ChildRuns | None:
         return self.children
+
+    def sandbox(self, spec: SandboxSpec) -> Sandbox | None:
+        connection = self.kube_connection()
+        if self.run_name is None or connection is None:
+            return None
+        if self._sandbox is None:
+            identity = SandboxRun(self.namespace, self.run_name, self.run_uid, self.service_account_name)
+            self._sandbox = SandboxPod(
+                spec,
+                identity,
+                connection,
+                user=service_account_user(self.namespace, self.service_account_name),
+                resumed=self.resumed,
+            )
+        return self._sandbox
+
+    async def remove_sandbox(self) -> None:
+        """The run ended: its sandbox pod goes (unless spec.sandbox keeps it a while)."""
+        sandbox = self._sandbox
+        if sandbox is None:
+            return
+        try:
+            keep = sandbox.spec.keep_seconds_after_finished
+            if keep:
+                # Kept for debugging; garbage collection removes it with the run if the operator
+                # restarts before then.
+                asyncio.get_running_loop().call_later(keep, _remove_later, sandbox)
+            else:
+                await sandbox.remove()
+        finally:
+            if not sandbox.spec.keep_seconds_after_finished:
+                await sandbox.close()
+
+    async def close(self) -> None:
+        """The execution ended without the run ending (a handoff, a stop): the pod stays for whoever
+        resumes the run."""
+        if self._sandbox is not None:
+            await self._sandbox.close()
 
     async def read_secret(self, name: str, key: str) -> str | None:
         if (name, key) not in self._secrets:
@@ -74,3 +123,18 @@ class RunToolEnvironment:
             if await self.read_secret(use.ref.name, use.ref.key) is None:
                 return SecretMissing(use, self.namespace)
         return None
+
+
+_removals: set[asyncio.Task[None]] = set()
+
+
+def _remove_later(sandbox: SandboxPod) -> None:
+    async def removing() -> None:
+        try:
+            await sandbox.remove()
+        finally:
+            await sandbox.close()
+
+    task = asyncio.get_running_loop().create_task(removing())
+    _removals.add(task)
+    task.add_done_callback(_removals.discard)

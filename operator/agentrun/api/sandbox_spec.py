@@ -1,0 +1,150 @@
+"""A run's sandbox: a pod of its own where the model's `bash` and text editor tools act.
+
+Why a pod per run, created by the operator as the run's ServiceAccount: the model's commands then run
+with none of the operator's rights, inside limits the kubelet enforces, and RBAC decides who may run
+sandboxes where. The fields are the part of a pod template a platform team needs to choose; the
+isolation (non-root, no privilege escalation, no capabilities, read-only root, no ServiceAccount
+token, a writable workspace) is fixed by the operator and not a field (docs/sandbox.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from agentrun.api.spec_base import DNS_LABEL_PATTERN, SecretKeyRef, SpecModel
+
+#: The tools a sandbox gives the model: the Messages API's own client tools, by the names their
+#: versioned types require (bash_20250124, text_editor_20250728).
+SANDBOX_TOOL_NAMES = ("bash", "str_replace_based_edit_tool")
+
+#: The Kubernetes quantity grammar (resource.Quantity), as the API server checks it.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+class ResourceAmounts(SpecModel):
+    """CPU and memory, as in a container's resources (both required: an unbounded sandbox is refused)."""
+
+    cpu: str = Field(pattern=QUANTITY_PATTERN, max_length=64, description="CPU, e.g. 500m or 2.")
+    memory: str = Field(pattern=QUANTITY_PATTERN, max_length=64, description="Memory, e.g. 512Mi.")
+
+
+class SandboxResources(SpecModel):
+    """Requests and limits of the sandbox container; the kubelet enforces the limits (OOM kill)."""
+
+    requests: ResourceAmounts = Field(description="What the scheduler reserves for the sandbox.")
+    limits: ResourceAmounts = Field(description="What the sandbox may use at most.")
+
+
+class SandboxEnv(SpecModel):
+    """An environment variable of the sandbox: a value, or a key of a Secret in the run's namespace."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.value) && has(self.secretKeyRef))",
+                    "message": "set value or secretKeyRef, not both",
+                }
+            ]
+        }
+    )
+
+    name: str = Field(pattern=ENV_NAME_PATTERN, min_length=1, max_length=253, description="Variable name.")
+    value: str | None = Field(default=None, max_length=32768, description="Literal value.")
+    secret_key_ref: SecretKeyRef | None = Field(
+        default=None, description="A key of a Secret in the run's namespace (read by the kubelet)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SandboxEnv:
+        if self.value is not None and self.secret_key_ref is not None:
+            raise ValueError("set value or secretKeyRef, not both")
+        return self
+
+
+class EgressRule(SpecModel):
+    """Where the sandbox may connect to; all else is denied (with a CNI that enforces NetworkPolicy)."""
+
+    cidr: str = Field(
+        pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$",
+        max_length=64,
+        description="Destination block, e.g. 10.0.0.0/8.",
+    )
+    ports: list[int] = Field(
+        default_factory=list, max_length=64, description="TCP ports allowed there (all ports when empty)."
+    )
+
+
+class SandboxSpec(SpecModel):
+    """The run's sandbox pod. Declaring one gives the model the `bash` and text editor tools."""
+
+    image: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Container image of the sandbox; it needs sh and the usual coreutils (cat, timeout).",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Image pull policy (the cluster's default when unset)."
+    )
+    resources: SandboxResources = Field(description="CPU and memory requests and limits (required).")
+    runtime_class_name: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=253,
+        description="RuntimeClass of the pod, e.g. gvisor or kata, for a stronger isolation boundary.",
+    )
+    working_dir: str = Field(
+        default="/workspace",
+        pattern=r"^/[^\n]*$",
+        max_length=1024,
+        description="The writable workspace (an emptyDir) where commands start.",
+    )
+    workspace_size_limit: str = Field(
+        default="1Gi",
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description="Size limit of the workspace emptyDir; beyond it the kubelet evicts the pod.",
+    )
+    env: list[SandboxEnv] = Field(default_factory=list, max_length=128, description="Environment variables.")
+    egress: list[EgressRule] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Destinations the sandbox may reach; all other egress (the API server included) is denied "
+            "by a NetworkPolicy. Only effective with a CNI that enforces NetworkPolicy."
+        ),
+    )
+    command_timeout_seconds: int = Field(
+        default=120,
+        ge=1,
+        le=86400,
+        description="One command's limit: past it the command's process group is killed (exit 137).",
+    )
+    output_limit_bytes: int = Field(
+        default=30000,
+        ge=1024,
+        le=1048576,
+        description="stdout and stderr of one command are each cut to this many bytes, marked as cut.",
+    )
+    on_pod_lost: Literal["Recreate", "Fail"] = Field(
+        default="Recreate",
+        description=(
+            "A sandbox pod deleted or evicted mid-run: Recreate it (the workspace is lost, and the model "
+            "is told so) or end the run FatalToolError."
+        ),
+    )
+    keep_seconds_after_finished: int = Field(
+        default=0,
+        ge=0,
+        le=604800,
+        description="Keep the pod this long after the run finished, for debugging (deleted with the run).",
+    )
+    start_timeout_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=3600,
+        description="How long the pod may take to start (image pull included) before the run fails.",
+    )

@@ -1,0 +1,113 @@
+"""One `bash` command in the sandbox, recorded in the pod so that no crash runs it twice.
+
+Why a record per call: the operator may die (SIGKILL, a lost Lease) while a command runs. Whoever
+resumes the run asks for the same tool_use again, with the same idempotency key. The pod keeps, per
+key, the command's pid, its output and (once it ended) its exit status, under a directory of the
+pod's own (`STATE_DIR`, an emptyDir the commands do not start in). Asked again, the script does not
+run the command again: it waits for the earlier process if it is still running, then reports what
+it recorded, or says the outcome is unknown when the process is gone without a status.
+
+Why `timeout -s KILL`: GNU timeout runs the command in a process group of its own and signals the
+whole group, so a command past its limit takes its children with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from agentrun.tools.sandbox.pod_exec import ExecResult
+
+__all__ = ["STATE_DIR", "CommandOutcome", "command_argv", "parse_outcome"]
+
+STATE_DIR = "/agentrun"
+TIMED_OUT = 137  # 128 + SIGKILL: what `timeout -s KILL` exits with
+
+# $1 record dir, $2 seconds, $3 output limit (bytes), $4 working dir, $5 the command.
+_SCRIPT = r"""
+d=$1; t=$2; lim=$3; cwd=$4; cmd=$5
+mkdir -p "${d%/*}" || exit 90
+if mkdir "$d" 2>/dev/null; then
+  mode=ran
+  (
+    cd "$cwd" || exit 91
+    timeout -s KILL "$t" sh -c "$cmd" >"$d/out" 2>"$d/err" </dev/null
+    echo $? >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"
+  ) &
+  echo $! >"$d/pid"
+  wait
+else
+  mode=resumed
+  pid=$(cat "$d/pid" 2>/dev/null)
+  while [ ! -f "$d/exit" ] && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+fi
+if [ ! -f "$d/exit" ]; then echo "agentrun $mode unknown"; exit 0; fi
+echo "agentrun $mode $(cat "$d/exit") $(wc -c <"$d/out") $(wc -c <"$d/err")"
+head -c "$lim" "$d/out"
+head -c "$lim" "$d/err" >&2
+"""
+
+
+def record_dir(idempotency_key: str, state_dir: str = STATE_DIR) -> str:
+    """The call's record directory: the key hashed, so any key is a safe file name."""
+    return f"{state_dir}/calls/{hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]}"
+
+
+def command_argv(
+    command: str,
+    *,
+    idempotency_key: str,
+    timeout_seconds: int,
+    output_limit: int,
+    working_dir: str,
+    state_dir: str = STATE_DIR,
+) -> list[str]:
+    return [
+        "sh",
+        "-c",
+        _SCRIPT,
+        "agentrun-command",
+        record_dir(idempotency_key, state_dir),
+        str(timeout_seconds),
+        str(output_limit),
+        working_dir,
+        command,
+    ]
+
+
+@dataclass(frozen=True)
+class CommandOutcome:
+    """What the pod recorded of one command."""
+
+    resumed: bool  # asked again after a crash: the status comes from the first run's record
+    exit_code: int | None  # None: the outcome is unknown (the process ended without a status)
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_bytes: int = 0  # the whole output's size; more than len(stdout) when it was cut
+    stderr_bytes: int = 0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code == TIMED_OUT
+
+
+class ScriptFailed(Exception):
+    """The pod did not run the script as expected (no sh, no coreutils, a full disk)."""
+
+
+def parse_outcome(result: ExecResult) -> CommandOutcome:
+    header, _, stdout = result.stdout.partition(b"\n")
+    words = header.decode("ascii", "replace").split()
+    if len(words) < 3 or words[0] != "agentrun" or words[1] not in ("ran", "resumed"):
+        said = (result.stderr or result.stdout)[:500].decode("utf-8", "replace").strip()
+        raise ScriptFailed(
+            f"the sandbox could not run the command (exit {result.exit_code}): {said or 'no output'}"
+        )
+    resumed = words[1] == "resumed"
+    if words[2] == "unknown":
+        return CommandOutcome(resumed=resumed, exit_code=None)
+    try:
+        code, out_bytes, err_bytes = (int(w) for w in words[2:5])
+    except ValueError as exc:
+        raise ScriptFailed(f"the sandbox answered an unreadable status line: {header[:200]!r}") from exc
+    return CommandOutcome(resumed, code, stdout, result.stderr, out_bytes, err_bytes)

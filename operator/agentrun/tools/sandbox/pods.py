@@ -1,0 +1,339 @@
+"""The run's sandbox pod: its manifest, its start on first use, commands into it, its removal.
+
+Why the run's ServiceAccount creates it and execs into it (impersonation, as the Kubernetes tools
+read): RBAC then decides who may run sandboxes in which namespace, and the operator's own rights
+never reach the model. Why the name is the run's, not random: an operator that restarted, or the
+replica that took the run over, finds the same pod and its workspace again.
+
+Why the isolation is not a field: a pod the model's commands run in gets no ServiceAccount token,
+no Service environment, no privilege escalation, no capabilities, a read-only root, a non-root user
+and the runtime's seccomp profile, whatever the run declares; it may choose its image, resources,
+RuntimeClass, environment and where it may connect to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from agentrun.api.sandbox_spec import SandboxSpec
+from agentrun.loop.errors import ToolError
+from agentrun.tools.environment import KubeConnection
+from agentrun.tools.sandbox.commands import STATE_DIR
+from agentrun.tools.sandbox.manifests import (
+    CONTAINER,
+    RunIdentity,
+    network_policy_manifest,
+    pod_manifest,
+    sandbox_pod_name,
+)
+from agentrun.tools.sandbox.pod_exec import ExecError, ExecResult, exec_in_pod
+
+__all__ = ["RunIdentity", "SandboxPod", "network_policy_manifest", "pod_manifest", "sandbox_pod_name"]
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.5
+_IMAGE_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+_CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+
+
+class _Api:
+    """Plain requests to the API server over the operator's transport, as ``user`` when given."""
+
+    def __init__(self, connection: KubeConnection) -> None:
+        self._connection = connection
+        self._session: aiohttp.ClientSession | None = None
+
+    async def request(
+        self, method: str, path: str, *, user: str | None, body: Mapping[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._connection.ssl_context or False)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+            )
+        headers = {"Accept": "application/json"}
+        if user is not None:
+            headers["Impersonate-User"] = user
+        authorization = await self._connection.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
+        url = self._connection.server.rstrip("/") + path
+        try:
+            async with self._session.request(method, url, json=body, headers=headers) as response:
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ToolError(
+                "unavailable", f"cannot reach the Kubernetes API ({type(exc).__name__})"
+            ) from None
+        try:
+            decoded = json.loads(text) if text else {}
+        except ValueError:
+            decoded = {"message": text[:300]}
+        return response.status, decoded if isinstance(decoded, dict) else {}
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class SandboxPod:
+    """The run's sandbox as the tools use it (tools.Sandbox): started on the first command."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        run: RunIdentity,
+        connection: KubeConnection,
+        *,
+        user: str,
+        resumed: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.spec = spec
+        self.run = run
+        self.user = user
+        self.name = sandbox_pod_name(run.name, run.uid)
+        self._api = _Api(connection)
+        self._connection = connection
+        self._uid: str | None = None  # the pod this process uses
+        self._resumed = resumed  # the run ran before: a missing pod means its workspace was lost
+        self._lock = asyncio.Lock()
+        self._clock = clock
+        self._sleep = sleep
+        self.started_seconds: float | None = None  # how long the pod took to start, when we started it
+
+    @property
+    def working_dir(self) -> str:
+        return self.spec.working_dir
+
+    @property
+    def command_timeout_seconds(self) -> int:
+        return self.spec.command_timeout_seconds
+
+    @property
+    def output_limit_bytes(self) -> int:
+        return self.spec.output_limit_bytes
+
+    @property
+    def state_dir(self) -> str:
+        return STATE_DIR
+
+    @property
+    def _pods(self) -> str:
+        return f"/api/v1/namespaces/{quote(self.run.namespace, safe='')}/pods"
+
+    async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
+        async with self._lock:
+            await self._ready()
+        try:
+            return await exec_in_pod(
+                self._connection,
+                user=self.user,
+                namespace=self.run.namespace,
+                pod=self.name,
+                container=CONTAINER,
+                argv=argv,
+                timeout=timeout,
+                output_limit=self.spec.output_limit_bytes + 4096,
+            )
+        except ExecError as exc:
+            raise self._exec_error(exc) from None
+
+    def _exec_error(self, exc: ExecError) -> ToolError:
+        if exc.kind in ("gone", "not_running"):
+            self._uid = self._uid or "lost"  # the next command finds out and says so
+            return ToolError(
+                "sandbox_lost",
+                f"the sandbox pod {self.name} went away during the command ({exc.message}); "
+                "its outcome is unknown",
+                hint="the next command starts a new sandbox; check what the workspace still holds",
+            )
+        if exc.kind in ("forbidden", "impersonation_denied", "unauthorized"):
+            return ToolError(
+                exc.kind,
+                f"{self.user} may not run commands in the sandbox: {exc.message}",
+                hint="the run's ServiceAccount needs get and create on pods/exec in its namespace",
+                recoverable=False,
+            )
+        if exc.kind == "timeout":
+            return ToolError("timeout", f"the sandbox did not answer in time: {exc.message}")
+        return ToolError("sandbox_unavailable", exc.message, hint="try again")
+
+    async def _ready(self) -> None:
+        """The pod this run uses, Running; started (or, once lost, started again) when it is not."""
+        status, pod = await self._api.request("GET", f"{self._pods}/{self.name}", user=self.user)
+        if status == 200 and pod.get("metadata", {}).get("deletionTimestamp") is None:
+            phase = pod.get("status", {}).get("phase")
+            uid = pod.get("metadata", {}).get("uid")
+            if phase in ("Succeeded", "Failed"):
+                await self._delete_lost(uid)
+                return await self._replace("it stopped (phase " + str(phase) + ")")
+            if self._uid not in (None, uid):
+                return await self._replace_reported("was replaced by another pod")
+            if phase == "Running":
+                self._uid = uid
+                return None
+            return await self._wait_running(uid)
+        if status == 200:  # being deleted
+            return await self._replace("it was being deleted")
+        if status == 404:
+            if self._uid is not None or self._resumed:
+                return await self._replace("it was deleted or evicted")
+            return await self._create()
+        raise self._api_error(status, pod, "read")
+
+    async def _replace(self, why: str) -> None:
+        if self.spec.on_pod_lost == "Fail":
+            raise ToolError(
+                "sandbox_lost",
+                f"the sandbox pod {self.name} is gone: {why}; spec.sandbox.onPodLost is Fail",
+                recoverable=False,
+            )
+        await self._create()
+        await self._replace_reported(why)
+
+    async def _replace_reported(self, why: str) -> None:
+        self._resumed = False
+        raise ToolError(
+            "sandbox_replaced",
+            f"the sandbox pod was lost ({why}); a new, empty one was started: everything in the "
+            "workspace is gone. This command was not run.",
+            hint="set up the workspace again, then repeat the command",
+        )
+
+    async def _delete_lost(self, uid: str | None) -> None:
+        body = {"preconditions": {"uid": uid}} if uid else None
+        await self._api.request("DELETE", f"{self._pods}/{self.name}", user=self.user, body=body)
+        await self._wait_gone()
+
+    async def _wait_gone(self) -> None:
+        deadline = self._clock() + self.spec.start_timeout_seconds
+        while self._clock() < deadline:
+            status, _ = await self._api.request("GET", f"{self._pods}/{self.name}", user=self.user)
+            if status == 404:
+                return
+            await self._sleep(POLL_SECONDS)
+        raise ToolError("sandbox_unavailable", f"the old sandbox pod {self.name} did not go away in time")
+
+    async def _create(self) -> None:
+        began = self._clock()
+        await self._ensure_network_policy()
+        status, answer = await self._api.request(
+            "POST", self._pods, user=self.user, body=pod_manifest(self.spec, self.run)
+        )
+        if status == 409:  # being deleted still: wait, then create
+            await self._wait_gone()
+            status, answer = await self._api.request(
+                "POST", self._pods, user=self.user, body=pod_manifest(self.spec, self.run)
+            )
+        if status not in (200, 201):
+            raise self._api_error(status, answer, "create")
+        logger.info("started the sandbox pod %s/%s", self.run.namespace, self.name)
+        await self._wait_running(answer.get("metadata", {}).get("uid"))
+        self.started_seconds = self._clock() - began
+
+    async def _ensure_network_policy(self) -> None:
+        path = f"/apis/networking.k8s.io/v1/namespaces/{quote(self.run.namespace, safe='')}/networkpolicies"
+        # As the operator, not the run: the run's ServiceAccount must not be able to open its own egress.
+        status, answer = await self._api.request(
+            "POST", path, user=None, body=network_policy_manifest(self.spec, self.run)
+        )
+        if status not in (200, 201, 409):
+            raise ToolError(
+                "sandbox_unavailable",
+                f"could not create the sandbox's NetworkPolicy: {answer.get('message') or status}",
+                hint="the operator needs create on networkpolicies",
+                recoverable=False,
+            )
+
+    async def _wait_running(self, uid: str | None) -> None:
+        deadline = self._clock() + self.spec.start_timeout_seconds
+        while True:
+            status, pod = await self._api.request("GET", f"{self._pods}/{self.name}", user=self.user)
+            if status != 200:
+                raise self._api_error(status, pod, "read")
+            phase = pod.get("status", {}).get("phase")
+            if phase == "Running" and _container_running(pod):
+                self._uid = pod.get("metadata", {}).get("uid") or uid
+                return
+            if phase in ("Succeeded", "Failed"):
+                raise ToolError(
+                    "sandbox_failed", f"the sandbox pod {self.name} ended at start (phase {phase})"
+                )
+            waiting = _waiting_reason(pod)
+            if waiting is not None and waiting[0] in (*_IMAGE_FAILURES, *_CONFIG_FAILURES):
+                raise ToolError(
+                    "sandbox_failed",
+                    f"the sandbox pod {self.name} cannot start: {waiting[0]}: {waiting[1]}",
+                    hint="check spec.sandbox.image, its env Secrets and the pod's Events",
+                    recoverable=False,
+                )
+            if self._clock() >= deadline:
+                raise ToolError(
+                    "sandbox_failed",
+                    f"the sandbox pod {self.name} did not start within {self.spec.start_timeout_seconds} s "
+                    f"(phase {phase}{', ' + waiting[0] if waiting else ''})",
+                    recoverable=False,
+                )
+            await self._sleep(POLL_SECONDS)
+
+    def _api_error(self, status: int, answer: Mapping[str, Any], action: str) -> ToolError:
+        message = str(answer.get("message") or f"HTTP {status}")
+        if status == 403:
+            return ToolError(
+                "forbidden",
+                f"{self.user} may not {action} the sandbox pod: {message}",
+                hint="the run's ServiceAccount needs create, get and delete on pods; get and create on "
+                "pods/exec",
+                recoverable=False,
+            )
+        if status == 422 or status == 400:
+            return ToolError(
+                "sandbox_refused", f"the API server refused the sandbox pod: {message}", recoverable=False
+            )
+        return ToolError("sandbox_unavailable", f"could not {action} the sandbox pod: {message}")
+
+    async def remove(self) -> None:
+        """The run ended: its pod and NetworkPolicy go (garbage collection does it if this fails)."""
+        for path, user in (
+            (f"{self._pods}/{self.name}", self.user),
+            (
+                f"/apis/networking.k8s.io/v1/namespaces/{quote(self.run.namespace, safe='')}"
+                f"/networkpolicies/{self.name}",
+                None,
+            ),
+        ):
+            try:
+                await self._api.request("DELETE", path, user=user)
+            except ToolError as exc:
+                logger.warning(
+                    "could not delete %s (garbage collection removes it with the run): %s", path, exc
+                )
+
+    async def close(self) -> None:
+        await self._api.close()
+
+
+def _container_running(pod: Mapping[str, Any]) -> bool:
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER:
+            return "running" in (status.get("state") or {})
+    return False
+
+
+def _waiting_reason(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason"):
+            return str(waiting["reason"]), str(waiting.get("message") or "")
+    return None

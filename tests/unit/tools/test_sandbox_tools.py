@@ -1,0 +1,195 @@
+"""`bash` and the text editor as the model uses them, with the real in-pod script run by a real `sh`.
+
+The sandbox here is a directory of this machine instead of a pod: the argv the tools send is
+exactly what the pod's exec would run (tools/sandbox/commands.py), so the records that keep a
+command from running twice after a crash, the time limit that kills a process group, the output
+caps and the editor's base64 chunks are all exercised for real. What needs a kubelet (the pod, the
+exec API, the limits) is proven on the real node (tests/node/test_sandbox.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun.loop.errors import ToolError
+from agentrun.loop.protocols import ToolCall
+from agentrun.tools.sandbox.commands import record_dir
+from agentrun.tools.sandbox.pod_exec import ExecResult
+from agentrun.tools.sandbox.tools import BashTool, TextEditorTool, sandbox_tools
+
+
+@dataclass
+class LocalSandbox:
+    """Runs the tools' argv in a local shell, in a workspace and a state directory of its own."""
+
+    root: Path
+    command_timeout_seconds: int = 10
+    output_limit_bytes: int = 2048
+    calls: list[Sequence[str]] = field(default_factory=list)
+
+    @property
+    def working_dir(self) -> str:
+        return str(self.root / "workspace")
+
+    @property
+    def state_dir(self) -> str:
+        return str(self.root / "state")
+
+    async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
+        self.calls.append(argv)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+        return ExecResult(stdout, stderr, process.returncode)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> LocalSandbox:
+    (tmp_path / "workspace").mkdir()
+    return LocalSandbox(tmp_path)
+
+
+def crashed_call(record: Path) -> None:
+    """A call's record as the operator left it when it died mid-command: a pid, no exit status."""
+    record.mkdir(parents=True)
+    (record / "pid").write_text("999999\n")
+
+
+def call(name: str, key: str = "run:toolu_1", **given: Any) -> ToolCall:
+    return ToolCall(key.split(":")[-1], name, given, key, 1)
+
+
+def test_the_tools_are_the_apis_own_types_sent_by_type_and_name_only(sandbox: LocalSandbox) -> None:
+    definitions = [tool.definition.as_api() for tool in sandbox_tools(sandbox)]
+    assert definitions == [
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+    ]
+
+
+async def test_a_command_runs_in_the_workspace_with_its_output_and_exit_code(sandbox: LocalSandbox) -> None:
+    output = await BashTool(sandbox).call(call("bash", command="pwd; echo oops >&2; exit 3"))
+    assert output.content == f"{sandbox.working_dir}\n\n[stderr]\noops\n\n[exit code 3]"
+    assert not output.is_error and output.structured["exitCode"] == 3
+
+
+async def test_a_command_asked_again_with_the_same_key_is_not_run_twice(sandbox: LocalSandbox) -> None:
+    bash = BashTool(sandbox)
+    first = await bash.call(call("bash", command="echo ran >> count; wc -l < count"))
+    again = await bash.call(call("bash", command="echo ran >> count; wc -l < count"))
+    assert first.content == "1\n" and again.content.startswith("1\n")
+    assert "recorded before the operator restarted" in again.content and again.structured["resumed"]
+    assert (Path(sandbox.working_dir) / "count").read_text() == "ran\n"
+    other = await bash.call(call("bash", key="run:toolu_2", command="wc -l < count"))
+    assert other.content == "1\n"
+
+
+async def test_a_command_still_running_when_asked_again_is_waited_for_not_started_again(
+    sandbox: LocalSandbox,
+) -> None:
+    bash = BashTool(sandbox)
+    command = "sleep 0.5; echo once >> marks; echo done"
+    first = asyncio.create_task(bash.call(call("bash", command=command)))
+    record = Path(record_dir("run:toolu_1", sandbox.state_dir))
+    for _ in range(200):  # until the first run recorded its pid
+        if (record / "pid").exists():
+            break
+        await asyncio.sleep(0.01)
+    again = await bash.call(call("bash", command=command))
+    assert again.content.startswith("done\n") and again.structured["resumed"]
+    assert (await first).content == "done\n"
+    assert (Path(sandbox.working_dir) / "marks").read_text() == "once\n"
+
+
+async def test_a_command_whose_process_ended_without_a_status_is_reported_unknown(
+    sandbox: LocalSandbox,
+) -> None:
+    crashed_call(Path(record_dir("run:toolu_1", sandbox.state_dir)))
+    output = await BashTool(sandbox).call(call("bash", command="rm -rf important"))
+    assert output.is_error and output.structured["outcome"] == "unknown"
+    assert "was not run again" in output.content
+
+
+async def test_a_command_past_its_time_limit_is_killed_with_the_processes_it_started(
+    sandbox: LocalSandbox,
+) -> None:
+    sandbox.command_timeout_seconds = 1
+    output = await BashTool(sandbox).call(
+        call("bash", command="(sleep 30; echo late > child) & echo started; sleep 30")
+    )
+    assert output.is_error and output.structured["timedOut"]
+    assert output.content.startswith("started\n") and "killed after 1 s" in output.content
+    pgrep = await asyncio.create_subprocess_exec("pgrep", "-f", "sleep 3[0]", stdout=asyncio.subprocess.PIPE)
+    survivors, _ = await pgrep.communicate()
+    assert survivors.split() == [], "a child of the timed-out command survived"
+
+
+async def test_long_output_is_cut_and_marked_and_binary_output_is_refused(sandbox: LocalSandbox) -> None:
+    bash = BashTool(sandbox)
+    long = await bash.call(call("bash", command="head -c 5000 /dev/zero | tr '\\0' a"))
+    assert long.content.startswith("a" * 2048 + "\n[stdout cut: 2952 more bytes")
+    binary = await bash.call(call("bash", key="run:toolu_2", command="printf 'a\\0b'"))
+    assert binary.content.startswith("[stdout: 3 bytes of binary output, not shown")
+
+
+async def test_an_empty_command_is_a_clear_error_and_restart_says_what_persists(
+    sandbox: LocalSandbox,
+) -> None:
+    with pytest.raises(ToolError, match="non-empty string `command`"):
+        await BashTool(sandbox).call(call("bash", command="  "))
+    restarted = await BashTool(sandbox).call(call("bash", restart=True))
+    assert "files persist between commands" in restarted.content and sandbox.calls == []
+
+
+async def test_the_editor_creates_views_replaces_and_inserts(sandbox: LocalSandbox) -> None:
+    editor = TextEditorTool(sandbox)
+    created = await editor.call(
+        call(editor.definition.name, command="create", path="src/a.py", file_text="x = 1\ny = 2\n")
+    )
+    assert created.content.startswith(f"Created {sandbox.working_dir}/src/a.py")
+    viewed = await editor.call(
+        call(editor.definition.name, command="view", path="src/a.py", view_range=[2, 2])
+    )
+    assert viewed.content == "     2\ty = 2"
+    await editor.call(
+        call(editor.definition.name, command="str_replace", path="src/a.py", old_str="y = 2", new_str="y = 3")
+    )
+    await editor.call(
+        call(editor.definition.name, command="insert", path="src/a.py", insert_line=0, insert_text="# top")
+    )
+    assert (Path(sandbox.working_dir) / "src/a.py").read_text() == "# top\nx = 1\ny = 3\n"
+    listing = await editor.call(call(editor.definition.name, command="view", path="."))
+    assert f"{sandbox.working_dir}/src/a.py" in listing.content
+
+
+async def test_a_file_larger_than_one_argument_crosses_in_chunks_unchanged(sandbox: LocalSandbox) -> None:
+    editor = TextEditorTool(sandbox)
+    text = "".join(f"line {n} ünïcode\n" for n in range(30000))  # about 600 KB: several chunks
+    await editor.call(call(editor.definition.name, command="create", path="big.txt", file_text=text))
+    assert (Path(sandbox.working_dir) / "big.txt").read_text() == text
+    assert not (Path(sandbox.working_dir) / "big.txt.agentrun-tmp").exists()
+
+
+async def test_a_replacement_that_is_not_unique_or_a_binary_file_is_a_clear_error(
+    sandbox: LocalSandbox,
+) -> None:
+    editor = TextEditorTool(sandbox)
+    (Path(sandbox.working_dir) / "twice.txt").write_text("a\na\n")
+    with pytest.raises(ToolError, match="2 occurrences of old_str"):
+        await editor.call(
+            call(editor.definition.name, command="str_replace", path="twice.txt", old_str="a", new_str="b")
+        )
+    (Path(sandbox.working_dir) / "blob").write_bytes(b"\0\1\2")
+    with pytest.raises(ToolError, match="binary file"):
+        await editor.call(call(editor.definition.name, command="view", path="blob"))
+    with pytest.raises(ToolError, match="No such file"):
+        await editor.call(call(editor.definition.name, command="view", path="missing.txt"))
+    with pytest.raises(ToolError, match="unknown command 'undo_edit'"):
+        await editor.call(call(editor.definition.name, command="undo_edit", path="twice.txt"))
