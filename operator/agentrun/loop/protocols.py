@@ -32,6 +32,9 @@ class ToolDefinition:
     # A client tool the API defines (e.g. "bash_20250124"): sent as its type and name only, since the
     # model was trained on its schema; `input_schema` is then what the operator checks inputs against.
     api_type: str | None = None
+    # What the API adds to every request's input for such a tool (its own instructions), which no
+    # byte count of the request shows: reservations and context estimates add it.
+    api_prompt_tokens: int = 0
 
     def as_api(self) -> dict[str, Any]:
         if self.api_type is not None:

@@ -129,6 +129,7 @@ class RequestSizer:
             whole = (
                 utf8_bytes(request.system or "")
                 + utf8_bytes([tool.as_api() for tool in tools])
+                + sum(tool.api_prompt_tokens for tool in tools)
                 + utf8_bytes(list(request.messages))
             )
             return whole + API_PROMPT_MARGIN

@@ -161,7 +161,9 @@ def sent_messages(state: RunState, cfg: ContextConfig) -> list[Message]:
 
 def fixed_chars(system: str | None, tools: Sequence[ToolDefinition]) -> int:
     """What every request carries besides the messages."""
-    return len(system or "") + chars_of([t.as_api() for t in tools])
+    # A typed tool's instructions, added by the API, counted at 4 characters a token.
+    added = sum(4 * t.api_prompt_tokens for t in tools)
+    return len(system or "") + chars_of([t.as_api() for t in tools]) + added
 
 
 def estimate(state: RunState, view: Sequence[Message], fixed: int) -> int:

@@ -19,6 +19,16 @@ class ProtocolError(ValueError):
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
 
 
+#: The client tools the API defines, by type, with the one name each accepts.
+TYPED_TOOL_NAMES = {
+    "bash_20241022": "bash",
+    "bash_20250124": "bash",
+    "text_editor_20250124": "str_replace_editor",
+    "text_editor_20250429": "str_replace_based_edit_tool",
+    "text_editor_20250728": "str_replace_based_edit_tool",
+}
+
+
 def validate_request(
     body: object, *, count_tokens: bool = False, betas: Collection[str] = ()
 ) -> dict[str, Any]:
@@ -137,8 +147,13 @@ def _check_tools(tools: object) -> set[str]:
         if name in names:
             raise ProtocolError(f"tools: Tool names must be unique, {name!r} appears twice")
         names.add(name)
-        # Typed tools (e.g. "bash_20250124") are server-defined and carry no input_schema.
-        if tool.get("type") in (None, "custom"):
+        # Typed tools (e.g. "bash_20250124") are server-defined and carry no input_schema; the API
+        # fixes their names.
+        kind = tool.get("type")
+        fixed = TYPED_TOOL_NAMES.get(str(kind))
+        if fixed is not None and name != fixed:
+            raise ProtocolError(f"tools.{index}.{kind}.name: Input should be '{fixed}'")
+        if kind in (None, "custom"):
             schema = tool.get("input_schema")
             if not isinstance(schema, dict) or schema.get("type") != "object":
                 raise ProtocolError(f"tools.{index}.input_schema: must be a JSON schema with type 'object'")

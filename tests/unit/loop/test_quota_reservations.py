@@ -435,3 +435,12 @@ def test_cost_is_priced_at_the_dearest_input_rate_and_unknown_without_a_price() 
     assert spend.cost_usd == write + out
     assert spend.tokens == bound.input_tokens + bound.output_tokens
     assert bound.spend("a-model-without-a-price", prices).cost_usd is None
+
+
+def test_a_typed_tools_instructions_which_the_api_adds_are_reserved_though_no_byte_shows_them() -> None:
+    plain = ToolDefinition("bash", "", {"type": "object"}, api_type="bash_20250124")
+    typed = ToolDefinition("bash", "", {"type": "object"}, api_type="bash_20250124", api_prompt_tokens=245)
+    messages = [{"role": "user", "content": "fix the test"}]
+    without = RequestSizer().input_bound(ModelRequest("m", 100, messages, tools=[plain]), None)
+    assert RequestSizer().input_bound(ModelRequest("m", 100, messages, tools=[typed]), None) == without + 245
+    assert without == utf8_bytes([plain.as_api()]) + utf8_bytes(messages) + API_PROMPT_MARGIN

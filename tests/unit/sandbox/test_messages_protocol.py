@@ -119,6 +119,11 @@ def test_a_complete_tool_round_trip_is_valid() -> None:
             id="duplicate-tool-name",
         ),
         pytest.param(
+            request([{"role": "user", "content": "x"}], tools=[{"type": "bash_20250124", "name": "shell"}]),
+            "tools.0.bash_20250124.name: Input should be 'bash'",
+            id="typed-tool-under-another-name",
+        ),
+        pytest.param(
             request(
                 [{"role": "user", "content": "x"}],
                 tools=[TOOL],
@@ -166,3 +171,11 @@ def test_readers_find_the_first_user_text_the_step_and_named_tool_results() -> N
     assert first_user_text(body) == "task [scenario:a]"
     assert assistant_turns(body) == 1
     assert tool_results(body) == [("list_pods", "3 pods", True)]
+
+
+def test_the_apis_own_client_tools_are_sent_by_type_and_name_without_a_schema() -> None:
+    tools = [
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+    ]
+    validate_request(request([{"role": "user", "content": "x"}], tools=tools))

@@ -29,6 +29,9 @@ __all__ = ["BashTool", "Sandbox", "TextEditorTool", "sandbox_tools"]
 BASH_TYPE = "bash_20250124"
 EDITOR_TYPE = "text_editor_20250728"
 EDITOR_NAME = "str_replace_based_edit_tool"
+# The input tokens the API adds per request for each tool, as its documentation states them.
+BASH_PROMPT_TOKENS = 245
+EDITOR_PROMPT_TOKENS = 700
 ARG_CHUNK = 96 * 1024  # base64 characters per argument: below Linux's 128 KiB for one argv string
 MAX_FILE_BYTES = 4 * 1024 * 1024  # what the editor reads or writes at most
 EXEC_MARGIN_SECONDS = 30.0  # beyond a command's own limit, for the exec round trip
@@ -80,6 +83,7 @@ class BashTool:
                 "properties": {"command": {"type": "string"}, "restart": {"type": "boolean"}},
             },
             api_type=BASH_TYPE,
+            api_prompt_tokens=BASH_PROMPT_TOKENS,
         )
 
     async def call(self, call: ToolCall) -> ToolOutput:
@@ -156,6 +160,7 @@ class TextEditorTool:
                 "required": ["command", "path"],
             },
             api_type=EDITOR_TYPE,
+            api_prompt_tokens=EDITOR_PROMPT_TOKENS,
         )
 
     async def call(self, call: ToolCall) -> ToolOutput:
