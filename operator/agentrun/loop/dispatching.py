@@ -30,6 +30,8 @@ class ToolOutcome:
     fatal: bool
     result_hash: str
     usage_by_model: Mapping[str, TokenUsage] = field(default_factory=dict)
+    # A non-recoverable error's own message: the run's status says why it ended, not only its code.
+    fatal_message: str = ""
 
 
 def error_output(error: ToolError) -> ToolOutput:
@@ -89,7 +91,9 @@ class Dispatcher:
         trace = ToolTrace(
             call.id, call.name, content_hash(dict(call.input)), duration, not output.is_error, code
         )
-        return ToolOutcome(block, trace, fatal, content_hash(output.content), output.usage_by_model)
+        said = "; ".join(str(output.structured.get(k) or "") for k in ("message", "hint")).strip("; ")
+        said = said if fatal else ""
+        return ToolOutcome(block, trace, fatal, content_hash(output.content), output.usage_by_model, said)
 
     async def _execute(self, call: ToolCall) -> ToolOutput:
         tool = self._tools[call.name]

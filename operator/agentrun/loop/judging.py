@@ -55,7 +55,8 @@ async def judge(ctx: Context, outcomes: Sequence[ToolOutcome], calls: Sequence[T
         return Finish(
             Outcome(
                 StopReason.FATAL_TOOL_ERROR,
-                f"tool {fatal.trace.name} failed with a non-recoverable error ({fatal.trace.error_code})",
+                f"tool {fatal.trace.name} failed with a non-recoverable error ({fatal.trace.error_code})"
+                + (f": {fatal.fatal_message}" if fatal.fatal_message else ""),
             )
         )
     if outcomes and all(not o.trace.ok for o in outcomes):

@@ -1,0 +1,166 @@
+"""A run's sandbox pod through the real operator, up to where a kubelet would take over.
+
+What these scenarios prove without a node: the pod is created by the run's ServiceAccount (RBAC
+decides), with the isolation the operator fixes whatever the run declares, beside a NetworkPolicy
+denying its egress; a pod that never starts ends the run clearly; both go when the run ends. The
+commands themselves, the workspace across a crash and the limits need a kubelet: tests/node/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
+from tests.support.builders import agentrun
+from tests.support.clusters import TestCluster
+from tests.support.kube_requests import phase_in, until, wait_status
+from tests.support.operator_process import OperatorProcess
+from tests.support.rbac import grant_service_account
+
+API_KEY = "sk-ant-sandbox-integration-0123456789"
+#: An image no node has and none may pull (imagePullPolicy Never): a node, if there is one, refuses
+#: it at once (ErrImageNeverPull); without a node the pod stays Pending until the start timeout.
+MISSING_IMAGE = "localhost/agentrun-sandbox-absent:none"
+SANDBOX_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "list"]},
+    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
+]
+NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI(
+        scripts=[
+            Script(
+                "[scenario:sandbox]",
+                [
+                    Reply([tool_use_block("bash", {"command": "make test"}, id="toolu_bash1")]),
+                    Reply([text_block("The sandbox did not start.")]),
+                ],
+            ),
+        ],
+        require_api_key=API_KEY,
+    )
+    async with api.running() as server:
+        yield server
+
+
+@pytest.fixture
+async def operator(
+    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
+    async with cluster.operator(tmp_path / "operator.log", env) as process:
+        yield process
+
+
+def sandbox(**fields: Any) -> dict[str, Any]:
+    return {
+        "image": MISSING_IMAGE,
+        "imagePullPolicy": "Never",
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "startTimeoutSeconds": 10,
+        **fields,
+    }
+
+
+async def _pod_of(cluster: TestCluster, run_uid: str) -> dict[str, Any] | None:
+    pods = await cluster.request(
+        "GET", cluster.path("pods"), params={"labelSelector": f"agentrun.dev/run-uid={run_uid}"}
+    )
+    items: list[dict[str, Any]] = pods["items"]
+    return items[0] if items else None
+
+
+async def test_the_sandbox_pod_is_made_by_the_runs_account_isolated_and_gone_with_the_run(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await grant_service_account(cluster, "sandboxer", SANDBOX_RULES, probe=cluster.path("pods"))
+    manifest = agentrun(
+        "builder",
+        "[scenario:sandbox] run the tests",
+        namespace=cluster.namespace,
+        model={"name": "claude-haiku-4-5"},
+        serviceAccountName="sandboxer",
+        sandbox=sandbox(
+            env=[{"name": "CI", "value": "true"}], egress=[{"cidr": "10.0.0.0/8", "ports": [443]}]
+        ),
+    )
+    created = await cluster.request("POST", cluster.runs_path, json=manifest)
+    uid = created["metadata"]["uid"]
+
+    pod = await until(lambda: _pod_of(cluster, uid), "the sandbox pod", timeout=60)
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert spec["serviceAccountName"] == "sandboxer" and spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 65532
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+    }
+    assert container["resources"]["limits"] == {"cpu": "500m", "memory": "128Mi"}
+    assert {"name": "CI", "value": "true"} in container["env"]
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/workspace", "/tmp", "/agentrun"}
+    policies = await cluster.request("GET", NETWORK_POLICIES.format(ns=cluster.namespace))
+    [policy] = [p for p in policies["items"] if p["metadata"]["name"] == pod["metadata"]["name"]]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"] == [
+        {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"protocol": "TCP", "port": 443}]}
+    ]
+
+    final = await wait_status(cluster, "builder", phase_in("Succeeded", "Failed"), timeout=120)
+    assert (final["phase"], final["stopReason"]) == ("Failed", "FatalToolError"), final.get("message")
+    # No node: Pending until the start timeout; a node refuses the image at once.
+    assert "sandbox pod" in final["message"]
+    assert "did not start within 10 s" in final["message"] or "ErrImageNeverPull" in final["message"]
+    sent = model.requests_for("[scenario:sandbox]")[0].body["tools"]
+    assert [{k: tool[k] for k in ("type", "name")} for tool in sent] == [
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+    ]
+
+    async def gone() -> bool:
+        return await _pod_of(cluster, uid) is None
+
+    await until(gone, "the sandbox pod deleted with the end of the run", timeout=60)
+    remaining = await cluster.request("GET", NETWORK_POLICIES.format(ns=cluster.namespace))
+    assert [p["metadata"]["name"] for p in remaining["items"]] == []
+
+
+async def test_a_run_whose_account_may_not_create_pods_fails_naming_what_it_needs(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    reader = await grant_service_account(
+        cluster,
+        "no-pods",
+        [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        probe=cluster.path("pods"),
+    )
+    manifest = agentrun(
+        "refused",
+        "[scenario:sandbox] run the tests",
+        namespace=cluster.namespace,
+        model={"name": "claude-haiku-4-5"},
+        serviceAccountName="no-pods",
+        sandbox=sandbox(),
+    )
+    created = await cluster.request("POST", cluster.runs_path, json=manifest)
+    final = await wait_status(cluster, "refused", phase_in("Succeeded", "Failed"), timeout=60)
+    assert (final["phase"], final["stopReason"]) == ("Failed", "FatalToolError"), final.get("message")
+    assert f"{reader} may not create the sandbox pod" in final["message"]
+    assert "needs create, get and delete on pods" in final["message"]
+    assert await _pod_of(cluster, created["metadata"]["uid"]) is None
