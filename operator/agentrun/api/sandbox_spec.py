@@ -129,6 +129,14 @@ class SandboxSpec(SpecModel):
         le=1048576,
         description="stdout and stderr of one command are each cut to this many bytes, marked as cut.",
     )
+    requires_approval: list[Literal["bash", "str_replace_based_edit_tool"]] = Field(
+        default_factory=list,
+        max_length=2,
+        description=(
+            "These sandbox tools pause the run for a person's approval (spec.approvals) before each call, "
+            "e.g. [bash]."
+        ),
+    )
     on_pod_lost: Literal["Recreate", "Fail"] = Field(
         default="Recreate",
         description=(

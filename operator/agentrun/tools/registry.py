@@ -192,6 +192,8 @@ async def open_tools(
                     "which `agentrun run` cannot do"
                 )
             for tool in sandbox_tools(sandbox):
+                if tool.definition.name in spec.sandbox.requires_approval:
+                    tool = _Declared(tool, dataclasses.replace(tool.definition, requires_approval=True))
                 _add(tools, tool, "spec.sandbox")
         for required in spec.required_tools:
             if required not in tools:

@@ -1,12 +1,17 @@
-"""A ToolEnvironment for tests: Secrets from a dict, the cluster given explicitly."""
+"""A ToolEnvironment for tests: Secrets from a dict, the cluster given explicitly; a sandbox that is a
+local directory (the tools' argv run by a real local shell)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.tools.agent_calling import ChildRuns
 from agentrun.tools.environment import KubeConnection
+from agentrun.tools.sandbox.pod_exec import ExecResult
 from agentrun.tools.sandbox.tools import Sandbox
 
 
@@ -33,3 +38,29 @@ class StaticEnvironment:
 
     def sandbox(self, spec: SandboxSpec) -> Sandbox | None:
         return self.sandboxed
+
+
+@dataclass
+class LocalSandbox:
+    """Runs the tools' argv in a local shell, in a workspace and a state directory of its own."""
+
+    root: Path
+    command_timeout_seconds: int = 10
+    output_limit_bytes: int = 2048
+    calls: list[Sequence[str]] = field(default_factory=list)
+
+    @property
+    def working_dir(self) -> str:
+        return str(self.root / "workspace")
+
+    @property
+    def state_dir(self) -> str:
+        return str(self.root / "state")
+
+    async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
+        self.calls.append(argv)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+        return ExecResult(stdout, stderr, process.returncode)

@@ -11,7 +11,7 @@ from agentrun.api.spec import AgentRunSpec
 from agentrun.api.tool_specs import BuiltinToolName
 from agentrun.tools.errors import InvalidToolSpec
 from agentrun.tools.registry import BUILTIN_NAMES, check_tools, open_tools, secret_uses
-from tests.unit.tools.environment import StaticEnvironment
+from tests.unit.tools.environment import LocalSandbox, StaticEnvironment
 
 
 def _spec(tools: list[dict[str, Any]], **extra: Any) -> AgentRunSpec:
@@ -92,3 +92,26 @@ def test_two_mcp_servers_with_the_same_name_are_rejected() -> None:
         InvalidToolSpec, match=r"spec\.tools\[1\]\.mcp\.name: duplicate MCP server name 'docs'"
     ):
         check_tools(_spec([{"mcp": server}, {"mcp": server}]))
+
+
+SANDBOX = {
+    "image": "localhost/agentrun-sandbox:dev",
+    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
+}
+
+
+async def test_a_sandbox_gives_bash_and_the_editor_and_the_ones_named_wait_for_approval(
+    tmp_path: Any,
+) -> None:
+    spec = _spec([], sandbox={**SANDBOX, "requiresApproval": ["bash"]})
+    async with open_tools(spec, StaticEnvironment(sandboxed=LocalSandbox(tmp_path))) as tools:
+        assert sorted(tools) == ["bash", "str_replace_based_edit_tool"]
+        assert tools["bash"].definition.requires_approval
+        assert tools["bash"].definition.api_type == "bash_20250124"
+        assert not tools["str_replace_based_edit_tool"].definition.requires_approval
+
+
+async def test_a_sandbox_where_no_operator_can_start_one_is_a_clear_error() -> None:
+    with pytest.raises(InvalidToolSpec, match=r"spec\.sandbox: a sandbox is a pod the operator starts"):
+        async with open_tools(_spec([], sandbox=SANDBOX), StaticEnvironment()):
+            pass

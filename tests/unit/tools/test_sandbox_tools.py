@@ -10,8 +10,6 @@ exec API, the limits) is proven on the real node (tests/node/test_sandbox.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,34 +18,8 @@ import pytest
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import ToolCall
 from agentrun.tools.sandbox.commands import record_dir
-from agentrun.tools.sandbox.pod_exec import ExecResult
 from agentrun.tools.sandbox.tools import BashTool, TextEditorTool, sandbox_tools
-
-
-@dataclass
-class LocalSandbox:
-    """Runs the tools' argv in a local shell, in a workspace and a state directory of its own."""
-
-    root: Path
-    command_timeout_seconds: int = 10
-    output_limit_bytes: int = 2048
-    calls: list[Sequence[str]] = field(default_factory=list)
-
-    @property
-    def working_dir(self) -> str:
-        return str(self.root / "workspace")
-
-    @property
-    def state_dir(self) -> str:
-        return str(self.root / "state")
-
-    async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
-        self.calls.append(argv)
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
-        return ExecResult(stdout, stderr, process.returncode)
+from tests.unit.tools.environment import LocalSandbox
 
 
 @pytest.fixture
