@@ -130,6 +130,10 @@ def secret_uses(spec: AgentRunSpec) -> list[SecretUse]:
             uses.append(SecretUse(f"spec.tools[{index}].http.headersFrom", entry.http.headers_from))
         if entry.mcp is not None and entry.mcp.headers_from is not None:
             uses.append(SecretUse(f"spec.tools[{index}].mcp.headersFrom", entry.mcp.headers_from))
+    # Read by the kubelet, but waited for like the others: a missing one would stop the pod's start.
+    for index, env in enumerate(spec.sandbox.env if spec.sandbox is not None else []):
+        if env.secret_key_ref is not None:
+            uses.append(SecretUse(f"spec.sandbox.env[{index}].secretKeyRef", env.secret_key_ref))
     return uses
 
 

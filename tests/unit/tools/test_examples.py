@@ -39,3 +39,19 @@ def test_the_kubernetes_example_binds_read_only_rules_to_the_runs_service_accoun
     assert binding["roleRef"]["name"] == documents["Role"]["metadata"]["name"]
     verbs = {verb for rule in documents["Role"]["rules"] for verb in rule["verbs"]}
     assert verbs == {"get", "list"}
+
+
+def test_the_sandbox_example_lets_its_account_start_pods_and_exec_into_them_and_nothing_else() -> None:
+    documents = {d["kind"]: d for d in _documents("sandbox.yaml")}
+    account = documents["AgentRun"]["spec"]["serviceAccountName"]
+    assert documents["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+    granted = {
+        (r, v) for rule in documents["Role"]["rules"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    assert granted == {
+        ("pods", "create"),
+        ("pods", "get"),
+        ("pods", "delete"),
+        ("pods/exec", "get"),
+        ("pods/exec", "create"),
+    }

@@ -115,3 +115,11 @@ async def test_a_sandbox_where_no_operator_can_start_one_is_a_clear_error() -> N
     with pytest.raises(InvalidToolSpec, match=r"spec\.sandbox: a sandbox is a pod the operator starts"):
         async with open_tools(_spec([], sandbox=SANDBOX), StaticEnvironment()):
             pass
+
+
+def test_a_sandbox_env_secret_is_waited_for_like_the_tools_secrets() -> None:
+    env = [{"name": "TOKEN", "secretKeyRef": {"name": "git", "key": "token"}}, {"name": "CI", "value": "1"}]
+    uses = secret_uses(_spec([], sandbox={**SANDBOX, "env": env}))
+    assert [(u.field, u.ref.name, u.ref.key) for u in uses] == [
+        ("spec.sandbox.env[0].secretKeyRef", "git", "token")
+    ]
