@@ -96,7 +96,7 @@ async def test_a_command_past_its_time_limit_is_killed_with_the_processes_it_sta
     output = await BashTool(sandbox).call(
         call("bash", command="(sleep 30; echo late > child) & echo started; sleep 30")
     )
-    assert output.is_error and output.structured["timedOut"]
+    assert output.is_error and output.structured["timedOut"] and output.structured["code"] == "timeout"
     assert output.content.startswith("started\n") and "killed after 1 s" in output.content
     pgrep = await asyncio.create_subprocess_exec("pgrep", "-f", "sleep 3[0]", stdout=asyncio.subprocess.PIPE)
     survivors, _ = await pgrep.communicate()
@@ -165,3 +165,15 @@ async def test_a_replacement_that_is_not_unique_or_a_binary_file_is_a_clear_erro
         await editor.call(call(editor.definition.name, command="view", path="missing.txt"))
     with pytest.raises(ToolError, match="unknown command 'undo_edit'"):
         await editor.call(call(editor.definition.name, command="undo_edit", path="twice.txt"))
+
+
+async def test_a_command_killed_before_its_time_limit_is_told_apart_from_a_timeout(
+    sandbox: LocalSandbox,
+) -> None:
+    output = await BashTool(sandbox).call(call("bash", command="echo big; kill -9 $$"))
+    assert not output.is_error and not output.structured["timedOut"]
+    assert output.content.startswith("big\n")
+    assert output.content.endswith(
+        "[exit code 137: killed by SIGKILL before its time limit, most likely for using more memory "
+        "than the sandbox's limit]"
+    )

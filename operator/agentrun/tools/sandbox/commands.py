@@ -21,7 +21,7 @@ from agentrun.tools.sandbox.pod_exec import ExecResult
 __all__ = ["STATE_DIR", "CommandOutcome", "command_argv", "parse_outcome"]
 
 STATE_DIR = "/agentrun"
-TIMED_OUT = 137  # 128 + SIGKILL: what `timeout -s KILL` exits with
+KILLED = 137  # 128 + SIGKILL: the time limit's kill, or the OOM killer's
 
 # $1 record dir, $2 seconds, $3 output limit (bytes), $4 working dir, $5 the command.
 _SCRIPT = r"""
@@ -31,8 +31,11 @@ if mkdir "$d" 2>/dev/null; then
   mode=ran
   (
     cd "$cwd" || exit 91
+    start=$(date +%s)
     timeout -s KILL "$t" sh -c "$cmd" >"$d/out" 2>"$d/err" </dev/null
-    echo $? >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"
+    rc=$?
+    [ "$rc" = 137 ] && [ $(($(date +%s) - start)) -ge "$t" ] && : >"$d/timedout"
+    echo "$rc" >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"
   ) &
   echo $! >"$d/pid"
   wait
@@ -42,7 +45,8 @@ else
   while [ ! -f "$d/exit" ] && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
 fi
 if [ ! -f "$d/exit" ]; then echo "agentrun $mode unknown"; exit 0; fi
-echo "agentrun $mode $(cat "$d/exit") $(wc -c <"$d/out") $(wc -c <"$d/err")"
+how=exited; [ -f "$d/timedout" ] && how=timedout
+echo "agentrun $mode $(cat "$d/exit") $(wc -c <"$d/out") $(wc -c <"$d/err") $how"
 head -c "$lim" "$d/out"
 head -c "$lim" "$d/err" >&2
 """
@@ -85,10 +89,12 @@ class CommandOutcome:
     stderr: bytes = b""
     stdout_bytes: int = 0  # the whole output's size; more than len(stdout) when it was cut
     stderr_bytes: int = 0
+    timed_out: bool = False  # killed at its time limit (an OOM kill also exits 137, but early)
 
     @property
-    def timed_out(self) -> bool:
-        return self.exit_code == TIMED_OUT
+    def killed(self) -> bool:
+        """Ended by SIGKILL before its time limit: in a sandbox, the kernel's OOM killer."""
+        return self.exit_code == KILLED and not self.timed_out
 
 
 class ScriptFailed(Exception):
@@ -110,4 +116,5 @@ def parse_outcome(result: ExecResult) -> CommandOutcome:
         code, out_bytes, err_bytes = (int(w) for w in words[2:5])
     except ValueError as exc:
         raise ScriptFailed(f"the sandbox answered an unreadable status line: {header[:200]!r}") from exc
-    return CommandOutcome(resumed, code, stdout, result.stderr, out_bytes, err_bytes)
+    timed_out = len(words) > 5 and words[5] == "timedout"
+    return CommandOutcome(resumed, code, stdout, result.stderr, out_bytes, err_bytes, timed_out)

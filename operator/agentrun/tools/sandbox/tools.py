@@ -135,10 +135,20 @@ class BashTool:
                 f"[killed after {self._sandbox.command_timeout_seconds} s, the command's time limit, "
                 "with every process it started]"
             )
+        elif outcome.killed:
+            parts.append(
+                "[exit code 137: killed by SIGKILL before its time limit, most likely for using more "
+                "memory than the sandbox's limit]"
+            )
         elif outcome.exit_code:
             parts.append(f"[exit code {outcome.exit_code}]")
         if outcome.resumed:
             parts.append("[this result was recorded before the operator restarted; the command ran once]")
+        if outcome.timed_out:  # counted as agentrun_tool_calls_total{outcome="timeout"}
+            structured |= {
+                "code": "timeout",
+                "message": f"killed after {self._sandbox.command_timeout_seconds} s",
+            }
         return ToolOutput(
             "\n".join(parts) or "(no output)",
             is_error=outcome.timed_out,
