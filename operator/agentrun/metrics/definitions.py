@@ -236,6 +236,23 @@ class Metrics(QuotaMetrics):
         )
         for decision in DECISIONS:
             self.approvals_decided.labels(decision)
+        self.sandbox_start = Histogram(
+            "agentrun_sandbox_start_seconds",
+            "From creating a run's sandbox pod to its container running (image pull included).",
+            ["namespace"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.sandbox_pods = Counter(
+            "agentrun_sandbox_pods_started",
+            "Sandbox pods started, by why: first (the run's first command) or replaced (one was lost).",
+            ["namespace", "reason"],
+            registry=registry,
+        )
+
+    def sandbox_started(self, namespace: str, seconds: float, *, replaced: bool) -> None:
+        self.sandbox_start.labels(namespace).observe(seconds)
+        self.sandbox_pods.labels(namespace, "replaced" if replaced else "first").inc()
 
     # The process -----------------------------------------------------------------------------------
 

@@ -198,6 +198,9 @@ class AgentRunReconciler:
             children=run.children,
             run_name=run.ref.name,
             resumed=point.state is not None,
+            sandbox_started=lambda seconds, replaced: self.metrics.sandbox_started(
+                run.ref.namespace, seconds, replaced=replaced
+            ),
         )
         operator_key = self.settings.anthropic_api_key
         api_key = await phases.wait_for_secrets(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,8 @@ class RunToolEnvironment:
     run_name: str | None = None
     # The run ran before (resumed): a sandbox pod missing at its first command was lost.
     resumed: bool = False
+    # Told how long each sandbox pod took to start (metrics), and whether it replaced a lost one.
+    sandbox_started: Callable[[float, bool], None] | None = None
     _sandbox: SandboxPod | None = None
 
     def child_runs(self) -> ChildRuns | None:
@@ -74,6 +77,7 @@ class RunToolEnvironment:
                 connection,
                 user=service_account_user(self.namespace, self.service_account_name),
                 resumed=self.resumed,
+                started=self.sandbox_started or _not_counted,
             )
         return self._sandbox
 
@@ -138,3 +142,7 @@ def _remove_later(sandbox: SandboxPod) -> None:
     task = asyncio.get_running_loop().create_task(removing())
     _removals.add(task)
     task.add_done_callback(_removals.discard)
+
+
+def _not_counted(seconds: float, replaced: bool) -> None:
+    """`agentrun run`: no metrics to count a sandbox start in."""

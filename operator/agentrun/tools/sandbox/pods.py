@@ -96,6 +96,7 @@ class SandboxPod:
         *,
         user: str,
         resumed: bool = False,
+        started: Callable[[float, bool], None] = lambda seconds, replaced: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -108,6 +109,7 @@ class SandboxPod:
         self._uid: str | None = None  # the pod this process uses
         self._resumed = resumed  # the run ran before: a missing pod means its workspace was lost
         self._lock = asyncio.Lock()
+        self._started = started  # (seconds to start, whether it replaced a lost one): for metrics
         self._clock = clock
         self._sleep = sleep
         self.started_seconds: float | None = None  # how long the pod took to start, when we started it
@@ -132,9 +134,14 @@ class SandboxPod:
     def _pods(self) -> str:
         return f"/api/v1/namespaces/{quote(self.run.namespace, safe='')}/pods"
 
-    async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
+    async def ensure_running(self) -> None:
+        """The pod this run uses, Running: started (or, once lost, started again) when it is not.
+        Raises ToolError when it cannot be, or when a lost one was replaced (the model is told)."""
         async with self._lock:
             await self._ready()
+
+    async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
+        await self.ensure_running()
         try:
             return await exec_in_pod(
                 self._connection,
@@ -239,8 +246,10 @@ class SandboxPod:
         if status not in (200, 201):
             raise self._api_error(status, answer, "create")
         logger.info("started the sandbox pod %s/%s", self.run.namespace, self.name)
+        replaced = self._uid is not None or self._resumed
         await self._wait_running(answer.get("metadata", {}).get("uid"))
         self.started_seconds = self._clock() - began
+        self._started(self.started_seconds, replaced)
 
     async def _ensure_network_policy(self) -> None:
         path = f"/apis/networking.k8s.io/v1/namespaces/{quote(self.run.namespace, safe='')}/networkpolicies"
