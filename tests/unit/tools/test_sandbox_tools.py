@@ -177,3 +177,15 @@ async def test_a_command_killed_before_its_time_limit_is_told_apart_from_a_timeo
         "[exit code 137: killed by SIGKILL before its time limit, most likely for using more memory "
         "than the sandbox's limit]"
     )
+
+
+async def test_an_edited_script_stays_executable(sandbox: LocalSandbox) -> None:
+    editor = TextEditorTool(sandbox)
+    script = Path(sandbox.working_dir) / "run.sh"
+    await editor.call(call(editor.definition.name, command="create", path="run.sh", file_text="echo one\n"))
+    await BashTool(sandbox).call(call("bash", command="chmod 750 run.sh"))
+    await editor.call(
+        call(editor.definition.name, command="str_replace", path="run.sh", old_str="one", new_str="two")
+    )
+    ran = await BashTool(sandbox).call(call("bash", key="run:toolu_2", command="./run.sh"))
+    assert ran.content == "two\n" and oct(script.stat().st_mode & 0o777) == "0o750"

@@ -220,7 +220,10 @@ class TextEditorTool:
             redirect = ">" if index == 0 else ">>"
             script = f'mkdir -p -- "$(dirname -- "$1")" && printf %s "$2" | base64 -d {redirect} "$1"'
             await self._run(script, temporary, chunk)
-        await self._run('mv -f -- "$1" "$2"', temporary, path)
+        # An edited file keeps its mode (a script stays executable).
+        await self._run(
+            'if [ -e "$2" ]; then chmod --reference="$2" -- "$1"; fi; mv -f -- "$1" "$2"', temporary, path
+        )
 
     async def _view(self, path: str, given: Mapping[str, Any]) -> ToolOutput:
         listing = await self._sandbox.exec(
