@@ -126,19 +126,23 @@ bench: $(VENV)/.bench-installed
 e2e: $(STAMP) tools
 	$(PYTEST) --real-cluster $(or $(K),tests/integration)
 
-# The node tier: the image built from the Dockerfile and imported into the real node (REAL_NODE_TOOLS: the
-# real-node recipe's folder; E2E_BUILD=0 uses an E2E_IMAGE already on the node), then tests/node with
-# the chart's operator in pods. K=path::test runs one scenario.
+# The node tier: the images built from the Dockerfile and images/sandbox/Dockerfile and imported into the
+# real node (REAL_NODE_TOOLS: the real-node recipe's folder; E2E_BUILD=0 uses an E2E_IMAGE and an
+# E2E_SANDBOX_IMAGE already on the node), then tests/node with the chart's operator in pods.
+# K=path::test runs one scenario.
 REAL_NODE_TOOLS ?= ../shared/tools/real-node
 REAL_APISERVER_HOME ?= $(HOME)/.real-apiserver
 E2E_IMAGE ?= localhost/agentrun-operator:dev
+E2E_SANDBOX_IMAGE ?= localhost/agentrun-sandbox:dev
 E2E_BUILD ?= 1
 e2e-node: $(STAMP) tools
 	@if [ "$(E2E_BUILD)" = 1 ]; then \
 	  test -x $(REAL_NODE_TOOLS)/image.sh || { echo "e2e-node: no $(REAL_NODE_TOOLS)/image.sh to build the image with; set REAL_NODE_TOOLS, or E2E_BUILD=0 with E2E_IMAGE on the node" >&2; exit 2; }; \
 	  bash $(REAL_NODE_TOOLS)/image.sh $(CURDIR) $(E2E_IMAGE); \
+	  bash scripts/sandbox-image.sh $(REAL_NODE_TOOLS) $(E2E_SANDBOX_IMAGE); \
 	fi
-	AGENTRUN_E2E_IMAGE=$(E2E_IMAGE) \
+	AGENTRUN_E2E_IMAGE=$(E2E_IMAGE) AGENTRUN_E2E_SANDBOX_IMAGE=$(E2E_SANDBOX_IMAGE) \
+	AGENTRUN_E2E_REAL_NODE_TOOLS=$(REAL_NODE_TOOLS) \
 	AGENTRUN_E2E_CONTROLLER_MANAGER=$$(test -x $(REAL_APISERVER_HOME)/bin/kube-controller-manager && echo $(REAL_APISERVER_HOME)/bin/kube-controller-manager) \
 	$(BIN)/python -m pytest --real-node -s $(or $(K),tests/node)
 
