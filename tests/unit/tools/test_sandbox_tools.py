@@ -10,6 +10,7 @@ exec API, the limits) is proven on the real node (tests/node/test_sandbox.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import ToolCall
 from agentrun.tools.sandbox.commands import record_dir
+from agentrun.tools.sandbox.pod_exec import ExecResult
 from agentrun.tools.sandbox.tools import BashTool, TextEditorTool, sandbox_tools
 from tests.unit.tools.environment import LocalSandbox
 
@@ -189,3 +191,33 @@ async def test_an_edited_script_stays_executable(sandbox: LocalSandbox) -> None:
     )
     ran = await BashTool(sandbox).call(call("bash", key="run:toolu_2", command="./run.sh"))
     assert ran.content == "two\n" and oct(script.stat().st_mode & 0o777) == "0o750"
+
+
+async def test_a_command_killed_early_takes_what_it_left_running_and_goes_first_when_memory_runs_out(
+    sandbox: LocalSandbox,
+) -> None:
+    bash = BashTool(sandbox)
+    score = await bash.call(call("bash", command="cat /proc/self/oom_score_adj"))
+    assert score.content == "1000\n"  # the OOM killer takes the command, not the shells that record it
+    killed = await bash.call(call("bash", key="run:toolu_2", command="sleep 31 & echo left; kill -9 $$"))
+    assert killed.content.startswith("left\n") and killed.structured["exitCode"] == 137
+    pgrep = await asyncio.create_subprocess_exec("pgrep", "-f", "sleep 3[1]", stdout=asyncio.subprocess.PIPE)
+    survivors, _ = await pgrep.communicate()
+    assert survivors.split() == [], "a process the killed command started survived it"
+
+
+class KilledShellSandbox(LocalSandbox):
+    """A pod whose exec shell the OOM killer took: exit 137, not a byte of the script's answer."""
+
+    async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
+        return ExecResult(b"", b"", 137)
+
+
+async def test_a_sandbox_shell_killed_mid_command_says_the_outcome_is_unknown_not_that_the_image_is_wrong(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ToolError) as raised:
+        await BashTool(KilledShellSandbox(tmp_path)).call(call("bash", command="make"))
+    assert raised.value.code == "sandbox_failed"
+    assert "exit 137" in raised.value.message and "outcome is unknown" in raised.value.hint
+    assert "needs sh and coreutils" not in raised.value.hint

@@ -9,6 +9,14 @@ it recorded, or says the outcome is unknown when the process is gone without a s
 
 Why `timeout -s KILL`: GNU timeout runs the command in a process group of its own and signals the
 whole group, so a command past its limit takes its children with it.
+
+Why the command's processes get an OOM score of 1000, and its group is killed after any SIGKILL:
+on a real node a command past the memory limit is killed by the kernel inside the pod, which picks
+the process with the highest score. Without that, a fork bomb of small processes had the OOM killer
+take the exec's own shell or this script (the call then ended with no record) and leave the bomb's
+processes holding the memory, so every later command was killed at once. The score makes the
+command's processes go first (a process may raise its own score without privileges); the group kill
+then removes what a killed command left running, so the memory is free for the next command.
 """
 
 from __future__ import annotations
@@ -32,9 +40,15 @@ if mkdir "$d" 2>/dev/null; then
   (
     cd "$cwd" || exit 91
     start=$(date +%s)
-    timeout -s KILL "$t" sh -c "$cmd" >"$d/out" 2>"$d/err" </dev/null
+    timeout -s KILL "$t" sh -c 'echo 1000 >/proc/self/oom_score_adj 2>/dev/null; exec sh -c "$1"' sh "$cmd" \
+      >"$d/out" 2>"$d/err" </dev/null &
+    group=$!
+    wait "$group"
     rc=$?
-    [ "$rc" = 137 ] && [ $(($(date +%s) - start)) -ge "$t" ] && : >"$d/timedout"
+    if [ "$rc" = 137 ]; then
+      kill -s KILL -- "-$group" 2>/dev/null
+      [ $(($(date +%s) - start)) -ge "$t" ] && : >"$d/timedout"
+    fi
     echo "$rc" >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"
   ) &
   echo $! >"$d/pid"
@@ -98,7 +112,11 @@ class CommandOutcome:
 
 
 class ScriptFailed(Exception):
-    """The pod did not run the script as expected (no sh, no coreutils, a full disk)."""
+    """The pod did not run the script as expected (no sh, no coreutils, a full disk, the OOM killer)."""
+
+    def __init__(self, message: str, hint: str = "the sandbox image needs sh and coreutils") -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 def parse_outcome(result: ExecResult) -> CommandOutcome:
@@ -106,9 +124,14 @@ def parse_outcome(result: ExecResult) -> CommandOutcome:
     words = header.decode("ascii", "replace").split()
     if len(words) < 3 or words[0] != "agentrun" or words[1] not in ("ran", "resumed"):
         said = (result.stderr or result.stdout)[:500].decode("utf-8", "replace").strip()
-        raise ScriptFailed(
-            f"the sandbox could not run the command (exit {result.exit_code}): {said or 'no output'}"
-        )
+        message = f"the sandbox could not run the command (exit {result.exit_code}): {said or 'no output'}"
+        if result.exit_code == KILLED:
+            raise ScriptFailed(
+                message,
+                hint="the shell that runs commands in the sandbox was killed, most likely for lack of "
+                "memory: the command's outcome is unknown; check what it did before running it again",
+            )
+        raise ScriptFailed(message)
     resumed = words[1] == "resumed"
     if words[2] == "unknown":
         return CommandOutcome(resumed=resumed, exit_code=None)

@@ -109,9 +109,7 @@ class BashTool:
         try:
             outcome = parse_outcome(result)
         except ScriptFailed as exc:
-            raise ToolError(
-                "sandbox_failed", str(exc), hint="the sandbox image needs sh and coreutils"
-            ) from None
+            raise ToolError("sandbox_failed", str(exc), hint=exc.hint) from None
         return self._output(outcome, time.monotonic() - started)
 
     def _output(self, outcome: CommandOutcome, seconds: float) -> ToolOutput:
