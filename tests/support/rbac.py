@@ -29,7 +29,7 @@ import dataclasses
 import os
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,11 +210,13 @@ async def grant_service_account(
     *,
     probe: str,
     namespace: str | None = None,
+    probe_answers: Collection[int] = (200,),
 ) -> str:
     """A ServiceAccount allowed ``rules`` in its namespace (a Role and a RoleBinding); its user name.
 
     Returns once the server authorizes with the new binding: ``probe``, a path the rules allow,
-    answers 200 to a request impersonating the account (a real server's RBAC cache lags writes).
+    answers 200 (or one of ``probe_answers``: 404 for an object ``get`` may read that does not exist)
+    to a request impersonating the account (a real server's RBAC cache lags writes).
     """
     namespace = namespace or cluster.namespace
     user = f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"
@@ -250,7 +252,7 @@ async def grant_service_account(
         lambda: cluster.status_of("GET", probe, headers={"Impersonate-User": user}),
         f"{user} to be allowed to GET {probe}",
         30,
-        done=lambda answer: answer[0] == 200,
+        done=lambda answer: answer[0] in probe_answers,
         every=0.2,
     )
     return user
