@@ -19,8 +19,12 @@ from agentrun.api.spec_base import DNS_LABEL_PATTERN, SecretKeyRef, SpecModel
 #: versioned types require (bash_20250124, text_editor_20250728).
 SANDBOX_TOOL_NAMES = ("bash", "str_replace_based_edit_tool")
 
-#: The Kubernetes quantity grammar (resource.Quantity), as the API server checks it.
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+#: A Kubernetes quantity (resource.Quantity) that is not negative: a number, then a binary suffix
+#: (Ki … Ei), a decimal one (n, u, m, k, M … E) or an exponent of at most two digits (e3). The
+#: grammar agentrun.quotas.quantities reads exactly when it counts sandboxes against AgentRunQuotas:
+#: what passes the CRD can be counted, and "1.2.3" or "5mk" are refused when applied, not met
+#: later by a quota or the kubelet.
+QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]{1,2})?$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 
