@@ -13,6 +13,7 @@ import yaml
 from agentrun.api.crd import quota_crd, quota_crd_yaml
 from agentrun.api.quota import HARD_FIELDS, PER_RUN_FIELDS, AgentRunQuotaSpec, AgentRunQuotaStatus
 from agentrun.api.reference import reference_markdown
+from agentrun.api.sandbox_spec import QUANTITY_PATTERN
 from agentrun.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,8 +126,19 @@ def test_the_spec_holds_the_contracts_limits_with_their_bounds() -> None:
     assert spec["window"]["enum"] == ["Hour", "Day", "Month"] and spec["window"]["default"] == "Day"
     hard = spec["hard"]["properties"]
     assert list(hard) == list(HARD_FIELDS)
-    assert [hard[name]["type"] for name in HARD_FIELDS] == ["integer", "integer", "integer", "number"]
-    assert all(hard[name]["minimum"] == 0 for name in HARD_FIELDS)
+    assert [hard[name]["type"] for name in HARD_FIELDS] == [
+        "integer",
+        "integer",
+        "integer",
+        "number",
+        "integer",
+        "string",
+        "string",
+    ]
+    numbers = [name for name in HARD_FIELDS if hard[name]["type"] != "string"]
+    assert all(hard[name]["minimum"] == 0 for name in numbers)
+    # Quantities: the API server refuses what the quota could not count (a sign, "1.2.3", "5mk").
+    assert hard["sandboxCPU"]["pattern"] == hard["sandboxMemory"]["pattern"] == QUANTITY_PATTERN
     per_run = spec["perRun"]["properties"]
     assert list(per_run) == list(PER_RUN_FIELDS)
     assert per_run["costBudgetUSD"]["properties"]["max"]["exclusiveMinimum"] is True

@@ -13,13 +13,22 @@ from typing import Self
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
+from agentrun.api.sandbox_spec import QUANTITY_PATTERN
 from agentrun.api.spec_base import SpecModel
 from agentrun.api.status import StatusModel
 
 #: The limits a quota can cap and default on each run, by their name under spec.limits.
 PER_RUN_FIELDS = ("tokenBudget", "costBudgetUSD", "maxIterations", "timeoutSeconds")
-#: The hard limits of a window (and concurrentRuns), by their name under spec.hard.
-HARD_FIELDS = ("concurrentRuns", "runs", "tokens", "costUSD")
+#: The hard limits of a window (and concurrentRuns and the sandboxes'), by their name under spec.hard.
+HARD_FIELDS = (
+    "concurrentRuns",
+    "runs",
+    "tokens",
+    "costUSD",
+    "concurrentSandboxes",
+    "sandboxCPU",
+    "sandboxMemory",
+)
 
 MAX_ITERATIONS = 10_000
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
@@ -59,6 +68,34 @@ class QuotaHard(SpecModel):
         description=(
             "US dollars within the window, priced by the operator's price table, counting what model "
             "requests in flight may still spend; a request that does not fit is not sent."
+        ),
+    )
+    concurrent_sandboxes: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Runs with a sandbox (spec.sandbox) admitted and not finished at the same time; further runs "
+            "with a sandbox wait in Pending. Runs without one are not counted."
+        ),
+    )
+    sandbox_cpu: str | None = Field(
+        default=None,
+        alias="sandboxCPU",
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description=(
+            "Sum of the CPU limits (spec.sandbox.resources.limits.cpu) of the admitted runs with a "
+            "sandbox, a quantity such as 4 or 1500m; a run whose sandbox does not fit waits in Pending."
+        ),
+    )
+    sandbox_memory: str | None = Field(
+        default=None,
+        alias="sandboxMemory",
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description=(
+            "Sum of the memory limits (spec.sandbox.resources.limits.memory) of the admitted runs with "
+            "a sandbox, a quantity such as 8Gi; a run whose sandbox does not fit waits in Pending."
         ),
     )
 
@@ -186,6 +223,21 @@ class QuotaUsed(StatusModel):
         alias="costUSD",
         description="US dollars of settled model requests within the window, as a decimal string.",
     )
+    # The sandbox counts are written only by a quota that limits sandboxes or holds one (as a
+    # ResourceQuota shows what it limits), so the status of every other quota keeps its shape.
+    concurrent_sandboxes: int | None = Field(
+        default=None, description="Runs with a sandbox admitted and not finished."
+    )
+    sandbox_cpu: str | None = Field(
+        default=None,
+        alias="sandboxCPU",
+        description="CPU limits of the sandboxes of those runs, summed, as a Kubernetes quantity.",
+    )
+    sandbox_memory: str | None = Field(
+        default=None,
+        alias="sandboxMemory",
+        description="Memory limits of the sandboxes of those runs, summed, as a Kubernetes quantity.",
+    )
 
 
 class QuotaReserved(StatusModel):
@@ -212,6 +264,24 @@ class QuotaSummary(StatusModel):
         alias="costUSD",
         description="US dollars used and reserved within the window, against the limit.",
     )
+    concurrent_sandboxes: str | None = Field(
+        default=None, description="Runs with a sandbox admitted and not finished, against the limit."
+    )
+    sandbox_cpu: str | None = Field(
+        default=None, alias="sandboxCPU", description="CPU limits of admitted sandboxes, against the limit."
+    )
+    sandbox_memory: str | None = Field(
+        default=None,
+        alias="sandboxMemory",
+        description="Memory limits of admitted sandboxes, against the limit.",
+    )
+
+
+class QuotaAdmittedSandbox(StatusModel):
+    """The sandbox an admitted run holds, by its limits (what the sandbox limits count)."""
+
+    cpu: str = Field(description="Its CPU limit, as a Kubernetes quantity.")
+    memory: str = Field(description="Its memory limit, as a Kubernetes quantity.")
 
 
 class QuotaAdmission(StatusModel):
@@ -220,6 +290,10 @@ class QuotaAdmission(StatusModel):
     uid: str = Field(description="UID of the AgentRun.")
     name: str = Field(description="Name of the AgentRun.")
     at: str = Field(description="When it was admitted (RFC 3339).")
+    sandbox: QuotaAdmittedSandbox | None = Field(
+        default=None,
+        description="Its sandbox, if it has one (counted in concurrentSandboxes, sandboxCPU, sandboxMemory).",
+    )
 
 
 class QuotaReservation(StatusModel):
@@ -288,7 +362,8 @@ class AgentRunQuotaStatus(StatusModel):
         default_factory=QuotaSummary, description="Used against hard, for `kubectl get agentrunquota`."
     )
     admitted: list[QuotaAdmission] = Field(
-        default_factory=list, description="Runs admitted and not finished (concurrentRuns)."
+        default_factory=list,
+        description="Runs admitted and not finished (concurrentRuns), with their sandboxes.",
     )
     reservations: list[QuotaReservation] = Field(
         default_factory=list, description="Reservations outstanding, one per model request in flight."

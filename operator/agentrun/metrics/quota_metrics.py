@@ -13,7 +13,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-QUOTA_RESOURCES = ("concurrentRuns", "runs", "tokens", "costUSD")
+from agentrun.quotas.quantities import QuantityError, parse_quantity
+
+QUOTA_RESOURCES = (
+    "concurrentRuns",
+    "runs",
+    "tokens",
+    "costUSD",
+    "concurrentSandboxes",
+    "sandboxCPU",
+    "sandboxMemory",
+)
 RESERVED_RESOURCES = ("tokens", "costUSD")
 QUOTA_STAGES = ("admission", "request", "spec")
 
@@ -23,7 +33,8 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 
 def _amount(value: object) -> float | None:
-    """A count or a decimal string ("0.123456", as the ledger writes dollars); None if it is neither."""
+    """A count, a decimal string ("0.123456", as the ledger writes dollars) or a Kubernetes quantity
+    ("1500m" cores, "8Gi" bytes, as it writes sandbox CPU and memory); None if it is none of them."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int | float | Decimal):
@@ -32,7 +43,10 @@ def _amount(value: object) -> float | None:
         try:
             amount = Decimal(value.strip())
         except ArithmeticError:
-            return None
+            try:
+                amount = parse_quantity(value.strip())
+            except QuantityError:
+                return None
         return float(amount) if amount.is_finite() else None
     return None
 
@@ -54,13 +68,15 @@ class QuotaMetrics:
         labels = ["namespace", "quota", "resource"]
         self.quota_hard = Gauge(
             "agentrun_quota_hard",
-            "Hard limit of an AgentRunQuota (costUSD in US dollars); no series for an unlimited resource.",
+            "Hard limit of an AgentRunQuota (costUSD in US dollars, sandboxCPU in cores, sandboxMemory in "
+            "bytes); no series for an unlimited resource.",
             labels,
             registry=registry,
         )
         self.quota_used = Gauge(
             "agentrun_quota_used",
-            "Usage an AgentRunQuota counts: concurrentRuns now, runs/tokens/costUSD in its window.",
+            "Usage an AgentRunQuota counts: concurrentRuns and the sandboxes' (count, CPU cores, memory "
+            "bytes) now, runs/tokens/costUSD in its window.",
             labels,
             registry=registry,
         )

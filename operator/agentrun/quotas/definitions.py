@@ -15,6 +15,7 @@ from typing import Any
 
 from agentrun.api.quota import PER_RUN_FIELDS
 from agentrun.quotas.formats import parse_decimal
+from agentrun.quotas.quantities import QuantityError, parse_quantity
 from agentrun.quotas.windows import Window
 
 #: Per-run limits counted in dollars (all others are whole numbers).
@@ -33,6 +34,10 @@ class Hard:
     runs: int | None = None
     tokens: int | None = None
     cost_usd: Decimal | None = None
+    concurrent_sandboxes: int | None = None
+    #: Cores and bytes (exact), summed over the sandbox limits of the admitted runs.
+    sandbox_cpu: Decimal | None = None
+    sandbox_memory: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class QuotaDefinition:
             runs=_whole(hard, "runs", 0, f"{label}: spec.hard"),
             tokens=_whole(hard, "tokens", 0, f"{label}: spec.hard"),
             cost_usd=_dollars(hard, "costUSD", f"{label}: spec.hard", positive=False),
+            concurrent_sandboxes=_whole(hard, "concurrentSandboxes", 0, f"{label}: spec.hard"),
+            sandbox_cpu=_quantity(hard, "sandboxCPU", f"{label}: spec.hard"),
+            sandbox_memory=_quantity(hard, "sandboxMemory", f"{label}: spec.hard"),
         )
         per_run_spec = _mapping(spec.get("perRun"))
         per_run = {field: _per_run(per_run_spec, field, f"{label}: spec.perRun") for field in PER_RUN_FIELDS}
@@ -104,6 +112,16 @@ def _dollars(values: Mapping[str, Any], key: str, where: str, *, positive: bool)
         bound = "> 0" if positive else ">= 0"
         raise QuotaSpecError(f"{where}.{key} must be a number of US dollars {bound}, got {raw!r}")
     return amount
+
+
+def _quantity(values: Mapping[str, Any], key: str, where: str) -> Decimal | None:
+    raw = values.get(key)
+    if raw is None:
+        return None
+    try:
+        return parse_quantity(raw)
+    except QuantityError as exc:
+        raise QuotaSpecError(f"{where}.{key}: {exc}") from None
 
 
 def _per_run(per_run: Mapping[str, Any], field: str, where: str) -> PerRunLimit:

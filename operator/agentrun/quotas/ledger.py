@@ -23,6 +23,7 @@ from typing import Any
 from agentrun.api.quota import (
     AgentRunQuotaStatus,
     QuotaAdmission,
+    QuotaAdmittedSandbox,
     QuotaBucket,
     QuotaLost,
     QuotaRefusals,
@@ -42,6 +43,7 @@ from agentrun.quotas.definitions import (
 from agentrun.quotas.formats import cents_text, decimal_text, to_second, utc
 from agentrun.quotas.loading import load_state
 from agentrun.quotas.outcomes import Admitted, Blocked, Reserved
+from agentrun.quotas.quantities import cpu_text, memory_text
 from agentrun.quotas.records import (
     ZERO,
     AdmittedRun,
@@ -49,6 +51,7 @@ from agentrun.quotas.records import (
     Lost,
     Refused,
     Reservation,
+    SandboxUse,
     Tally,
 )
 from agentrun.quotas.windows import Window, bucket_expiry, bucket_start, counts, window_start
@@ -62,6 +65,7 @@ __all__ = [
     "QuotaDefinition",
     "QuotaSpecError",
     "Reserved",
+    "SandboxUse",
     "Window",
 ]
 
@@ -90,6 +94,13 @@ class Ledger:
         held = self._state.reservations.values()
         return Tally(tokens=sum(r.tokens for r in held), cost_usd=sum((r.cost_usd for r in held), ZERO))
 
+    def sandboxes(self) -> tuple[int, SandboxUse]:
+        """How many admitted runs hold a sandbox, and their CPU and memory limits summed."""
+        held = [a.sandbox for a in self._state.admitted.values() if a.sandbox is not None]
+        return len(held), SandboxUse(
+            cpu=sum((s.cpu for s in held), ZERO), memory=sum((s.memory for s in held), ZERO)
+        )
+
     def uids(self) -> set[str]:
         """Runs with an admission or a reservation here: what the quota reconciler checks are alive."""
         return set(self._state.admitted) | {uid for uid, _ in self._state.reservations}
@@ -101,6 +112,10 @@ class Ledger:
         state = self._state
         state.buckets = {s: u for s, u in state.buckets.items() if counts(window, s, now) and not u.empty}
         used, reserved, hard = self.used(now), self.reserved(), self.definition.hard
+        sandboxes, sandbox_use = self.sandboxes()
+        shown = sandboxes > 0 or any(
+            limit is not None for limit in (hard.concurrent_sandboxes, hard.sandbox_cpu, hard.sandbox_memory)
+        )
         status = AgentRunQuotaStatus(
             observed_generation=generation,
             window_start=rfc3339(window_start(window, now)),
@@ -109,6 +124,9 @@ class Ledger:
                 runs=used.runs,
                 tokens=used.tokens,
                 costUSD=decimal_text(used.cost_usd),
+                concurrent_sandboxes=sandboxes if shown else None,
+                sandboxCPU=cpu_text(sandbox_use.cpu) if shown else None,
+                sandboxMemory=memory_text(sandbox_use.memory) if shown else None,
             ),
             reserved=QuotaReserved(tokens=reserved.tokens, costUSD=decimal_text(reserved.cost_usd)),
             summary=QuotaSummary(
@@ -116,10 +134,13 @@ class Ledger:
                 runs=_summary(str(used.runs), hard.runs),
                 tokens=_summary(str(used.tokens), hard.tokens),
                 costUSD=_summary(cents_text(used.cost_usd, below=hard.cost_usd), hard.cost_usd),
+                concurrent_sandboxes=_summary(str(sandboxes), hard.concurrent_sandboxes) if shown else None,
+                sandboxCPU=_quantity_summary(sandbox_use.cpu, hard.sandbox_cpu, cpu_text) if shown else None,
+                sandboxMemory=(
+                    _quantity_summary(sandbox_use.memory, hard.sandbox_memory, memory_text) if shown else None
+                ),
             ),
-            admitted=[
-                QuotaAdmission(uid=a.uid, name=a.name, at=rfc3339(a.at)) for a in state.admitted.values()
-            ],
+            admitted=[_admission(a) for a in state.admitted.values()],
             reservations=[_reservation(r) for r in state.reservations.values()],
             buckets=[
                 QuotaBucket(start=rfc3339(s), runs=u.runs, tokens=u.tokens, costUSD=decimal_text(u.cost_usd))
@@ -132,7 +153,8 @@ class Ledger:
             ),
             refused=QuotaRefusals(runs=state.refused.runs, requests=state.refused.requests),
         )
-        # Only observedGeneration may be None (a ledger written before the quota's generation is known).
+        # None is left out: observedGeneration before the quota's generation is known, the sandbox
+        # counts of a quota that neither limits nor holds a sandbox, an admission without a sandbox.
         return status.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     # Runs ---------------------------------------------------------------------------------------
@@ -145,20 +167,22 @@ class Ledger:
         *,
         need_tokens: int = 0,
         need_cost_usd: Decimal = ZERO,
+        sandbox: SandboxUse | None = None,
     ) -> Admitted | Blocked:
         """Count the run in concurrentRuns and the window's runs, if every limit has room.
 
         ``need_*``: the least the run's first request can reserve. A run admitted without room for
-        it would only end QuotaExceeded at once; it waits for the window instead. A run already
-        admitted (a resumed one, or a change applied again after a conflict) is admitted again
-        without counting twice. Blocked changes nothing.
+        it would only end QuotaExceeded at once; it waits for the window instead. ``sandbox``: the
+        limits of the run's sandbox, counted while it is admitted (a run without one, None, is not
+        held back by the sandbox limits). A run already admitted (a resumed one, or a change applied
+        again after a conflict) is admitted again without counting twice. Blocked changes nothing.
         """
         if uid in self._state.admitted:
             return Admitted()
-        blocked = self._admission_blocked(now, Tally(tokens=need_tokens, cost_usd=need_cost_usd))
+        blocked = self._admission_blocked(now, Tally(tokens=need_tokens, cost_usd=need_cost_usd), sandbox)
         if blocked is not None:
             return blocked
-        self._state.admitted[uid] = AdmittedRun(uid=uid, name=name, at=to_second(now))
+        self._state.admitted[uid] = AdmittedRun(uid=uid, name=name, at=to_second(now), sandbox=sandbox)
         self._book(now, Tally(runs=1))
         return Admitted()
 
@@ -264,12 +288,16 @@ class Ledger:
 
     # Inside -------------------------------------------------------------------------------------
 
-    def _admission_blocked(self, now: dt.datetime, need: Tally) -> Blocked | None:
+    def _admission_blocked(self, now: dt.datetime, need: Tally, sandbox: SandboxUse | None) -> Blocked | None:
         label, window, hard = self.definition.label, self.definition.window, self.definition.hard
         running = len(self._state.admitted)
         if hard.concurrent_runs is not None and running >= hard.concurrent_runs:
             message = messages.concurrent_runs_full(label, running, hard.concurrent_runs)
             return Blocked("concurrentRuns", message, None)
+        if sandbox is not None:
+            blocked = self._sandbox_blocked(sandbox)
+            if blocked is not None:
+                return blocked
         used, reserved = self.used(now), self.reserved()
         if hard.runs is not None and used.runs >= hard.runs:
             runs_hard = hard.runs
@@ -292,6 +320,30 @@ class Ledger:
                 label, limit, window, read(used), held, limit_hard, room_at, need=needed
             )
             return Blocked(limit, message, room_at)
+        return None
+
+    def _sandbox_blocked(self, sandbox: SandboxUse) -> Blocked | None:
+        """concurrentSandboxes, sandboxCPU, sandboxMemory: room comes only when a run with a sandbox
+        ends (no time to promise); a sandbox bigger than a whole limit never fits (final)."""
+        label, hard = self.definition.label, self.definition.hard
+        holding, held = self.sandboxes()
+        if hard.concurrent_sandboxes is not None and holding >= hard.concurrent_sandboxes:
+            message = messages.concurrent_sandboxes_full(label, holding, hard.concurrent_sandboxes)
+            return Blocked("concurrentSandboxes", message, None)
+        shares = (
+            ("sandboxCPU", held.cpu, sandbox.cpu, hard.sandbox_cpu, cpu_text),
+            ("sandboxMemory", held.memory, sandbox.memory, hard.sandbox_memory, memory_text),
+        )
+        for limit, used, need, limit_hard, text in shares:
+            if limit_hard is None or used + need <= limit_hard:
+                continue
+            if need > limit_hard:
+                message = messages.sandbox_too_big(label, limit, text(limit_hard), text(need))
+                return Blocked(limit, message, None, final=True)
+            message = messages.sandbox_share_full(
+                label, limit, text(used), holding, text(limit_hard), text(need)
+            )
+            return Blocked(limit, message, None)
         return None
 
     def _room_at(self, now: dt.datetime, fits: Callable[[Tally], bool]) -> dt.datetime | None:
@@ -355,6 +407,23 @@ def _summary(used: str, hard: Amount | None) -> str:
     if hard is None:
         return used
     return f"{used}/{hard if isinstance(hard, int) else decimal_text(hard)}"
+
+
+def _quantity_summary(used: Decimal, hard: Decimal | None, text: Callable[[Decimal], str]) -> str:
+    return text(used) if hard is None else f"{text(used)}/{text(hard)}"
+
+
+def _admission(admitted: AdmittedRun) -> QuotaAdmission:
+    """One admission as status.admitted lists it, with its sandbox's limits when it holds one."""
+    sandbox = admitted.sandbox
+    return QuotaAdmission(
+        uid=admitted.uid,
+        name=admitted.name,
+        at=rfc3339(admitted.at),
+        sandbox=None
+        if sandbox is None
+        else QuotaAdmittedSandbox(cpu=cpu_text(sandbox.cpu), memory=memory_text(sandbox.memory)),
+    )
 
 
 def _reservation(held: Reservation) -> QuotaReservation:

@@ -7,6 +7,8 @@ whether anything was lost, and what was lost is booked again:
 
 * admissions without a uid, or missing from the list, become placeholders ("unaccounted-…") that
   count against concurrentRuns until the quota reconciler releases them (no run has such a uid);
+  sandboxes missing from the admissions (status.used.concurrentSandboxes, sandboxCPU and
+  sandboxMemory say more than the entries hold) go to such placeholders the same way;
 * reservations that cannot be read become one placeholder reservation, charged in full when the
   reconciler collects it;
 * window usage the buckets lost goes into the bucket of the previous write, so it expires no
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Container, Mapping
+from decimal import Decimal
 from typing import Any
 
 from agentrun.api.times import parse_time
 from agentrun.quotas.definitions import Hard, QuotaDefinition
 from agentrun.quotas.formats import parse_count, parse_decimal, to_second, utc
+from agentrun.quotas.quantities import QuantityError, parse_quantity
 from agentrun.quotas.records import (
     ZERO,
     AdmittedRun,
@@ -32,6 +36,7 @@ from agentrun.quotas.records import (
     Lost,
     Refused,
     Reservation,
+    SandboxUse,
     Tally,
 )
 from agentrun.quotas.windows import Window, bucket_start, counts, written_at
@@ -50,7 +55,7 @@ def load_state(
     recorded_start = parse_time(status.get("windowStart"))
     compare_at, place_at = written_at(definition.window, recorded_start) if recorded_start else (now, now)
     compare_at, place_at = min(compare_at, now), min(place_at, now)
-    _load_admitted(state, status.get("admitted"), used.get("concurrentRuns"), definition.hard, now)
+    _load_admitted(state, status.get("admitted"), used, definition.hard, now)
     _load_reservations(
         state, status.get("reservations"), _mapping(status.get("reserved")), definition.hard, now
     )
@@ -100,8 +105,11 @@ def _target(recorded: int | None, damaged: bool, hard: int | None) -> int | None
     return hard if damaged else None
 
 
-def _load_admitted(state: LedgerState, raw: object, recorded: object, hard: Hard, now: dt.datetime) -> None:
+def _load_admitted(
+    state: LedgerState, raw: object, used: Mapping[str, Any], hard: Hard, now: dt.datetime
+) -> None:
     entries, damaged = _entries(raw)
+    sandboxes_damaged = damaged
     for item in entries:
         uid = _text(item.get("uid"))
         if uid is None:
@@ -110,11 +118,68 @@ def _load_admitted(state: LedgerState, raw: object, recorded: object, hard: Hard
         if uid in state.admitted:
             continue
         at = parse_time(item.get("at")) or now
-        state.admitted[uid] = AdmittedRun(uid=uid, name=_text(item.get("name")) or "", at=to_second(at))
-    target = _target(parse_count(recorded), damaged, hard.concurrent_runs)
+        sandbox, unreadable = _sandbox(item.get("sandbox"))
+        sandboxes_damaged |= unreadable
+        state.admitted[uid] = AdmittedRun(
+            uid=uid, name=_text(item.get("name")) or "", at=to_second(at), sandbox=sandbox
+        )
+    target = _target(parse_count(used.get("concurrentRuns")), damaged, hard.concurrent_runs)
     while target is not None and len(state.admitted) < target:
         uid = _free_key(state.admitted, f"{UNACCOUNTED}-admission")
         state.admitted[uid] = AdmittedRun(uid=uid, name="", at=to_second(now))
+    _load_sandboxes(state, used, damaged or sandboxes_damaged, hard, now)
+
+
+def _sandbox(raw: object) -> tuple[SandboxUse | None, bool]:
+    """An admission's sandbox, and whether any of it was unreadable (then counted as 0 here, and made
+    up from the recorded totals)."""
+    if raw is None:
+        return None, False
+    entry = _mapping(raw)
+    cpu, memory = _quantity(entry.get("cpu")), _quantity(entry.get("memory"))
+    return SandboxUse(cpu=cpu or ZERO, memory=memory or ZERO), cpu is None or memory is None
+
+
+def _quantity(raw: object) -> Decimal | None:
+    try:
+        return parse_quantity(raw)
+    except QuantityError:
+        return None
+
+
+def _load_sandboxes(
+    state: LedgerState, used: Mapping[str, Any], damaged: bool, hard: Hard, now: dt.datetime
+) -> None:
+    """Sandboxes the recorded totals count and the admissions do not hold go to placeholders: first
+    to those that stand for lost admissions, then to new ones."""
+    held = [a.sandbox for a in state.admitted.values() if a.sandbox is not None]
+    want_count = _target(parse_count(used.get("concurrentSandboxes")), damaged, hard.concurrent_sandboxes)
+    want_cpu = _quantity(used.get("sandboxCPU"))
+    want_memory = _quantity(used.get("sandboxMemory"))
+    if damaged:
+        want_cpu = hard.sandbox_cpu if want_cpu is None else want_cpu
+        want_memory = hard.sandbox_memory if want_memory is None else want_memory
+    missing_count = max(0, (want_count or 0) - len(held))
+    missing = SandboxUse(
+        cpu=max(ZERO, (want_cpu or ZERO) - sum((s.cpu for s in held), ZERO)),
+        memory=max(ZERO, (want_memory or ZERO) - sum((s.memory for s in held), ZERO)),
+    )
+    if not missing_count and not missing.cpu and not missing.memory:
+        return
+    spare = [
+        uid
+        for uid, admitted in state.admitted.items()
+        if uid.startswith(f"{UNACCOUNTED}-admission") and admitted.sandbox is None
+    ]
+    for index in range(max(missing_count, 1)):
+        uid = spare[index] if index < len(spare) else _free_key(state.admitted, f"{UNACCOUNTED}-admission")
+        before = state.admitted.get(uid)
+        state.admitted[uid] = AdmittedRun(
+            uid=uid,
+            name="",
+            at=before.at if before is not None else to_second(now),
+            sandbox=missing if index == 0 else SandboxUse(),
+        )
 
 
 def _load_reservations(

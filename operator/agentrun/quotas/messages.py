@@ -37,6 +37,40 @@ def concurrent_runs_full(label: str, running: int, hard: int) -> str:
     )
 
 
+def concurrent_sandboxes_full(label: str, holding: int, hard: int) -> str:
+    if hard == 0:
+        return f"quota {label}: concurrentSandboxes limit is 0 (no run with a sandbox); room expected {NEVER}"
+    return (
+        f"quota {label}: concurrentSandboxes limit {hard} reached ({_sandboxes(holding)} running); "
+        f"room expected when one of the {_runs_with_sandbox(holding)} ends"
+    )
+
+
+def sandbox_share_full(label: str, limit: str, used: str, holding: int, hard: str, need: str) -> str:
+    """sandboxCPU or sandboxMemory: the sandboxes admitted leave less than this run's sandbox needs."""
+    return (
+        f"quota {label}: {limit} limit {hard} has room for less than this run's sandbox ({need}): "
+        f"{used} held by {_sandboxes(holding)} running; room expected when one of the "
+        f"{_runs_with_sandbox(holding)} ends"
+    )
+
+
+def sandbox_too_big(label: str, limit: str, hard: str, need: str) -> str:
+    """A sandbox whose limit alone passes the quota's: it can never be admitted."""
+    return (
+        f"quota {label}: {limit} limit {hard} is less than this run's sandbox limit ({need}) "
+        f"alone; room expected {NEVER}"
+    )
+
+
+def _sandboxes(count: int) -> str:
+    return f"{count} sandbox" + ("" if count == 1 else "es")
+
+
+def _runs_with_sandbox(count: int) -> str:
+    return f"{count} run{'' if count == 1 else 's'} with a sandbox"
+
+
 def runs_full(label: str, window: Window, used: int, hard: int, room_at: dt.datetime | None) -> str:
     return (
         f"quota {label}: runs limit {hard} reached ({used} started in {describe(window)}); "

@@ -5,6 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+#: The limits only a run with a sandbox is held back by (a run without one neither counts nor waits).
+SANDBOX_LIMITS = frozenset({"concurrentSandboxes", "sandboxCPU", "sandboxMemory"})
+
 
 @dataclass(frozen=True)
 class Admitted:
@@ -18,12 +21,12 @@ class Reserved:
 
 @dataclass(frozen=True)
 class Blocked:
-    #: concurrentRuns | runs | tokens | costUSD
+    #: concurrentRuns | runs | tokens | costUSD | concurrentSandboxes | sandboxCPU | sandboxMemory
     limit: str
     #: Names the quota "<namespace>/<name>", the limit, the usage and when room is expected.
     message: str
     #: When the window's usage frees enough; None when unknown (runs ending, requests settling).
     room_at: dt.datetime | None
-    #: Reservations only. True: the request does not fit even if every request in flight settled
-    #: to nothing (stop the run). False: it fits once reservations of others settle (wait).
+    #: True: it can never fit (stop the run): a request even if every request in flight settled to
+    #: nothing, a run's first request or its sandbox even in an empty quota. False: wait for room.
     final: bool = False

@@ -33,10 +33,21 @@ class Tally:
 
 
 @dataclass(frozen=True)
+class SandboxUse:
+    """The sandbox an admitted run holds, by its limits: what concurrentSandboxes, sandboxCPU and
+    sandboxMemory count (cores and bytes, exact)."""
+
+    cpu: Decimal = ZERO
+    memory: Decimal = ZERO
+
+
+@dataclass(frozen=True)
 class AdmittedRun:
     uid: str
     name: str
     at: dt.datetime
+    #: None for a run without a sandbox: it counts in concurrentRuns only.
+    sandbox: SandboxUse | None = None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,35 @@ def test_observe_quota_sets_hard_used_reserved_and_lost_from_the_status_and_spec
     assert value(registry, "agentrun_quota_lost_reservations", **q) == 1
 
 
+def test_sandbox_limits_and_use_are_gauges_in_cores_and_bytes() -> None:
+    registry = CollectorRegistry()
+    status = {
+        **STATUS,
+        "used": {
+            **STATUS["used"],
+            "concurrentSandboxes": 2,
+            "sandboxCPU": "1500m",
+            "sandboxMemory": "1536Mi",
+        },
+    }
+    hard = {"concurrentSandboxes": 3, "sandboxCPU": "4", "sandboxMemory": "8Gi"}
+    Metrics(registry).observe_quota("team-a", "boxes", status, hard=hard)
+    q = {"namespace": "team-a", "quota": "boxes"}
+    assert {r: value(registry, "agentrun_quota_hard", **q, resource=r) for r in hard} == {
+        "concurrentSandboxes": 3,
+        "sandboxCPU": 4,
+        "sandboxMemory": 8 * 2**30,
+    }
+    assert {r: value(registry, "agentrun_quota_used", **q, resource=r) for r in hard} == {
+        "concurrentSandboxes": 2,
+        "sandboxCPU": 1.5,
+        "sandboxMemory": 1536 * 2**20,
+    }
+    assert (
+        value(registry, "agentrun_quota_refusals_total", **q, resource="sandboxCPU", stage="admission") == 0
+    )
+
+
 def test_a_resource_without_a_hard_limit_has_no_hard_series_but_its_usage_is_still_shown() -> None:
     registry = CollectorRegistry()
     Metrics(registry).observe_quota("team-a", "tokens-only", STATUS, hard={"tokens": 1000})

@@ -46,6 +46,7 @@ from agentrun.controller.kube_eventing import InvolvedRun, KubeEventSink, RunEve
 from agentrun.controller.quotas.admission import AdmittedSpec, Candidate
 from agentrun.controller.quotas.allowance import RunAllowance
 from agentrun.controller.quotas.control import Quotas
+from agentrun.controller.quotas.limits import sandbox_use
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import KubeRetryPolicy
 from agentrun.loop.clocks import SystemClock
@@ -412,7 +413,7 @@ class AgentRunReconciler:
 
 
 def _candidate(ref: RunObject, spec: AgentRunSpec, prices: PriceTable, priority: int) -> Candidate:
-    """The run as the quota line sees it, with the least room its first request needs."""
+    """The run as the quota line sees it, with the least room its first request needs and its sandbox."""
     floor = first_request_floor(spec.model.name, spec.system_prompt, spec.task, spec.model.max_tokens, prices)
     return Candidate(
         ref.namespace,
@@ -422,4 +423,5 @@ def _candidate(ref: RunObject, spec: AgentRunSpec, prices: PriceTable, priority:
         priority,
         need_tokens=floor.tokens,
         need_cost_usd=floor.cost_usd or Decimal(0),
+        sandbox=sandbox_use(spec),
     )

@@ -4,7 +4,9 @@ A run is admitted when every quota of its namespace has room (the ledger says, q
 until then it stays Pending with reason QuotaExceeded and a message naming the quota, the limit, when
 room is expected, and how many runs of the namespace wait ahead of it. The waiting runs of a
 namespace go in order (spec.priority, highest first, then creationTimestamp, then name): only the
-first asks the ledgers, so a small run cannot overtake a big one forever. They look again on every
+first asks the ledgers, so a small run cannot overtake a big one forever. A run without a sandbox
+does not wait behind runs held back by a sandbox limit alone: it does not compete for what they
+wait for. They look again on every
 change of a quota (watch events, our own writes), when the ledger said room comes, and when the
 run ahead of them leaves.
 
@@ -32,7 +34,8 @@ from agentrun.controller.quotas import limits
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
 from agentrun.metrics.definitions import Metrics
-from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition
+from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition, SandboxUse
+from agentrun.quotas.outcomes import SANDBOX_LIMITS
 from agentrun.quotas.per_run import PerRunViolation
 
 logger = logging.getLogger(__name__)
@@ -55,6 +58,9 @@ class Candidate:
     # only with that much room, so it does not start just to be refused at once.
     need_tokens: int = 0
     need_cost_usd: Decimal = Decimal(0)
+    # The limits of its sandbox (spec.sandbox.resources.limits), counted by the sandbox limits while
+    # it is admitted; None for a run without a sandbox, which those limits do not hold back.
+    sandbox: SandboxUse | None = None
 
     def order(self) -> tuple[int, str, str, str]:
         return (-self.priority, self.created, self.name, self.uid)
@@ -117,6 +123,8 @@ class Announcements:
 class _Queue:
     waiting: list[Candidate] = field(default_factory=list)
     moved: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Runs whose last look found a sandbox limit full (concurrentSandboxes, sandboxCPU, sandboxMemory).
+    sandbox_bound: set[str] = field(default_factory=set)
 
     def enter(self, run: Candidate) -> None:
         self.waiting.append(run)
@@ -124,6 +132,27 @@ class _Queue:
 
     def leave(self, run: Candidate) -> None:
         self.waiting = [r for r in self.waiting if r.uid != run.uid]
+        self.sandbox_bound.discard(run.uid)
+        self._moved()
+
+    def ahead_of(self, run: Candidate) -> int:
+        """How many runs wait ahead of ``run`` for room it needs too. A run without a sandbox is not
+        held back by the sandbox limits, so runs that only those hold back are not ahead of it."""
+        before = self.waiting[: self.waiting.index(run)]
+        if run.sandbox is not None:
+            return len(before)
+        return sum(1 for other in before if other.uid not in self.sandbox_bound)
+
+    def held_by(self, run: Candidate, limit: str) -> None:
+        """What held ``run`` back on its last look; runs behind it look again when that changes
+        between a sandbox limit and any other (they may pass it now, or must wait behind it)."""
+        bound = limit in SANDBOX_LIMITS
+        if bound == (run.uid in self.sandbox_bound):
+            return
+        if bound:
+            self.sandbox_bound.add(run.uid)
+        else:
+            self.sandbox_bound.discard(run.uid)
         self._moved()
 
     def reprioritise(self, uid: str, priority: int) -> Candidate | None:
@@ -229,9 +258,10 @@ class AdmissionGate:
                 if not objects or all(_admitted_in(obj, run.uid) for obj in objects):
                     return True  # no quota, or a resumed run admitted before: not counted again
                 run = next((r for r in queue.waiting if r.uid == run.uid), run)  # priority changes
-                looked = await self._look(run, queue.waiting.index(run), objects, refused)
+                looked = await self._look(run, queue.ahead_of(run), objects, refused)
                 if not isinstance(looked, HeldBack):
                     return looked
+                queue.held_by(run, looked.cause[1])
                 room_at = await self._announce(looked, said, announce)
                 await self._wait(changed, moved, cancel, room_at)
             return False
@@ -307,6 +337,7 @@ class AdmissionGate:
             int(now.timestamp()),
             run.need_tokens,
             run.need_cost_usd,
+            run.sandbox,
         )
         if fresh:
             known = self._verdicts.get(run.namespace)
@@ -316,7 +347,12 @@ class AdmissionGate:
         for obj in objects:
             ledger = Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now)
             verdict = ledger.admit(
-                run.uid, run.name, now, need_tokens=run.need_tokens, need_cost_usd=run.need_cost_usd
+                run.uid,
+                run.name,
+                now,
+                need_tokens=run.need_tokens,
+                need_cost_usd=run.need_cost_usd,
+                sandbox=run.sandbox,
             )
             if isinstance(verdict, Blocked):
                 found = obj["metadata"]["name"], verdict
@@ -341,6 +377,7 @@ class AdmissionGate:
                         now,
                         need_tokens=run.need_tokens,
                         need_cost_usd=run.need_cost_usd,
+                        sandbox=run.sandbox,
                     ),
                 )
             except QuotaGone:

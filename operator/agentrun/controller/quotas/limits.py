@@ -2,7 +2,7 @@
 
 What the run declares is read from its spec; what the quotas impose is recorded in
 status.quotaLimits, so a resumed run keeps it even if the quotas changed meanwhile, and applied to
-the typed spec the loop uses.
+the typed spec the loop uses. What its sandbox counts against the sandbox limits is read here too.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from agentrun.quotas.per_run import (
     imposed_limits,
     per_run_violation,
 )
+from agentrun.quotas.quantities import parse_quantity
+from agentrun.quotas.records import SandboxUse
 
 
 def declared(spec: AgentRunSpec) -> dict[str, Amount | None]:
@@ -61,3 +63,13 @@ def applied(spec: AgentRunSpec, limits: QuotaLimits | None) -> AgentRunSpec:
     if not update:
         return spec
     return spec.model_copy(update={"limits": spec.limits.model_copy(update=update)})
+
+
+def sandbox_use(spec: AgentRunSpec) -> SandboxUse | None:
+    """What the run's sandbox counts against the sandbox limits: its limits (not its requests), as
+    a ResourceQuota on limits.cpu and limits.memory counts a pod. The CRD's quantity pattern is the
+    grammar parse_quantity reads, so a spec that was admitted always parses."""
+    if spec.sandbox is None:
+        return None
+    limits = spec.sandbox.resources.limits
+    return SandboxUse(cpu=parse_quantity(limits.cpu), memory=parse_quantity(limits.memory))

@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,6 +15,7 @@ from agentrun.controller.quotas.admission import Announcements, Candidate, HeldB
 from agentrun.controller.quotas.control import Quotas
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics
+from agentrun.quotas.ledger import SandboxUse
 from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.clocks import ManualTime
 from tests.support.waiting import until
@@ -133,6 +135,54 @@ async def test_a_waiting_run_whose_priority_is_raised_goes_ahead_of_older_runs(
     await quotas.gate.release("default", later.uid)
     await asyncio.wait_for(asyncio.gather(*waiting), 5)
     assert admitted == ["later", "older"]
+
+
+async def test_a_run_without_a_sandbox_passes_runs_waiting_for_one_and_a_run_with_one_does_not(
+    kube: KubeClient, make_quota: QuotaFactory
+) -> None:
+    await make_quota(hard={"concurrentSandboxes": 1})
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test", announce_interval=0)
+    said: dict[str, str] = {}
+
+    def announcer(name: str) -> Callable[[str, str], Awaitable[None]]:
+        async def announce(reason: str, message: str) -> None:
+            said[name] = f"{reason}: {message}"
+
+        return announce
+
+    box = SandboxUse(cpu=Decimal("0.5"), memory=Decimal(2**27))
+
+    def boxed(name: str, created: str) -> Candidate:
+        return Candidate("default", name, f"uid-{name}", created=created, sandbox=box)
+
+    admitted: list[str] = []
+
+    async def wait(run: Candidate) -> None:
+        assert await quotas.gate.admit(run, asyncio.Event(), announcer(run.name))
+        admitted.append(run.name)
+
+    holder = boxed("holder", "2026-01-01T00:00:00Z")
+    assert await quotas.gate.admit(holder, asyncio.Event(), announcer("holder"))
+    second = asyncio.create_task(wait(boxed("second", "2026-01-01T00:00:01Z")))
+    await until(lambda: "concurrentSandboxes" in said.get("second", ""), "the second to wait for a sandbox")
+
+    # Younger, but it needs no sandbox: admitted at once, not behind the run waiting for one.
+    plain = candidate("plain", created="2026-01-01T00:00:02Z")
+    assert await asyncio.wait_for(quotas.gate.admit(plain, asyncio.Event(), announcer("plain")), 5)
+    assert "plain" not in said
+    # A younger run with a sandbox waits behind the older one.
+    third = asyncio.create_task(wait(boxed("third", "2026-01-01T00:00:03Z")))
+    await until(lambda: "ahead" in said.get("third", ""), "the third to wait in line")
+    assert said["third"].endswith("; 1 run of the namespace ahead of it"), said["third"]
+
+    await quotas.gate.release("default", holder.uid)
+    await asyncio.wait_for(asyncio.shield(second), 5)
+    assert admitted == ["second"]
+    await quotas.gate.release("default", "uid-second")
+    await asyncio.wait_for(third, 5)
+    status = (await kube.get_quota("default", "team"))["status"]
+    assert [entry["uid"] for entry in status["admitted"]] == ["uid-plain", "uid-third"]
+    assert status["used"]["concurrentSandboxes"] == 1 and status["used"]["sandboxCPU"] == "500m"
 
 
 async def test_a_waiting_run_shows_new_numbers_at_most_once_per_announce_interval(

@@ -10,7 +10,7 @@ from typing import Any
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, QuotaLimits
 from agentrun.controller.quotas import limits
-from agentrun.quotas.ledger import QuotaDefinition
+from agentrun.quotas.ledger import QuotaDefinition, SandboxUse
 
 
 def definition(name: str, **per_run: Any) -> QuotaDefinition:
@@ -90,3 +90,10 @@ def test_a_recorded_status_is_kept_and_an_empty_one_is_none() -> None:
     assert recorded({"quotaLimits": {"tokenBudget": 5}}) == QuotaLimits(token_budget=5)
     assert recorded({"quotaLimits": {}}) is None
     assert recorded({}) is None
+
+
+def test_a_sandbox_counts_by_its_limits_not_its_requests_and_a_run_without_one_counts_none() -> None:
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "1.5", "memory": "1Gi"}}
+    boxed = AgentRunSpec.model_validate({"task": "x", "sandbox": {"image": "i", "resources": resources}})
+    assert limits.sandbox_use(boxed) == SandboxUse(cpu=Decimal("1.5"), memory=Decimal(2**30))
+    assert limits.sandbox_use(spec()) is None
