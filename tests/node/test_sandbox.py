@@ -433,7 +433,7 @@ async def test_a_memory_hog_and_a_fork_bomb_stay_inside_the_pods_limits(
     cluster: TestCluster, model: FakeMessagesAPI, start_operator: OperatorFactory, runner: str
 ) -> None:
     await start_operator()
-    uid = await create_run(cluster, sandbox_run(cluster, "limits", LIMITS, commandTimeoutSeconds=60))
+    uid = await create_run(cluster, sandbox_run(cluster, "limits", LIMITS, commandTimeoutSeconds=20))
     async with pods_seen(cluster, uid) as pods:
         run = await wait_finished(cluster, "limits", timeout=WAIT)
     assert run["status"]["phase"] == "Succeeded", run["status"].get("message")
@@ -443,7 +443,8 @@ async def test_a_memory_hog_and_a_fork_bomb_stay_inside_the_pods_limits(
         "than the sandbox's limit]"
     )
     assert told["toolu_m2"] == "still serving\n"
-    assert "[exit code 137" in told["toolu_m3"] or "[killed after 60 s" in told["toolu_m3"], told["toolu_m3"]
+    # Killed by the kernel when the bomb outgrew the memory limit, or at the time limit while spawning.
+    assert "[exit code 137" in told["toolu_m3"] or "[killed after 20 s" in told["toolu_m3"], told["toolu_m3"]
     print(f"\nthe memory hog: {told['toolu_m1']!r}\nthe fork bomb: {told['toolu_m3']!r}")
     print(f"after them: {told['toolu_m4']!r}")
     serving, count, pids_max = told["toolu_m4"].splitlines()
