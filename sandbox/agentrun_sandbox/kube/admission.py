@@ -119,6 +119,8 @@ class EmulatorAdmission(EmulatorLifecycle):
         elif rtype.key == admission_policies.BINDINGS:
             admission_policies.default_binding(obj)
             errors += admission_policies.binding_problems(obj)
+        elif rtype.key == ("networking.k8s.io", "networkpolicies"):
+            _omit_empty_rules(obj)
         elif rtype.key == ("", "events"):
             errors += _event_problems(obj)
         elif rtype.key == ("coordination.k8s.io", "leases"):
@@ -329,3 +331,13 @@ def _crd_status(crd: Mapping[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------------------
 # Runner
+
+
+def _omit_empty_rules(obj: dict[str, Any]) -> None:
+    """A NetworkPolicy's empty ``ingress``/``egress`` lists are not stored: the Go types mark them
+    ``omitempty``, so a real server answers a deny-all policy without the keys."""
+    spec = obj.get("spec")
+    if isinstance(spec, dict):
+        for key in ("ingress", "egress"):
+            if spec.get(key) == []:
+                del spec[key]

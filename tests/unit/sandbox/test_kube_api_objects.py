@@ -253,3 +253,18 @@ async def test_bodies_up_to_three_mebibytes_are_read_and_larger_ones_get_413(kub
     assert status == 201, answer
     status, answer = await post(3 * 1024 * 1024 + 1)
     assert (status, answer["reason"], answer["code"]) == (413, "RequestEntityTooLarge", 413)
+
+
+async def test_a_network_policy_with_no_rules_is_stored_without_the_empty_lists(client: KubeClient) -> None:
+    """Measured on kube-apiserver v1.36: ingress and egress are omitempty, a deny-all policy has neither."""
+    path = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": []},
+    }
+    created = await client.post(path, policy)
+    assert created.status == 201
+    stored = (await client.get(f"{path}/deny-all")).body["spec"]
+    assert stored == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
