@@ -8,6 +8,7 @@ commands themselves, the workspace across a crash and the limits need a kubelet:
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
-from tests.support.builders import agentrun
+from tests.support.builders import agent, agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import phase_in, until, wait_status
 from tests.support.operator_process import OperatorProcess
@@ -164,3 +165,55 @@ async def test_a_run_whose_account_may_not_create_pods_fails_naming_what_it_need
     assert f"{reader} may not create the sandbox pod" in final["message"]
     assert "needs create, get and delete on pods" in final["message"]
     assert await _pod_of(cluster, created["metadata"]["uid"]) is None
+
+
+async def test_the_api_server_refuses_a_warm_pool_on_a_run_of_its_own(cluster: TestCluster) -> None:
+    manifest = agentrun(
+        "pooled",
+        "x",
+        namespace=cluster.namespace,
+        model={"name": "claude-haiku-4-5"},
+        sandbox=sandbox(warmPool=2),
+    )
+    code, out = await cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    assert code != 0
+    assert "spec.sandbox.warmPool is kept by an Agent for its runs; set it on the Agent" in out
+
+
+async def test_an_agents_warm_pool_is_started_as_its_account_and_goes_with_the_agent(
+    cluster: TestCluster, operator: OperatorProcess
+) -> None:
+    await grant_service_account(cluster, "pooler", SANDBOX_RULES, probe=cluster.path("pods"))
+    agents = cluster.path("agents", api="/apis/agentrun.dev/v1alpha1")
+    manifest = agent(
+        "pooled",
+        namespace=cluster.namespace,
+        model={"name": "claude-haiku-4-5"},
+        serviceAccountName="pooler",
+        sandbox=sandbox(warmPool=2),
+    )
+    created = await cluster.request("POST", agents, json=manifest)
+    uid = created["metadata"]["uid"]
+
+    async def pool() -> list[dict[str, Any]]:
+        pods = await cluster.request(
+            "GET", cluster.path("pods"), params={"labelSelector": f"agentrun.dev/sandbox-pool-agent={uid}"}
+        )
+        return [pod for pod in pods["items"] if not pod["metadata"].get("deletionTimestamp")]
+
+    pods = await until(pool, "two warm pods", timeout=60, done=lambda found: len(found) == 2)
+    for pod in pods:
+        assert pod["metadata"]["name"].startswith("pooled-sandbox-pool-")
+        assert [(o["kind"], o["uid"]) for o in pod["metadata"]["ownerReferences"]] == [("Agent", uid)]
+        assert pod["spec"]["serviceAccountName"] == "pooler"
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert "agentrun.dev/run-uid" not in pod["metadata"]["labels"]
+    policies = await cluster.request("GET", NETWORK_POLICIES.format(ns=cluster.namespace))
+    [policy] = [p for p in policies["items"] if p["metadata"]["name"].startswith("pooled-sandbox-pool-")]
+    pool_label = pods[0]["metadata"]["labels"]["agentrun.dev/sandbox-pool"]
+    assert policy["spec"]["podSelector"]["matchLabels"]["agentrun.dev/sandbox-pool"] == pool_label
+    # Deny-all: no egress rule (a real server omits the empty list; so does the emulator).
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and "egress" not in policy["spec"]
+
+    await cluster.request("DELETE", f"{agents}/pooled")
+    await until(pool, "the warm pods deleted with the Agent", timeout=90, done=lambda found: found == [])

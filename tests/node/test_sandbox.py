@@ -23,6 +23,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import pytest
 
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, SlowResponse, text_block, tool_use_block
-from tests.support.builders import agentrun
+from tests.support.builders import agent, agentrun
 from tests.support.clusters import ROOT, TestCluster, kubectl_sync
 from tests.support.kube_requests import wait_finished
 from tests.support.operator_process import OperatorProcess
@@ -47,6 +48,11 @@ SANDBOX_RULES = [
     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
 ]
 RUNNER = "sandbox-runner"
+#: With an Agent's warm pool the ServiceAccount also lists the pool and claims a pod (a patch).
+POOL_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "list", "patch"]},
+    SANDBOX_RULES[1],
+]
 EDITOR = "str_replace_based_edit_tool"
 HOLD = 120.0  # the model "answers" only after the operator was killed
 WAIT = 180.0  # a run on a loaded node: a pod start, a few commands
@@ -74,6 +80,8 @@ TIMEOUT = "[sandbox:timeout]"
 LIMITS = "[sandbox:limits]"
 ESCAPE = "[sandbox:escape]"
 REFUSED = "[sandbox:refused]"
+FIRST_COLD = "[sandbox:first-cold]"
+FIRST_WARM = "[sandbox:first-warm]"
 BOMB = 2000  # background sleeps: with no pids limit on the node, bounded so the machine stays safe
 
 SCRIPTS = [
@@ -159,6 +167,10 @@ SCRIPTS = [
             ),
             Reply([text_block("The sandbox held.")]),
         ],
+    ),
+    *(
+        Script(tag, [Reply([bash("echo ready", "toolu_f1")]), Reply([text_block("Ready.")])])
+        for tag in (FIRST_COLD, FIRST_WARM)
     ),
     Script(
         REFUSED,
@@ -546,3 +558,77 @@ async def test_a_run_whose_account_may_not_create_pods_or_whose_image_cannot_run
     assert took < 120, f"ended after {took:.0f} s: the start timeout (300 s), not the kubelet's refusal"
     print(f"\nan image the node cannot run: the run failed {took:.1f} s after it was created")
     await assert_sandbox_gone(cluster, missing_uid)
+
+
+async def test_a_run_of_an_agent_with_a_warm_pool_claims_a_running_pod_and_starts_sooner(
+    cluster: TestCluster, model: FakeMessagesAPI, start_operator: OperatorFactory
+) -> None:
+    """First-command latency with and without the pool, on the real node (docs/sandbox.md, Fast start)."""
+    await grant_service_account(
+        cluster, "pool-runner", POOL_RULES, probe=cluster.path("pods", "none"), probe_answers=(404,)
+    )
+    sandbox = sandbox_run(cluster, "unused", FIRST_COLD)["spec"]["sandbox"]
+    agents = cluster.path("agents", api="/apis/agentrun.dev/v1alpha1")
+    defined: dict[str, Any] = {
+        "model": {"name": "claude-haiku-4-5"},
+        "serviceAccountName": "pool-runner",
+        "limits": {"maxIterations": 10, "timeoutSeconds": 600},
+    }
+    await start_operator()
+    for name, size in (("cold", 0), ("warm", 1)):
+        manifest = agent(name, namespace=cluster.namespace, **defined, sandbox={**sandbox, "warmPool": size})
+        created = await cluster.request("POST", agents, json=manifest)
+        if size:
+            warm_agent_uid = created["metadata"]["uid"]
+
+    async def pool() -> list[dict[str, Any]]:
+        found = await cluster.request(
+            "GET",
+            cluster.path("pods"),
+            params={"labelSelector": f"agentrun.dev/sandbox-pool-agent={warm_agent_uid}"},
+        )
+        return [
+            pod
+            for pod in found["items"]
+            if pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+        ]
+
+    [ready] = await until(pool, "a warm pod running", WAIT)
+    assert ready["spec"]["serviceAccountName"] == "pool-runner"
+    assert [o["kind"] for o in ready["metadata"]["ownerReferences"]] == ["Agent"]
+
+    latency: dict[str, float] = {}
+    claimed: dict[str, dict[str, Any]] = {}
+    for name, tag in (("cold", FIRST_COLD), ("warm", FIRST_WARM)):
+        run = agentrun(
+            f"{name}-run", f"{tag} do the work", namespace=cluster.namespace, agentRef={"name": name}
+        )
+        uid = await create_run(cluster, run)
+        async with pods_seen(cluster, uid) as pods:
+            finished = await wait_finished(cluster, f"{name}-run", timeout=WAIT)
+        assert finished["status"]["phase"] == "Succeeded", finished["status"].get("message")
+        assert tool_results(model, tag)["toolu_f1"] == "ready\n"
+        latency[name] = arrival(model, tag, 1) - arrival(model, tag, 0)
+        [claimed[name]] = pods.values()
+        await until(partial(sandbox_pods, cluster, uid), "the run's pod deleted", 90, done=_empty)
+    print(
+        f"\nsandbox first-command latency (the first tool turn, one `echo`): {latency['cold']:.2f} s "
+        f"starting a pod, {latency['warm']:.2f} s with a warm pool pod"
+    )
+    # The warm run used the pod the pool had running; the cold one started its own.
+    assert claimed["warm"]["metadata"]["uid"] == ready["metadata"]["uid"]
+    assert claimed["cold"]["metadata"]["name"].startswith("cold-run-sandbox-")
+    assert latency["warm"] < latency["cold"], latency
+
+    # The pool is refilled with a new pod, which goes with the Agent.
+    def refilled(pods: list[dict[str, Any]]) -> bool:
+        return len(pods) == 1 and pods[0]["metadata"]["uid"] != ready["metadata"]["uid"]
+
+    [refill] = await until(pool, "the pool refilled", WAIT, done=refilled)
+    assert refill["metadata"]["uid"] != ready["metadata"]["uid"]
+    await cluster.request("DELETE", f"{agents}/warm")
+    await until(pool, "the pool's pods deleted with the Agent", 90, done=_empty)
+
+
+def _empty(pods: list[dict[str, Any]]) -> bool:
+    return pods == []

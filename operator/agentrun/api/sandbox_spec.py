@@ -160,3 +160,13 @@ class SandboxSpec(SpecModel):
         le=3600,
         description="How long the pod may take to start (image pull included) before the run fails.",
     )
+    warm_pool: int = Field(
+        default=0,
+        ge=0,
+        le=10,
+        description=(
+            "On an Agent: keep this many sandbox pods started and unclaimed, so a run of the Agent "
+            "takes one at its first command instead of waiting for a pod start (docs/sandbox.md, Fast "
+            "start). An AgentRun of its own (without agentRef) cannot set it."
+        ),
+    )

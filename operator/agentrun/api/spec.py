@@ -152,6 +152,14 @@ AGENT_OWNED: list[JsonValue] = [
     for name in AGENT_OWNED_FIELDS
 ]
 
+#: A warm pool is kept by an Agent for its runs; a run of its own has no pool to keep or take from.
+WARM_POOL_ON_AGENTS: dict[str, JsonValue] = {
+    "rule": "!has(self.sandbox) || !has(self.sandbox.warmPool) || self.sandbox.warmPool == 0",
+    "message": (
+        "spec.sandbox.warmPool is kept by an Agent for its runs; set it on the Agent, not on an AgentRun"
+    ),
+}
+
 
 class AgentRef(SpecModel):
     """An Agent in the run's own namespace."""
@@ -254,7 +262,14 @@ class AgentRunSpec(RunDefinition):
     """The desired run. Immutable once created, except cancel, approvals and ttlSecondsAfterFinished."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [APPROVALS_KEPT, THINKING_TOOL_CHOICE, *AGENT_OWNED]}
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                APPROVALS_KEPT,
+                THINKING_TOOL_CHOICE,
+                *AGENT_OWNED,
+                WARM_POOL_ON_AGENTS,
+            ]
+        }
     )
 
     task: str = Field(

@@ -17,7 +17,9 @@ from prometheus_client import CollectorRegistry
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
+from agentrun.controller.agentruns.tool_environment import kube_connection
 from agentrun.controller.agents.control import AgentValidator
+from agentrun.controller.agents.pools import WarmPools
 from agentrun.controller.collector import young_generation_threshold
 from agentrun.controller.kopf_registry import build_registry
 from agentrun.controller.quotas.control import Quotas
@@ -233,7 +235,11 @@ def _start_controllers(
     # AgentSchedules: the owner of a schedule's uid creates its runs (controller/schedules/).
     schedules = ScheduleController(kube, metrics, handler.ownership, instance=settings.replica_name)
     # Agents: the owner of an Agent's uid validates it and writes its Ready condition (controller/agents/).
-    agents = AgentValidator(kube, handler.ownership)
+    # Their warm sandbox pools too (controller/agents/pools.py), refilled by a short poll.
+    pools = WarmPools(kube_connection(kube.api_client.configuration), handler.ownership)
+    stack.push_async_callback(pools.close)
+    background.start(pools.keep_filling())
+    agents = AgentValidator(kube, handler.ownership, pools=pools)
     stack.push_async_callback(agents.close)
     stack.push_async_callback(schedules.close)  # closed first: the schedules, then the Agents, then the runs
     # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).

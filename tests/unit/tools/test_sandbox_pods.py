@@ -1,10 +1,12 @@
 """The sandbox pod's life against the emulator, the test playing the kubelet with status patches:
 started once and timed, found again after a restart, replaced (and said so) when lost, refused
-clearly when its image cannot run, removed at the end."""
+clearly when its image cannot run, removed at the end; an Agent's warm pool filled, claimed by one
+run of two racing for its pod, refilled, and gone with the Agent."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,14 +16,18 @@ from kubernetes_asyncio import client, config
 
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.controller.agentruns.tool_environment import kube_connection
+from agentrun.controller.agents.pools import WarmPools
 from agentrun.loop.errors import ToolError
 from agentrun.tools.environment import KubeConnection
+from agentrun.tools.sandbox.manifests import LABEL_POOL, LABEL_POOL_AGENT, LABEL_RUN_UID, sandbox_pod_name
 from agentrun.tools.sandbox.pods import RunIdentity, SandboxPod
 from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
+from tests.support.waiting import until
 
 NS = "default"
 USER = f"system:serviceaccount:{NS}:runner"
-CRD = Path(__file__).resolve().parents[3] / "crds" / "agentruns.agentrun.dev.yaml"
+CRDS = Path(__file__).resolve().parents[3] / "crds"
+CRD = CRDS / "agentruns.agentrun.dev.yaml"
 SPEC = SandboxSpec.model_validate(
     {
         "image": "localhost/agentrun-sandbox:dev",
@@ -36,9 +42,10 @@ SPEC = SandboxSpec.model_validate(
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator.running(crd_paths=[CRD]) as kube:
+    async with KubeEmulator.running(crd_paths=[CRD, CRDS / "agents.agentrun.dev.yaml"]) as kube:
         rules = [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]},
+            # list and patch: an Agent's warm pool (filled and claimed as this ServiceAccount).
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "list", "patch"]},
             {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
         ]
         kube.emulator.create_object("serviceaccounts", {"metadata": {"name": "runner", "namespace": NS}})
@@ -181,3 +188,157 @@ async def test_an_image_that_cannot_run_fails_at_once_naming_why(
     await sandbox.remove()
     assert pod_of(cluster) is None
     await sandbox.close()
+
+
+POOLED = SPEC.model_copy(update={"warm_pool": 1})
+
+
+def agent_of(cluster: KubeEmulator, name: str, warm_pool: int) -> dict[str, Any]:
+    """An Agent whose runs use POOLED's sandbox as the runner ServiceAccount."""
+    sandbox = POOLED.model_copy(update={"warm_pool": warm_pool}).model_dump(
+        mode="json", by_alias=True, exclude_defaults=True
+    )
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"name": "claude-sonnet-4-6"}, "serviceAccountName": "runner", "sandbox": sandbox},
+    }
+    return cluster.emulator.create_object("agents", manifest)
+
+
+def run_of(cluster: KubeEmulator, name: str) -> RunIdentity:
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"task": "fix the build", "agentRef": {"name": "fixer"}},
+    }
+    created = cluster.emulator.create_object("agentruns", manifest)
+    return RunIdentity(NS, name, created["metadata"]["uid"], "runner")
+
+
+def unclaimed(cluster: KubeEmulator, agent: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        pod
+        for pod in cluster.emulator.list_objects("pods", NS)
+        if pod["metadata"]["labels"].get(LABEL_POOL_AGENT) == agent["metadata"]["uid"]
+        and LABEL_RUN_UID not in pod["metadata"]["labels"]
+    ]
+
+
+def running(pods: list[dict[str, Any]]) -> bool:
+    return bool(pods) and all(pod.get("status", {}).get("phase") == "Running" for pod in pods)
+
+
+async def test_of_two_runs_racing_for_one_warm_pod_one_claims_it_and_the_other_starts_its_own(
+    cluster: KubeEmulator, connection: KubeConnection
+) -> None:
+    agent = agent_of(cluster, "fixer", warm_pool=1)
+    pools = WarmPools(connection)
+    pools.observe(None, agent)
+    first, second = run_of(cluster, "fix-1"), run_of(cluster, "fix-2")
+    timings: list[tuple[float, bool]] = []
+    sandboxes = [
+        SandboxPod(POOLED, run, connection, user=USER, started=lambda s, r: timings.append((s, r)))
+        for run in (first, second)
+    ]
+    with Kubelet(cluster):
+        await pools.fill(agent["metadata"]["uid"])
+        [warm] = await until(lambda: unclaimed(cluster, agent), "the warm pod runs", done=running)
+        # Both claims are held back until both runs have listed the pool: both try the one pod.
+        cluster.emulator.faults.add(method="PATCH", resource="pods", delay=0.3, status=None, times=2)
+        await asyncio.gather(*(start(sandbox) for sandbox in sandboxes))
+    claims = [r for r in cluster.emulator.request_log if r.method == "PATCH" and r.resource == "pods"]
+    assert sorted(r.status for r in claims) == [200, 409]
+    winner, loser = sandboxes if sandboxes[0].name == warm["metadata"]["name"] else sandboxes[::-1]
+    assert winner.name == warm["metadata"]["name"] and loser.name == sandbox_name(loser)
+    claimed = cluster.emulator.get_object("pods", NS, winner.name)
+    assert claimed["metadata"]["labels"][LABEL_RUN_UID] == winner.run.uid
+    assert LABEL_POOL_AGENT not in claimed["metadata"]["labels"]
+    assert [(o["kind"], o["uid"]) for o in claimed["metadata"]["ownerReferences"]] == [
+        ("AgentRun", winner.run.uid)
+    ]
+    # Only the loser waited for a pod start; a claimed pod is no start.
+    assert [replaced for _, replaced in timings] == [False]
+    assert winner.started_seconds is None and loser.started_seconds is not None
+    for sandbox in sandboxes:
+        await sandbox.close()
+    await pools.close()
+
+
+def sandbox_name(sandbox: SandboxPod) -> str:
+    return sandbox_pod_name(sandbox.run.name, sandbox.run.uid)
+
+
+async def test_the_pool_is_refilled_its_claimed_pod_found_again_and_its_pods_go_with_the_agent(
+    cluster: KubeEmulator, connection: KubeConnection
+) -> None:
+    agent = agent_of(cluster, "fixer", warm_pool=2)
+    uid = agent["metadata"]["uid"]
+    pools = WarmPools(connection, poll_seconds=0.05)
+    pools.observe(None, agent)
+    run = run_of(cluster, "fix-1")
+    sandbox = SandboxPod(POOLED, run, connection, user=USER)
+    with Kubelet(cluster):
+        filling = asyncio.get_running_loop().create_task(pools.keep_filling())
+        try:
+            pool = await until(lambda: unclaimed(cluster, agent), "two warm pods", done=lambda p: len(p) == 2)
+            await until(lambda: running(unclaimed(cluster, agent)), "the warm pods run")
+            await start(sandbox)
+            assert sandbox.name in {pod["metadata"]["name"] for pod in pool}
+            # The claimed pod left the pool, which the poll fills up again.
+            refilled = await until(
+                lambda: unclaimed(cluster, agent),
+                "the pool refilled",
+                done=lambda p: len(p) == 2 and sandbox.name not in {pod["metadata"]["name"] for pod in p},
+            )
+            assert all(
+                re.fullmatch(r"fixer-sandbox-pool-[a-z0-9]{5}", pod["metadata"]["name"]) for pod in refilled
+            )
+            assert len({pod["metadata"]["labels"][LABEL_POOL] for pod in refilled}) == 1
+            # A restarted operator finds the claimed pod by the run's label: no new pod, no loss told.
+            again = SandboxPod(POOLED, run, connection, user=USER, resumed=True)
+            await start(again)
+            assert again.name == sandbox.name and len(cluster.emulator.list_objects("pods", NS)) == 3
+            # The Agent deleted: its unclaimed pods go with it; the claimed one stays the run's.
+            pools.observe("DELETED", agent)
+            cluster.emulator.delete_object("agents", NS, "fixer")
+            await until(
+                lambda: [pod["metadata"]["name"] for pod in cluster.emulator.list_objects("pods", NS)],
+                "only the claimed pod left",
+                done=lambda names: names == [sandbox.name],
+            )
+            assert uid not in pools.agents
+            # The run ends: its claimed pod is removed by the run, as its own would be.
+            await again.remove()
+            assert cluster.emulator.list_objects("pods", NS) == []
+        finally:
+            filling.cancel()
+    await sandbox.close()
+    await again.close()
+    await pools.close()
+
+
+async def test_a_smaller_pool_deletes_its_extra_pods_and_a_changed_sandbox_replaces_them(
+    cluster: KubeEmulator, connection: KubeConnection
+) -> None:
+    agent = agent_of(cluster, "fixer", warm_pool=2)
+    uid = agent["metadata"]["uid"]
+    pools = WarmPools(connection)
+    pools.observe(None, agent)
+    await pools.fill(uid)
+    old = {pod["metadata"]["name"] for pod in unclaimed(cluster, agent)}
+    assert len(old) == 2
+    changed = cluster.emulator.patch_object(
+        "agents", NS, "fixer", {"spec": {"sandbox": {"warmPool": 1, "commandTimeoutSeconds": 30}}}
+    )
+    pools.observe("MODIFIED", changed)
+    await pools.fill(uid)
+    now = unclaimed(cluster, agent)
+    assert len(now) == 1 and now[0]["metadata"]["name"] not in old
+    zero = cluster.emulator.patch_object("agents", NS, "fixer", {"spec": {"sandbox": {"warmPool": 0}}})
+    pools.observe("MODIFIED", zero)
+    await pools.fill(uid)
+    assert unclaimed(cluster, agent) == []
+    await pools.close()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from agentrun.api.times import now_rfc3339
+from agentrun.controller.agents.pools import WarmPools
 from agentrun.controller.agents.validating import agent_status
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.controller.status_memory import WrittenStatus
@@ -43,11 +44,14 @@ class AgentValidator:
         *,
         clock: Callable[[], str] = now_rfc3339,
         retry_seconds: float = RETRY_SECONDS,
+        pools: WarmPools | None = None,
     ) -> None:
         self.kube = kube
         self.ownership: Ownership = ownership if ownership is not None else Standalone()
         self.clock = clock
         self.retry_seconds = retry_seconds
+        #: Warm sandbox pools (pools.py), kept by the same owner: fed every Agent event.
+        self.pools = pools
         #: The latest body seen, by uid: what a replica that becomes the owner validates.
         self.agents: dict[str, Mapping[str, Any]] = {}
         self.written = WrittenStatus()
@@ -60,6 +64,8 @@ class AgentValidator:
         meta = ObjectMeta.of(body)
         if not meta.uid:
             return
+        if self.pools is not None:
+            self.pools.observe(event_type, body)
         if event_type == "DELETED" or meta.deletion_timestamp is not None:
             self.agents.pop(meta.uid, None)
             self.written.forget(meta.uid)
@@ -67,6 +73,8 @@ class AgentValidator:
         self.agents[meta.uid] = body
         if self._owns(meta.uid):
             await self.validate(meta.uid)
+            if self.pools is not None:
+                self._spawn(self.pools.fill(meta.uid))
 
     async def validate(self, uid: str) -> bool:
         """Writes the Agent's status if it would change; False when the write failed (retried later)."""
@@ -114,6 +122,8 @@ class AgentValidator:
         for uid in list(self.agents):
             if self._owns(uid):
                 self._spawn(self.validate(uid))
+                if self.pools is not None:
+                    self._spawn(self.pools.fill(uid))
 
     async def _retry(self, uid: str) -> None:
         await asyncio.sleep(self.retry_seconds)

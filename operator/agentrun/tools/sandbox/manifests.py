@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.tools.sandbox.commands import STATE_DIR
 
-__all__ = ["CONTAINER", "RunIdentity", "network_policy_manifest", "pod_manifest", "sandbox_pod_name"]
+__all__ = [
+    "CONTAINER",
+    "PoolOwner",
+    "RunIdentity",
+    "claim_patch",
+    "network_policy_manifest",
+    "pod_manifest",
+    "pool_key",
+    "pool_network_policy_manifest",
+    "pool_pod_manifest",
+    "sandbox_pod_name",
+]
 
 CONTAINER = "sandbox"
 LABEL_RUN_UID = "agentrun.dev/run-uid"
 LABEL_SANDBOX = "agentrun.dev/sandbox"
+#: On warm pool pods: which pool (pool_key) and which Agent keeps it (its uid; removed when claimed).
+LABEL_POOL = "agentrun.dev/sandbox-pool"
+LABEL_POOL_AGENT = "agentrun.dev/sandbox-pool-agent"
 SANDBOX_USER = 65532
 
 
@@ -23,6 +38,25 @@ class RunIdentity:
     name: str
     uid: str
     service_account: str | None  # None: the namespace's default
+
+
+@dataclass(frozen=True)
+class PoolOwner:
+    """The Agent that keeps a warm pool, and the identity its pods are created with."""
+
+    namespace: str
+    name: str
+    uid: str
+    service_account: str | None  # None: the namespace's default
+
+
+def pool_key(namespace: str, service_account: str | None, spec: SandboxSpec) -> str:
+    """Names a pool by what makes its pods interchangeable: the namespace, the ServiceAccount and the
+    sandbox spec (the pool size aside, so resizing keeps the pods). A run of the Agent computes the same
+    key from its effective spec; an Agent whose sandbox changed gets a new key, and its old pods go."""
+    fields = spec.model_dump(mode="json", by_alias=True, exclude={"warm_pool"})
+    text = json.dumps([namespace, service_account or "default", fields], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
 def sandbox_pod_name(run_name: str, run_uid: str) -> str:
@@ -70,6 +104,84 @@ def _env(spec: SandboxSpec) -> list[dict[str, Any]]:
 
 def pod_manifest(spec: SandboxSpec, run: RunIdentity) -> dict[str, Any]:
     """The sandbox pod: restricted Pod Security, whatever the run declares."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": sandbox_pod_name(run.name, run.uid),
+            "namespace": run.namespace,
+            "labels": _labels(run),
+            "ownerReferences": [_owner(run)],
+        },
+        "spec": _pod_spec(spec, run.service_account),
+    }
+
+
+def pool_pod_manifest(spec: SandboxSpec, agent: PoolOwner) -> dict[str, Any]:
+    """A warm pool pod: the same pod as a run's, owned by the Agent until a run claims it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"{agent.name[:40].rstrip('-.')}-sandbox-pool-",
+            "namespace": agent.namespace,
+            "labels": _pool_labels(spec, agent),
+            "ownerReferences": [_agent_owner(agent)],
+        },
+        "spec": _pod_spec(spec, agent.service_account),
+    }
+
+
+def pool_network_policy_manifest(spec: SandboxSpec, agent: PoolOwner) -> dict[str, Any]:
+    """The egress of a pool's pods while they wait (the same rules a run's NetworkPolicy has)."""
+    key = pool_key(agent.namespace, agent.service_account, spec)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{agent.name[:40].rstrip('-.')}-sandbox-pool-{key[:8]}",
+            "namespace": agent.namespace,
+            "labels": _pool_labels(spec, agent),
+            "ownerReferences": [_agent_owner(agent)],
+        },
+        "spec": _policy_spec(spec, {LABEL_POOL: key, LABEL_SANDBOX: "true"}),
+    }
+
+
+def claim_patch(run: RunIdentity, resource_version: str) -> dict[str, Any]:
+    """A merge patch that makes a pool pod the run's: the resourceVersion is the precondition (two
+    runs claiming one pod: the second gets 409 Conflict), the run becomes its only owner (the pod goes
+    with the run, not with the Agent) and the Agent's label goes (its pool no longer counts it)."""
+    return {
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": {LABEL_RUN_UID: run.uid, LABEL_POOL_AGENT: None},
+            "ownerReferences": [_owner(run)],
+        }
+    }
+
+
+def _pool_labels(spec: SandboxSpec, agent: PoolOwner) -> dict[str, str]:
+    return {
+        LABEL_SANDBOX: "true",
+        LABEL_POOL: pool_key(agent.namespace, agent.service_account, spec),
+        LABEL_POOL_AGENT: agent.uid,
+        "app.kubernetes.io/managed-by": "agentrun-operator",
+    }
+
+
+def _agent_owner(agent: PoolOwner) -> dict[str, Any]:
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "name": agent.name,
+        "uid": agent.uid,
+        "controller": True,
+        "blockOwnerDeletion": False,
+    }
+
+
+def _pod_spec(spec: SandboxSpec, service_account: str | None) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
@@ -111,31 +223,15 @@ def pod_manifest(spec: SandboxSpec, run: RunIdentity) -> dict[str, Any]:
             {"name": "agentrun", "emptyDir": {"sizeLimit": "256Mi"}},
         ],
     }
-    if run.service_account:
-        pod_spec["serviceAccountName"] = run.service_account
+    if service_account:
+        pod_spec["serviceAccountName"] = service_account
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": sandbox_pod_name(run.name, run.uid),
-            "namespace": run.namespace,
-            "labels": _labels(run),
-            "ownerReferences": [_owner(run)],
-        },
-        "spec": pod_spec,
-    }
+    return pod_spec
 
 
 def network_policy_manifest(spec: SandboxSpec, run: RunIdentity) -> dict[str, Any]:
     """Egress of the sandbox: denied but for spec.sandbox.egress; ingress: denied."""
-    egress = []
-    for rule in spec.egress:
-        entry: dict[str, Any] = {"to": [{"ipBlock": {"cidr": rule.cidr}}]}
-        if rule.ports:
-            entry["ports"] = [{"protocol": "TCP", "port": port} for port in rule.ports]
-        egress.append(entry)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -145,10 +241,20 @@ def network_policy_manifest(spec: SandboxSpec, run: RunIdentity) -> dict[str, An
             "labels": _labels(run),
             "ownerReferences": [_owner(run)],
         },
-        "spec": {
-            "podSelector": {"matchLabels": {LABEL_RUN_UID: run.uid, LABEL_SANDBOX: "true"}},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [],
-            "egress": egress,
-        },
+        "spec": _policy_spec(spec, {LABEL_RUN_UID: run.uid, LABEL_SANDBOX: "true"}),
+    }
+
+
+def _policy_spec(spec: SandboxSpec, selector: dict[str, str]) -> dict[str, Any]:
+    egress = []
+    for rule in spec.egress:
+        entry: dict[str, Any] = {"to": [{"ipBlock": {"cidr": rule.cidr}}]}
+        if rule.ports:
+            entry["ports"] = [{"protocol": "TCP", "port": port} for port in rule.ports]
+        egress.append(entry)
+    return {
+        "podSelector": {"matchLabels": selector},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [],
+        "egress": egress,
     }

@@ -29,14 +29,25 @@ from agentrun.tools.environment import KubeConnection
 from agentrun.tools.sandbox.commands import STATE_DIR
 from agentrun.tools.sandbox.manifests import (
     CONTAINER,
+    LABEL_POOL,
+    LABEL_RUN_UID,
     RunIdentity,
+    claim_patch,
     network_policy_manifest,
     pod_manifest,
+    pool_key,
     sandbox_pod_name,
 )
 from agentrun.tools.sandbox.pod_exec import ExecError, ExecResult, exec_in_pod
 
-__all__ = ["RunIdentity", "SandboxPod", "network_policy_manifest", "pod_manifest", "sandbox_pod_name"]
+__all__ = [
+    "ApiRequests",
+    "RunIdentity",
+    "SandboxPod",
+    "network_policy_manifest",
+    "pod_manifest",
+    "sandbox_pod_name",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +56,7 @@ _IMAGE_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrI
 _CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 
 
-class _Api:
+class ApiRequests:
     """Plain requests to the API server over the operator's transport, as ``user`` when given."""
 
     def __init__(self, connection: KubeConnection) -> None:
@@ -53,7 +64,13 @@ class _Api:
         self._session: aiohttp.ClientSession | None = None
 
     async def request(
-        self, method: str, path: str, *, user: str | None, body: Mapping[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        user: str | None,
+        body: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
     ) -> tuple[int, dict[str, Any]]:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._connection.ssl_context or False)
@@ -61,6 +78,8 @@ class _Api:
                 connector=connector, timeout=aiohttp.ClientTimeout(total=60)
             )
         headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
         if user is not None:
             headers["Impersonate-User"] = user
         authorization = await self._connection.authorization()
@@ -103,8 +122,9 @@ class SandboxPod:
         self.spec = spec
         self.run = run
         self.user = user
+        # The pod's name: the run's own, or a warm pool pod's once this run claimed one.
         self.name = sandbox_pod_name(run.name, run.uid)
-        self._api = _Api(connection)
+        self._api = ApiRequests(connection)
         self._connection = connection
         self._uid: str | None = None  # the pod this process uses
         self._resumed = resumed  # the run ran before: a missing pod means its workspace was lost
@@ -193,6 +213,8 @@ class SandboxPod:
             return await self._wait_running(uid)
         if status == 200:  # being deleted
             return await self._replace("it was being deleted")
+        if status == 404 and self.spec.warm_pool and await self._find_claimed():
+            return await self._ready()  # a pool pod this run claimed before (a restarted operator)
         if status == 404:
             if self._uid is not None or self._resumed:
                 return await self._replace("it was deleted or evicted")
@@ -235,6 +257,9 @@ class SandboxPod:
     async def _create(self) -> None:
         began = self._clock()
         await self._ensure_network_policy()
+        if self.spec.warm_pool and await self._claim():
+            return
+        self.name = sandbox_pod_name(self.run.name, self.run.uid)
         status, answer = await self._api.request(
             "POST", self._pods, user=self.user, body=pod_manifest(self.spec, self.run)
         )
@@ -250,6 +275,53 @@ class SandboxPod:
         await self._wait_running(answer.get("metadata", {}).get("uid"))
         self.started_seconds = self._clock() - began
         self._started(self.started_seconds, replaced)
+
+    async def _list(self, selector: str) -> list[dict[str, Any]]:
+        status, answer = await self._api.request(
+            "GET", f"{self._pods}?labelSelector={quote(selector, safe='')}", user=self.user
+        )
+        if status != 200:
+            raise self._api_error(status, answer, "list")
+        return [item for item in answer.get("items") or [] if isinstance(item, dict)]
+
+    async def _find_claimed(self) -> bool:
+        """The pool pod this run claimed, found by its run-uid label (its name is the pool's): True
+        and self.name set when there is one under another name than self.name. Why by label: a
+        restarted operator knows only the run."""
+        for pod in await self._list(f"{LABEL_RUN_UID}={self.run.uid}"):
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp") is None and meta.get("name") not in (None, self.name):
+                self.name = str(meta["name"])
+                return True
+        return False
+
+    async def _claim(self) -> bool:
+        """Takes a Running, unclaimed pod of the Agent's warm pool: True when this run has one now.
+
+        The patch carries the pod's resourceVersion as a precondition, so of two runs claiming one
+        pod the second gets 409 Conflict and tries the next; none left, the run starts its own pod.
+        """
+        key = pool_key(self.run.namespace, self.run.service_account, self.spec)
+        for pod in await self._list(f"{LABEL_POOL}={key},!{LABEL_RUN_UID}"):
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp") is not None or not _container_running(pod):
+                continue
+            status, answer = await self._api.request(
+                "PATCH",
+                f"{self._pods}/{quote(str(meta.get('name')), safe='')}",
+                user=self.user,
+                body=claim_patch(self.run, str(meta.get("resourceVersion"))),
+                content_type="application/merge-patch+json",
+            )
+            if status in (409, 404):
+                continue  # another run took it, or it went: the next one
+            if status != 200:
+                raise self._api_error(status, answer, "claim a warm pool pod as")
+            self.name = str(meta.get("name"))
+            self._uid = str(meta.get("uid"))
+            logger.info("claimed the warm sandbox pod %s/%s", self.run.namespace, self.name)
+            return True
+        return False
 
     async def _ensure_network_policy(self) -> None:
         path = f"/apis/networking.k8s.io/v1/namespaces/{quote(self.run.namespace, safe='')}/networkpolicies"
@@ -303,7 +375,8 @@ class SandboxPod:
                 "forbidden",
                 f"{self.user} may not {action} the sandbox pod: {message}",
                 hint="the run's ServiceAccount needs create, get and delete on pods; get and create on "
-                "pods/exec",
+                "pods/exec"
+                + ("; list and patch on pods for the Agent's warm pool" if self.spec.warm_pool else ""),
                 recoverable=False,
             )
         if status == 422 or status == 400:
@@ -314,11 +387,17 @@ class SandboxPod:
 
     async def remove(self) -> None:
         """The run ended: its pod and NetworkPolicy go (garbage collection does it if this fails)."""
+        if self.spec.warm_pool:
+            try:
+                await self._find_claimed()
+            except ToolError as exc:
+                logger.warning("could not look for the run's claimed sandbox pod: %s", exc)
+        policy = sandbox_pod_name(self.run.name, self.run.uid)
         for path, user in (
             (f"{self._pods}/{self.name}", self.user),
             (
                 f"/apis/networking.k8s.io/v1/namespaces/{quote(self.run.namespace, safe='')}"
-                f"/networkpolicies/{self.name}",
+                f"/networkpolicies/{policy}",
                 None,
             ),
         ):

@@ -1,0 +1,198 @@
+"""Warm sandbox pools: an Agent's spec.sandbox.warmPool pods, started before any run needs them.
+
+Why the Agent and not each run: a run's first command would otherwise wait for a pod start (the
+scheduler, the image, the container); a pool pod is already running, and a run of the Agent claims
+one (tools/sandbox/pods.py) in one PATCH. Only the owner replica of an Agent's uid keeps its pool,
+as it alone writes the Agent's status (control.py). The pods are created as the Agent's
+ServiceAccount (impersonation), exactly as a run's own sandbox, so RBAC decides the same way; they
+are owned by the Agent until a run claims one, so deleting the Agent deletes its unclaimed pods.
+
+The pool is refilled by a short poll (POLL_SECONDS) and at once on every event of the Agent: a claim
+is a pod event the operator does not watch, and one list per Agent with a pool every few seconds is
+cheaper than a pod watch across every namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import ValidationError
+
+from agentrun.api.sandbox_spec import SandboxSpec
+from agentrun.controller.replicas.ownership import Ownership, Standalone
+from agentrun.kube.objects import ObjectMeta
+from agentrun.loop.errors import ToolError
+from agentrun.tools.environment import KubeConnection
+from agentrun.tools.kube_reading import service_account_user
+from agentrun.tools.sandbox.manifests import (
+    LABEL_POOL,
+    LABEL_POOL_AGENT,
+    LABEL_RUN_UID,
+    PoolOwner,
+    pool_key,
+    pool_network_policy_manifest,
+    pool_pod_manifest,
+)
+from agentrun.tools.sandbox.pods import ApiRequests
+
+__all__ = ["POLL_SECONDS", "WarmPools"]
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 2.0
+
+
+class WarmPools:
+    """Keeps every owned Agent's warm pool at its size; fed the Agents' bodies by AgentValidator."""
+
+    def __init__(
+        self,
+        connection: KubeConnection,
+        ownership: Ownership | None = None,
+        *,
+        poll_seconds: float = POLL_SECONDS,
+    ) -> None:
+        self.ownership: Ownership = ownership if ownership is not None else Standalone()
+        self.poll_seconds = poll_seconds
+        self._api = ApiRequests(connection)
+        #: The latest body of every Agent with a sandbox, by uid.
+        self.agents: dict[str, Mapping[str, Any]] = {}
+        #: Agents whose pool this process filled: kept in step even when their warmPool drops to 0.
+        self._kept: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        #: The last error per Agent, so a pool that cannot be filled is logged once, not every poll.
+        self._errors: dict[str, str] = {}
+        self._closed = False  # shut down: the poll loop may outlive close() by a round
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = ObjectMeta.of(body)
+        if not meta.uid:
+            return
+        if event_type == "DELETED" or meta.deletion_timestamp is not None:
+            # Its unclaimed pods and the pool's NetworkPolicy are owned by it: garbage collection.
+            self.agents.pop(meta.uid, None)
+            self._kept.discard(meta.uid)
+            self._errors.pop(meta.uid, None)
+            return
+        if (body.get("spec") or {}).get("sandbox") is not None:
+            self.agents[meta.uid] = body
+        else:
+            self.agents.pop(meta.uid, None)
+
+    async def keep_filling(self) -> None:
+        """The poll loop (a background task of the operator)."""
+        while True:
+            try:
+                await self.fill_all()
+            except Exception as exc:  # the loop must outlive one bad round; the next one tries again
+                logger.warning("warm sandbox pools: a round failed: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(self.poll_seconds)
+
+    async def fill_all(self) -> None:
+        for uid in list(self.agents):
+            if not self.ownership.fenced and self.ownership.owns(uid):
+                await self.fill(uid)
+
+    async def fill(self, uid: str) -> None:
+        """One Agent's pool brought to its size: missing pods created, extra or outdated ones deleted."""
+        lock = self._locks.setdefault(uid, asyncio.Lock())
+        async with lock:
+            body = self.agents.get(uid)
+            if body is None or self._closed:
+                return
+            try:
+                spec = SandboxSpec.model_validate((body.get("spec") or {}).get("sandbox"))
+            except ValidationError:
+                return  # the Agent's Ready condition says what is wrong (validating.py)
+            if spec.warm_pool == 0 and uid not in self._kept:
+                return
+            meta = ObjectMeta.of(body)
+            agent = PoolOwner(
+                meta.namespace, meta.name, uid, (body.get("spec") or {}).get("serviceAccountName")
+            )
+            try:
+                await self._fill(agent, spec)
+            except ToolError as exc:
+                if self._errors.get(uid) != exc.message:
+                    logger.warning(
+                        "Agent %s/%s: the warm sandbox pool is not filled: %s%s",
+                        meta.namespace,
+                        meta.name,
+                        exc.message,
+                        f" ({exc.hint})" if exc.hint else "",
+                    )
+                self._errors[uid] = exc.message
+                return
+            self._errors.pop(uid, None)
+            if spec.warm_pool:
+                self._kept.add(uid)
+            else:
+                self._kept.discard(uid)
+
+    async def _fill(self, agent: PoolOwner, spec: SandboxSpec) -> None:
+        user = service_account_user(agent.namespace, agent.service_account)
+        pods = f"/api/v1/namespaces/{quote(agent.namespace, safe='')}/pods"
+        selector = quote(f"{LABEL_POOL_AGENT}={agent.uid},!{LABEL_RUN_UID}", safe="")
+        status, answer = await self._api.request("GET", f"{pods}?labelSelector={selector}", user=user)
+        if status != 200:
+            raise _error(user, "list", status, answer)
+        key = pool_key(agent.namespace, agent.service_account, spec)
+        keep: list[str] = []
+        drop: list[str] = []
+        for pod in answer.get("items") or []:
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp") is not None:
+                continue
+            ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            current = (meta.get("labels") or {}).get(LABEL_POOL) == key
+            (keep if current and not ended else drop).append(str(meta.get("name")))
+        drop += keep[spec.warm_pool :]
+        for name in drop:
+            status, answer = await self._api.request("DELETE", f"{pods}/{quote(name, safe='')}", user=user)
+            if status not in (200, 202, 404):
+                raise _error(user, "delete", status, answer)
+        if len(keep) < spec.warm_pool:
+            await self._ensure_network_policy(agent, spec)
+        for _ in range(spec.warm_pool - len(keep)):
+            status, answer = await self._api.request(
+                "POST", pods, user=user, body=pool_pod_manifest(spec, agent)
+            )
+            if status not in (200, 201):
+                raise _error(user, "create", status, answer)
+            logger.info(
+                "Agent %s/%s: started the warm sandbox pod %s",
+                agent.namespace,
+                agent.name,
+                (answer.get("metadata") or {}).get("name"),
+            )
+
+    async def _ensure_network_policy(self, agent: PoolOwner, spec: SandboxSpec) -> None:
+        path = f"/apis/networking.k8s.io/v1/namespaces/{quote(agent.namespace, safe='')}/networkpolicies"
+        # As the operator, as for a run's sandbox: the ServiceAccount must not open its own egress.
+        status, answer = await self._api.request(
+            "POST", path, user=None, body=pool_network_policy_manifest(spec, agent)
+        )
+        if status not in (200, 201, 409):
+            raise ToolError(
+                "sandbox_unavailable",
+                f"could not create the pool's NetworkPolicy: {answer.get('message') or status}",
+                hint="the operator needs create on networkpolicies",
+            )
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._api.close()
+
+
+def _error(user: str, action: str, status: int, answer: Mapping[str, Any]) -> ToolError:
+    message = str(answer.get("message") or f"HTTP {status}")
+    hint = (
+        "the Agent's ServiceAccount needs create, list and delete on pods for a warm pool"
+        if status == 403
+        else ""
+    )
+    return ToolError("sandbox_unavailable", f"{user} could not {action} pool pods: {message}", hint=hint)
