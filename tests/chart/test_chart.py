@@ -112,6 +112,8 @@ NAMESPACED_NEEDS = {
     ("", "events"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
     ("", "serviceaccounts"): {"impersonate"},
+    # The NetworkPolicy of each run's sandbox (tools/sandbox/pods.py): made and removed by the operator.
+    ("networking.k8s.io", "networkpolicies"): {"create", "delete"},
 }
 CONFIGMAP_NEEDS = {("", "configmaps"): {"get", "create"}}
 # Replica membership, in the release namespace only (controller/replicas/membership.py).

@@ -178,6 +178,9 @@ SCRIPTS = [
             Reply([text_block("listed")]),
         ],
     ),
+    Script(
+        "[rbac:sandbox]", [Reply([tool_use_block("bash", {"command": "true"})]), Reply([text_block("ran")])]
+    ),
 ]
 
 
@@ -388,6 +391,45 @@ async def fans_out_to_a_child(work: Workload) -> None:
     assert (status["phase"], status["children"]["succeeded"]) == ("Succeeded", 1), status
 
 
+async def works_in_a_sandbox(work: Workload) -> None:
+    """A run with spec.sandbox: its pod is the run's ServiceAccount's to make, its NetworkPolicy the
+    operator's, made with the pod and removed when the run ends (the image is one no node has, so the
+    run ends FatalToolError once the pod cannot start, with or without a node)."""
+    namespace = work.namespaces[0]
+    await grant_service_account(
+        work.cluster,
+        "sandboxer",
+        [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "list"]},
+            {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
+        ],
+        probe=f"/api/v1/namespaces/{namespace}/pods",
+        namespace=namespace,
+    )
+    sandbox = {
+        "image": "localhost/agentrun-sandbox-absent:none",
+        "imagePullPolicy": "Never",
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"cpu": "100m", "memory": "64Mi"},
+        },
+        "startTimeoutSeconds": 10,
+    }
+    await work.apply(
+        namespace, "sandboxed", "[rbac:sandbox] run", serviceAccountName="sandboxer", sandbox=sandbox
+    )
+    status = await work.finished(namespace, "sandboxed")
+    assert (status["phase"], status["stopReason"]) == ("Failed", "FatalToolError"), status
+    policies = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
+    await until(
+        lambda: work.cluster.request("GET", policies),
+        "the sandbox's NetworkPolicy to be removed with the end of the run",
+        30,
+        done=lambda listing: not listing["items"],
+        every=0.2,
+    )
+
+
 SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     succeeds_with_tools,
     waits_for_its_secret,
@@ -398,6 +440,7 @@ SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     resumes_after_a_restart,
     takes_off_an_earlier_builds_finalizer,
     is_admitted_by_a_quota,
+    works_in_a_sandbox,
     runs_from_an_agent,
     fans_out_to_a_child,
     runs_on_a_schedule,
