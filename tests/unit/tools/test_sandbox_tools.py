@@ -10,6 +10,8 @@ exec API, the limits) is proven on the real node (tests/node/test_sandbox.py).
 from __future__ import annotations
 
 import asyncio
+import re
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,10 @@ from tests.unit.tools.environment import LocalSandbox
 def sandbox(tmp_path: Path) -> LocalSandbox:
     (tmp_path / "workspace").mkdir()
     return LocalSandbox(tmp_path)
+
+
+#: A sleep's duration no other process on the machine has (pgrep looks at every process).
+UNIQUE = f"30.{secrets.randbelow(10**6):06d}"
 
 
 def crashed_call(record: Path) -> None:
@@ -96,11 +102,13 @@ async def test_a_command_past_its_time_limit_is_killed_with_the_processes_it_sta
 ) -> None:
     sandbox.command_timeout_seconds = 1
     output = await BashTool(sandbox).call(
-        call("bash", command="(sleep 30; echo late > child) & echo started; sleep 30")
+        call("bash", command=f"(sleep {UNIQUE}; echo late > child) & echo started; sleep {UNIQUE}")
     )
     assert output.is_error and output.structured["timedOut"] and output.structured["code"] == "timeout"
     assert output.content.startswith("started\n") and "killed after 1 s" in output.content
-    pgrep = await asyncio.create_subprocess_exec("pgrep", "-f", "sleep 3[0]", stdout=asyncio.subprocess.PIPE)
+    pgrep = await asyncio.create_subprocess_exec(
+        "pgrep", "-fx", f"sleep {re.escape(UNIQUE)}", stdout=asyncio.subprocess.PIPE
+    )
     survivors, _ = await pgrep.communicate()
     assert survivors.split() == [], "a child of the timed-out command survived"
 
@@ -199,9 +207,13 @@ async def test_a_command_killed_early_takes_what_it_left_running_and_goes_first_
     bash = BashTool(sandbox)
     score = await bash.call(call("bash", command="cat /proc/self/oom_score_adj"))
     assert score.content == "1000\n"  # the OOM killer takes the command, not the shells that record it
-    killed = await bash.call(call("bash", key="run:toolu_2", command="sleep 31 & echo left; kill -9 $$"))
+    killed = await bash.call(
+        call("bash", key="run:toolu_2", command=f"sleep {UNIQUE}1 & echo left; kill -9 $$")
+    )
     assert killed.content.startswith("left\n") and killed.structured["exitCode"] == 137
-    pgrep = await asyncio.create_subprocess_exec("pgrep", "-f", "sleep 3[1]", stdout=asyncio.subprocess.PIPE)
+    pgrep = await asyncio.create_subprocess_exec(
+        "pgrep", "-fx", f"sleep {re.escape(UNIQUE)}1", stdout=asyncio.subprocess.PIPE
+    )
     survivors, _ = await pgrep.communicate()
     assert survivors.split() == [], "a process the killed command started survived it"
 
