@@ -178,4 +178,7 @@ def test_the_apis_own_client_tools_are_sent_by_type_and_name_without_a_schema() 
         {"type": "bash_20250124", "name": "bash"},
         {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
     ]
-    validate_request(request([{"role": "user", "content": "x"}], tools=tools))
+    body = validate_request(
+        request([{"role": "user", "content": "x"}], tools=tools, tool_choice={"type": "tool", "name": "bash"})
+    )
+    assert body["tools"] == tools, "the typed tools were accepted as they are, and tool_choice may name one"
