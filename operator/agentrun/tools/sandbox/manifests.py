@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from agentrun.api import API_VERSION
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.tools.sandbox.commands import STATE_DIR
 
@@ -73,14 +74,14 @@ def _labels(run: RunIdentity) -> dict[str, str]:
     }
 
 
-def _owner(run: RunIdentity) -> dict[str, Any]:
-    # blockOwnerDeletion stays false: setting it needs update on agentruns/finalizers, which the run's
-    # ServiceAccount (the pod's creator) should not need.
+def _owner(kind: str, name: str, uid: str) -> dict[str, Any]:
+    # blockOwnerDeletion stays false: setting it needs update on the owner's finalizers, which the
+    # ServiceAccount that creates the pod (the run's, the Agent's) should not need.
     return {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentRun",
-        "name": run.name,
-        "uid": run.uid,
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": False,
     }
@@ -111,7 +112,7 @@ def pod_manifest(spec: SandboxSpec, run: RunIdentity) -> dict[str, Any]:
             "name": sandbox_pod_name(run.name, run.uid),
             "namespace": run.namespace,
             "labels": _labels(run),
-            "ownerReferences": [_owner(run)],
+            "ownerReferences": [_owner("AgentRun", run.name, run.uid)],
         },
         "spec": _pod_spec(spec, run.service_account),
     }
@@ -126,7 +127,7 @@ def pool_pod_manifest(spec: SandboxSpec, agent: PoolOwner) -> dict[str, Any]:
             "generateName": f"{agent.name[:40].rstrip('-.')}-sandbox-pool-",
             "namespace": agent.namespace,
             "labels": _pool_labels(spec, agent),
-            "ownerReferences": [_agent_owner(agent)],
+            "ownerReferences": [_owner("Agent", agent.name, agent.uid)],
         },
         "spec": _pod_spec(spec, agent.service_account),
     }
@@ -142,7 +143,7 @@ def pool_network_policy_manifest(spec: SandboxSpec, agent: PoolOwner) -> dict[st
             "name": f"{agent.name[:40].rstrip('-.')}-sandbox-pool-{key[:8]}",
             "namespace": agent.namespace,
             "labels": _pool_labels(spec, agent),
-            "ownerReferences": [_agent_owner(agent)],
+            "ownerReferences": [_owner("Agent", agent.name, agent.uid)],
         },
         "spec": _policy_spec(spec, {LABEL_POOL: key, LABEL_SANDBOX: "true"}),
     }
@@ -156,7 +157,7 @@ def claim_patch(run: RunIdentity, resource_version: str) -> dict[str, Any]:
         "metadata": {
             "resourceVersion": resource_version,
             "labels": {LABEL_RUN_UID: run.uid, LABEL_POOL_AGENT: None},
-            "ownerReferences": [_owner(run)],
+            "ownerReferences": [_owner("AgentRun", run.name, run.uid)],
         }
     }
 
@@ -167,17 +168,6 @@ def _pool_labels(spec: SandboxSpec, agent: PoolOwner) -> dict[str, str]:
         LABEL_POOL: pool_key(agent.namespace, agent.service_account, spec),
         LABEL_POOL_AGENT: agent.uid,
         "app.kubernetes.io/managed-by": "agentrun-operator",
-    }
-
-
-def _agent_owner(agent: PoolOwner) -> dict[str, Any]:
-    return {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "Agent",
-        "name": agent.name,
-        "uid": agent.uid,
-        "controller": True,
-        "blockOwnerDeletion": False,
     }
 
 
@@ -239,7 +229,7 @@ def network_policy_manifest(spec: SandboxSpec, run: RunIdentity) -> dict[str, An
             "name": sandbox_pod_name(run.name, run.uid),
             "namespace": run.namespace,
             "labels": _labels(run),
-            "ownerReferences": [_owner(run)],
+            "ownerReferences": [_owner("AgentRun", run.name, run.uid)],
         },
         "spec": _policy_spec(spec, {LABEL_RUN_UID: run.uid, LABEL_SANDBOX: "true"}),
     }
