@@ -31,6 +31,20 @@ class KubeConnection:
     ssl_context: ssl.SSLContext | None
     authorization: Callable[[], Awaitable[str | None]]
 
+    def url(self, path: str) -> str:
+        return self.server.rstrip("/") + path
+
+    async def headers(self, user: str | None) -> dict[str, str]:
+        """The current credentials, and ``Impersonate-User`` when acting as ``user`` (None: the
+        operator itself), for every request the tools send over this transport."""
+        headers: dict[str, str] = {}
+        authorization = await self.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
+        if user:
+            headers["Impersonate-User"] = user
+        return headers
+
 
 class ToolEnvironment(Protocol):
     @property

@@ -76,11 +76,8 @@ class KubeReader:
         return self._session
 
     async def _request(self, path: str, query: Mapping[str, str] | None, *, action: str) -> tuple[int, str]:
-        headers = {"Impersonate-User": self.user, "Accept": "application/json"}
-        authorization = await self._connection.authorization()
-        if authorization:
-            headers["Authorization"] = authorization
-        url = self._connection.server.rstrip("/") + path
+        headers = {"Accept": "application/json", **await self._connection.headers(self.user)}
+        url = self._connection.url(path)
         try:
             async with self._client().get(url, params=dict(query or {}), headers=headers) as response:
                 raw = await read_capped(response.content, MAX_BODY_BYTES)

@@ -105,13 +105,8 @@ async def exec_in_pod(
     """
     if not argv:
         raise ValueError("exec_in_pod needs a command")
-    headers = {}
-    authorization = await connection.authorization()
-    if authorization:
-        headers["Authorization"] = authorization
-    if user:
-        headers["Impersonate-User"] = user
-    url = connection.server.rstrip("/") + exec_path(namespace, pod, container, argv)
+    headers = await connection.headers(user)
+    url = connection.url(exec_path(namespace, pod, container, argv))
     refused: dict[str, bytes] = {}
     target = f"{namespace}/{pod} ({container})"
     try:

@@ -77,15 +77,10 @@ class ApiRequests:
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=aiohttp.ClientTimeout(total=60)
             )
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **await self._connection.headers(user)}
         if content_type is not None:
             headers["Content-Type"] = content_type
-        if user is not None:
-            headers["Impersonate-User"] = user
-        authorization = await self._connection.authorization()
-        if authorization:
-            headers["Authorization"] = authorization
-        url = self._connection.server.rstrip("/") + path
+        url = self._connection.url(path)
         try:
             async with self._session.request(method, url, json=body, headers=headers) as response:
                 text = await response.text()
