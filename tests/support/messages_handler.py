@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import anthropic
 from aiohttp import web
 
+from tests.support.local_servers import serving_app
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -16,13 +18,8 @@ async def serving(handler: Handler) -> AsyncIterator[str]:
     """The base URL of a server whose POST /v1/messages goes to `handler`."""
     app = web.Application()
     app.router.add_post("/v1/messages", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app, shutdown_timeout=60.0) as url:
+        yield url
 
 
 @contextlib.asynccontextmanager

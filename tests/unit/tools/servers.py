@@ -16,6 +16,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError as MCPToolError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tests.support.local_servers import serving_app
+
 
 @dataclass
 class Received:
@@ -58,16 +60,8 @@ class WebhookReceiver:
     async def running(self) -> AsyncIterator[WebhookReceiver]:
         app = aiohttp.web.Application()
         app.router.add_post("/{tail:.*}", self._handle)
-        runner = aiohttp.web.AppRunner(app, shutdown_timeout=0.5)
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
-        try:
+        async with serving_app(app) as self.url:
             yield self
-        finally:
-            await runner.cleanup()
 
 
 def demo_mcp_server() -> MCPServer:

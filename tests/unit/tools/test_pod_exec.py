@@ -21,6 +21,7 @@ from agentrun.tools.environment import KubeConnection
 from agentrun.tools.sandbox.pod_exec import ExecError, ExecResult, exec_in_pod
 from agentrun_sandbox.kube import EmulatedCluster
 from tests.support.kube_client import KubeClient
+from tests.support.local_servers import serving_app
 from tests.support.ports import free_port
 
 SUCCESS = {"metadata": {}, "status": "Success"}
@@ -86,16 +87,8 @@ class ExecEndpoint:
     async def running(self) -> AsyncIterator[ExecEndpoint]:
         app = aiohttp.web.Application()
         app.router.add_get("/{tail:.*}", self._handle)
-        runner = aiohttp.web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
-        try:
+        async with serving_app(app, shutdown_timeout=0.1) as self.url:
             yield self
-        finally:
-            await runner.cleanup()
 
 
 async def _bearer() -> str:
