@@ -59,8 +59,9 @@ class WarmPools:
         self.ownership: Ownership = ownership if ownership is not None else Standalone()
         self.poll_seconds = poll_seconds
         self._api = ApiRequests(connection)
-        #: The latest body of every Agent with a sandbox, by uid.
-        self.agents: dict[str, Mapping[str, Any]] = {}
+        #: Every Agent with a valid sandbox, by uid: who owns its pool and the sandbox it is made of,
+        #: parsed once per event rather than at every poll.
+        self.agents: dict[str, tuple[PoolOwner, SandboxSpec]] = {}
         #: Agents whose pool this process filled: kept in step even when their warmPool drops to 0.
         self._kept: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -78,10 +79,16 @@ class WarmPools:
             self._kept.discard(meta.uid)
             self._errors.pop(meta.uid, None)
             return
-        if (body.get("spec") or {}).get("sandbox") is not None:
-            self.agents[meta.uid] = body
-        else:
+        spec = body.get("spec") or {}
+        try:
+            sandbox = SandboxSpec.model_validate(spec.get("sandbox")) if spec.get("sandbox") else None
+        except ValidationError:
+            sandbox = None  # the Agent's Ready condition says what is wrong (validating.py)
+        if sandbox is None:
             self.agents.pop(meta.uid, None)
+            return
+        owner = PoolOwner(meta.namespace, meta.name, meta.uid, spec.get("serviceAccountName"))
+        self.agents[meta.uid] = (owner, sandbox)
 
     async def keep_filling(self) -> None:
         """The poll loop (a background task of the operator)."""
@@ -101,27 +108,20 @@ class WarmPools:
         """One Agent's pool brought to its size: missing pods created, extra or outdated ones deleted."""
         lock = self._locks.setdefault(uid, asyncio.Lock())
         async with lock:
-            body = self.agents.get(uid)
-            if body is None or self._closed:
+            pool = self.agents.get(uid)
+            if pool is None or self._closed:
                 return
-            try:
-                spec = SandboxSpec.model_validate((body.get("spec") or {}).get("sandbox"))
-            except ValidationError:
-                return  # the Agent's Ready condition says what is wrong (validating.py)
+            agent, spec = pool
             if spec.warm_pool == 0 and uid not in self._kept:
                 return
-            meta = ObjectMeta.of(body)
-            agent = PoolOwner(
-                meta.namespace, meta.name, uid, (body.get("spec") or {}).get("serviceAccountName")
-            )
             try:
                 await self._fill(agent, spec)
             except ToolError as exc:
                 if self._errors.get(uid) != exc.message:
                     logger.warning(
                         "Agent %s/%s: the warm sandbox pool is not filled: %s%s",
-                        meta.namespace,
-                        meta.name,
+                        agent.namespace,
+                        agent.name,
                         exc.message,
                         f" ({exc.hint})" if exc.hint else "",
                     )
