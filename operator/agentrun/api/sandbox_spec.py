@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from agentrun.api.spec_base import DNS_LABEL_PATTERN, SecretKeyRef, SpecModel
+from agentrun.api.spec_base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, SecretKeyRef, SpecModel
 
 #: The tools a sandbox gives the model: the Messages API's own client tools, by the names their
 #: versioned types require (bash_20250124, text_editor_20250728).
@@ -80,6 +80,82 @@ class EgressRule(SpecModel):
     ports: list[int] = Field(
         default_factory=list, max_length=64, description="TCP ports allowed there (all ports when empty)."
     )
+
+
+#: Where the operator's own volumes are mounted: a sandbox volume may not take their place.
+RESERVED_MOUNT_PATHS = ("/tmp", "/agentrun")
+RESERVED_VOLUME_NAMES = ("workspace", "tmp", "agentrun")
+
+
+class ConfigMapVolume(SpecModel):
+    """A ConfigMap of the run's namespace, mounted read-only (read by the kubelet)."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253, description="ConfigMap name.")
+
+
+class SecretVolume(SpecModel):
+    """A Secret of the run's namespace, mounted read-only (read by the kubelet, never by the operator)."""
+
+    secret_name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253, description="Secret name.")
+
+
+class ClaimVolume(SpecModel):
+    """A PersistentVolumeClaim of the run's namespace: files that outlive the pod (and the run)."""
+
+    claim_name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253, description="Claim name.")
+    read_only: bool = Field(default=False, description="Mount the claim read-only.")
+
+
+class EmptyDirVolume(SpecModel):
+    """A scratch directory of the pod, gone with it."""
+
+    size_limit: str = Field(
+        default="1Gi", pattern=QUANTITY_PATTERN, max_length=64, description="Beyond it the pod is evicted."
+    )
+
+
+class SandboxVolume(SpecModel):
+    """One more volume in the sandbox pod, from exactly one source (no hostPath: not a field)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.configMap), has(self.secret), has(self.persistentVolumeClaim), "
+                    "has(self.emptyDir)].filter(x, x).size() == 1",
+                    "message": "set exactly one of configMap, secret, persistentVolumeClaim, emptyDir",
+                },
+                {
+                    "rule": "!(self.mountPath in ['/', '/tmp', '/agentrun']) && "
+                    "!self.mountPath.startsWith('/agentrun/') && !self.mountPath.startsWith('/tmp/')",
+                    "message": "mountPath may not be /, nor /tmp or /agentrun (the operator's) or below them",
+                },
+            ]
+        }
+    )
+
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN, max_length=63, description="Volume name, unique in the sandbox."
+    )
+    mount_path: str = Field(
+        pattern=r"^/[^\n:]*$",
+        max_length=1024,
+        description="Where the volume appears in the sandbox; the workspace itself when equal to workingDir.",
+    )
+    config_map: ConfigMapVolume | None = Field(default=None, description="A ConfigMap, read-only.")
+    secret: SecretVolume | None = Field(default=None, description="A Secret, read-only.")
+    persistent_volume_claim: ClaimVolume | None = Field(default=None, description="A PersistentVolumeClaim.")
+    empty_dir: EmptyDirVolume | None = Field(default=None, description="A scratch directory.")
+
+    @model_validator(mode="after")
+    def _one_source_and_a_free_path(self) -> SandboxVolume:
+        sources = [self.config_map, self.secret, self.persistent_volume_claim, self.empty_dir]
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError("set exactly one of configMap, secret, persistentVolumeClaim, emptyDir")
+        path = self.mount_path.rstrip("/") or "/"
+        if path == "/" or any(path == r or path.startswith(r + "/") for r in RESERVED_MOUNT_PATHS):
+            raise ValueError("mountPath may not be /, nor /tmp or /agentrun (the operator's) or below them")
+        return self
 
 
 class SandboxSpec(SpecModel):
@@ -160,6 +236,38 @@ class SandboxSpec(SpecModel):
         le=3600,
         description="How long the pod may take to start (image pull included) before the run fails.",
     )
+    volumes: list[SandboxVolume] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(v, self.exists_one(w, w.mountPath == v.mountPath))",
+                    "message": "two volumes have the same mountPath",
+                },
+                {
+                    "rule": "self.all(v, !(v.name in ['workspace', 'tmp', 'agentrun']))",
+                    "message": "volume names workspace, tmp and agentrun are the operator's",
+                },
+            ],
+        },
+        description=(
+            "More volumes: ConfigMaps and Secrets (read-only), PersistentVolumeClaims, emptyDirs. A volume "
+            "mounted at workingDir is the workspace instead of the default emptyDir."
+        ),
+    )
+    idle_timeout_seconds: int | None = Field(
+        default=None,
+        ge=30,
+        le=604800,
+        description=(
+            "Delete the sandbox pod after this long without a sandbox call (e.g. while the run waits for "
+            "an approval); the next call starts a new pod and the model is told the workspace is new. "
+            "Unset: the pod stays for the whole run."
+        ),
+    )
     warm_pool: int = Field(
         default=0,
         ge=0,
@@ -170,3 +278,17 @@ class SandboxSpec(SpecModel):
             "start). An AgentRun of its own (without agentRef) cannot set it."
         ),
     )
+
+    @model_validator(mode="after")
+    def _volumes_distinct(self) -> SandboxSpec:
+        names = [v.name for v in self.volumes]
+        paths = [v.mount_path for v in self.volumes]
+        if len(set(names)) != len(names):
+            raise ValueError("two volumes have the same name")
+        if len(set(paths)) != len(paths):
+            raise ValueError("two volumes have the same mountPath")
+        if reserved := sorted(set(names) & set(RESERVED_VOLUME_NAMES)):
+            raise ValueError(
+                f"volume names workspace, tmp and agentrun are the operator's (not {reserved[0]})"
+            )
+        return self

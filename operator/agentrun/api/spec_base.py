@@ -13,6 +13,7 @@ from pydantic.alias_generators import to_camel
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 ToolName = Annotated[str, Field(pattern=TOOL_NAME_PATTERN, min_length=1, max_length=64)]
 
