@@ -47,6 +47,7 @@ class LocalSandbox:
     root: Path
     command_timeout_seconds: int = 10
     output_limit_bytes: int = 2048
+    memory_limit: str = "64Mi"
     calls: list[Sequence[str]] = field(default_factory=list)
 
     @property
@@ -56,6 +57,11 @@ class LocalSandbox:
     @property
     def state_dir(self) -> str:
         return str(self.root / "state")
+
+    @property
+    def oom_counters(self) -> tuple[str, ...]:
+        """A file standing in for the container's memory.events: a test's command bumps it."""
+        return (str(self.root / "missing.events"), str(self.root / "memory.events"))
 
     async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
         self.calls.append(argv)

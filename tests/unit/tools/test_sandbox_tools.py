@@ -189,6 +189,31 @@ async def test_a_command_killed_before_its_time_limit_is_told_apart_from_a_timeo
     )
 
 
+async def test_a_command_during_which_the_kernel_killed_for_memory_says_so_with_the_limit(
+    sandbox: LocalSandbox,
+) -> None:
+    counter = sandbox.root / "memory.events"
+    counter.write_text("oom 0\noom_kill 3\n")
+    bomb = f"echo hog; printf 'oom 2\\noom_kill 5\\n' >{counter}; kill -9 $$"
+    output = await BashTool(sandbox).call(call("bash", command=bomb))
+    assert output.is_error and output.structured["code"] == "oom_killed"
+    assert output.structured["oomKills"] == 2 and output.structured["exitCode"] == 137
+    assert output.content == (
+        "hog\n\n[exit code 137: the kernel's OOM killer killed 2 process(es) of the sandbox while this "
+        "command ran: the sandbox's memory limit is 64Mi]"
+    )
+    # A child killed while the command itself went on and exited 0 is reported too.
+    child = f"printf 'oom_kill 6\\n' >{counter}; echo done"
+    survived = await BashTool(sandbox).call(call("bash", key="run:toolu_2", command=child))
+    assert survived.is_error and survived.structured["oomKills"] == 1 and survived.structured["exitCode"] == 0
+    assert survived.content.endswith(
+        "[the kernel's OOM killer killed 1 process(es) of the sandbox while "
+        "this command ran: the sandbox's memory limit is 64Mi]"
+    )
+    asked_again = await BashTool(sandbox).call(call("bash", command=bomb))
+    assert asked_again.structured["oomKills"] == 2 and asked_again.structured["resumed"]
+
+
 async def test_an_edited_script_stays_executable(sandbox: LocalSandbox) -> None:
     editor = TextEditorTool(sandbox)
     script = Path(sandbox.working_dir) / "run.sh"

@@ -17,6 +17,14 @@ take the exec's own shell or this script (the call then ended with no record) an
 processes holding the memory, so every later command was killed at once. The score makes the
 command's processes go first (a process may raise its own score without privileges); the group kill
 then removes what a killed command left running, so the memory is free for the next command.
+
+Why the container's own OOM counter is read before and after: an exit 137 before the time limit is
+only a guess at an OOM kill (a command may `kill -9` itself), and a fork bomb's killed children do not
+show in the command's exit status at all. The kernel counts the OOM kills of the container's memory
+cgroup (`oom_kill` in memory.events under cgroup v2, memory.oom_control under v1, both readable
+without privileges in the container), so a rise during the command says it was the memory limit.
+Commands running at the same time in the same sandbox share the counter: a kill is then reported by
+each of them (the dispatcher runs a turn's calls concurrently).
 """
 
 from __future__ import annotations
@@ -26,20 +34,31 @@ from dataclasses import dataclass
 
 from agentrun.tools.sandbox.pod_exec import ExecResult
 
-__all__ = ["STATE_DIR", "CommandOutcome", "command_argv", "parse_outcome"]
+__all__ = ["OOM_COUNTERS", "STATE_DIR", "CommandOutcome", "command_argv", "parse_outcome"]
 
 STATE_DIR = "/agentrun"
+#: Where a container reads its memory cgroup's count of OOM kills (cgroup v2, then v1); the first
+#: readable one is used, and none readable (gVisor, an old kernel) means no count.
+OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 KILLED = 137  # 128 + SIGKILL: the time limit's kill, or the OOM killer's
 
-# $1 record dir, $2 seconds, $3 output limit (bytes), $4 working dir, $5 the command.
+# $1 record dir, $2 seconds, $3 output limit (bytes), $4 working dir, $5 the command, $6... the files
+# that may hold the container's OOM kill count.
 _SCRIPT = r"""
-d=$1; t=$2; lim=$3; cwd=$4; cmd=$5
+d=$1; t=$2; lim=$3; cwd=$4; cmd=$5; shift 5
+ooms() {
+  for f in "$@"; do
+    [ -r "$f" ] || continue
+    while read -r k v; do [ "$k" = oom_kill ] && { echo "$v"; return; }; done <"$f"
+  done
+}
 mkdir -p "${d%/*}" || exit 90
 if mkdir "$d" 2>/dev/null; then
   mode=ran
   (
     cd "$cwd" || exit 91
     start=$(date +%s)
+    before=$(ooms "$@")
     timeout -s KILL "$t" sh -c 'echo 1000 >/proc/self/oom_score_adj 2>/dev/null; exec sh -c "$1"' sh "$cmd" \
       >"$d/out" 2>"$d/err" </dev/null &
     group=$!
@@ -48,6 +67,10 @@ if mkdir "$d" 2>/dev/null; then
     if [ "$rc" = 137 ]; then
       kill -s KILL -- "-$group" 2>/dev/null
       [ $(($(date +%s) - start)) -ge "$t" ] && : >"$d/timedout"
+    fi
+    after=$(ooms "$@")
+    if [ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]; then
+      echo $((after - before)) >"$d/oom"
     fi
     echo "$rc" >"$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"
   ) &
@@ -60,7 +83,8 @@ else
 fi
 if [ ! -f "$d/exit" ]; then echo "agentrun $mode unknown"; exit 0; fi
 how=exited; [ -f "$d/timedout" ] && how=timedout
-echo "agentrun $mode $(cat "$d/exit") $(wc -c <"$d/out") $(wc -c <"$d/err") $how"
+oom=0; [ -f "$d/oom" ] && oom=$(cat "$d/oom")
+echo "agentrun $mode $(cat "$d/exit") $(wc -c <"$d/out") $(wc -c <"$d/err") $how $oom"
 head -c "$lim" "$d/out"
 head -c "$lim" "$d/err" >&2
 """
@@ -79,6 +103,7 @@ def command_argv(
     output_limit: int,
     working_dir: str,
     state_dir: str = STATE_DIR,
+    oom_counters: tuple[str, ...] = OOM_COUNTERS,
 ) -> list[str]:
     return [
         "sh",
@@ -90,6 +115,7 @@ def command_argv(
         str(output_limit),
         working_dir,
         command,
+        *oom_counters,
     ]
 
 
@@ -104,10 +130,11 @@ class CommandOutcome:
     stdout_bytes: int = 0  # the whole output's size; more than len(stdout) when it was cut
     stderr_bytes: int = 0
     timed_out: bool = False  # killed at its time limit (an OOM kill also exits 137, but early)
+    oom_kills: int = 0  # processes the kernel's OOM killer took in the container while it ran
 
     @property
     def killed(self) -> bool:
-        """Ended by SIGKILL before its time limit: in a sandbox, the kernel's OOM killer."""
+        """Ended by SIGKILL before its time limit: in a sandbox, most likely the OOM killer."""
         return self.exit_code == KILLED and not self.timed_out
 
 
@@ -140,4 +167,5 @@ def parse_outcome(result: ExecResult) -> CommandOutcome:
     except ValueError as exc:
         raise ScriptFailed(f"the sandbox answered an unreadable status line: {header[:200]!r}") from exc
     timed_out = len(words) > 5 and words[5] == "timedout"
-    return CommandOutcome(resumed, code, stdout, result.stderr, out_bytes, err_bytes, timed_out)
+    oom_kills = int(words[6]) if len(words) > 6 and words[6].isdigit() else 0
+    return CommandOutcome(resumed, code, stdout, result.stderr, out_bytes, err_bytes, timed_out, oom_kills)

@@ -26,7 +26,7 @@ import aiohttp
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.loop.errors import ToolError
 from agentrun.tools.environment import KubeConnection
-from agentrun.tools.sandbox.commands import STATE_DIR
+from agentrun.tools.sandbox.commands import OOM_COUNTERS, STATE_DIR
 from agentrun.tools.sandbox.manifests import (
     CONTAINER,
     LABEL_POOL,
@@ -144,6 +144,14 @@ class SandboxPod:
     @property
     def state_dir(self) -> str:
         return STATE_DIR
+
+    @property
+    def oom_counters(self) -> tuple[str, ...]:
+        return OOM_COUNTERS
+
+    @property
+    def memory_limit(self) -> str:
+        return self.spec.resources.limits.memory
 
     @property
     def _pods(self) -> str:

@@ -54,6 +54,16 @@ class Sandbox(Protocol):
         """Where the pod keeps the calls' records (commands.STATE_DIR in the sandbox pod)."""
         ...
 
+    @property
+    def oom_counters(self) -> tuple[str, ...]:
+        """Files that may hold the container's OOM kill count (commands.OOM_COUNTERS in a pod)."""
+        ...
+
+    @property
+    def memory_limit(self) -> str:
+        """The sandbox's memory limit as declared (a quantity), for the model's OOM message."""
+        ...
+
     async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
         """Runs argv in the sandbox container; raises ToolError when the pod cannot be reached."""
         ...
@@ -104,6 +114,7 @@ class BashTool:
             output_limit=sandbox.output_limit_bytes,
             working_dir=sandbox.working_dir,
             state_dir=sandbox.state_dir,
+            oom_counters=sandbox.oom_counters,
         )
         result = await sandbox.exec(argv, timeout=sandbox.command_timeout_seconds + EXEC_MARGIN_SECONDS)
         try:
@@ -128,11 +139,19 @@ class BashTool:
             parts.append(_text(outcome.stdout, outcome.stdout_bytes, limit, "stdout"))
         if outcome.stderr_bytes:
             parts.append("[stderr]\n" + _text(outcome.stderr, outcome.stderr_bytes, limit, "stderr"))
+        oom = (
+            f"the kernel's OOM killer killed {outcome.oom_kills} process(es) of the sandbox while this "
+            f"command ran: the sandbox's memory limit is {self._sandbox.memory_limit}"
+        )
         if outcome.timed_out:
             parts.append(
                 f"[killed after {self._sandbox.command_timeout_seconds} s, the command's time limit, "
                 "with every process it started]"
             )
+            if outcome.oom_kills:
+                parts.append(f"[{oom}]")
+        elif outcome.oom_kills:
+            parts.append(f"[exit code {outcome.exit_code}: {oom}]" if outcome.exit_code else f"[{oom}]")
         elif outcome.killed:
             parts.append(
                 "[exit code 137: killed by SIGKILL before its time limit, most likely for using more "
@@ -142,15 +161,23 @@ class BashTool:
             parts.append(f"[exit code {outcome.exit_code}]")
         if outcome.resumed:
             parts.append("[this result was recorded before the operator restarted; the command ran once]")
-        if outcome.timed_out:  # counted as agentrun_tool_calls_total{outcome="timeout"}
+        # Counted as agentrun_tool_calls_total{outcome="timeout"} and {outcome="oom_killed"}.
+        if outcome.timed_out:
             structured |= {
                 "code": "timeout",
                 "message": f"killed after {self._sandbox.command_timeout_seconds} s",
             }
+        elif outcome.oom_kills:
+            structured |= {"code": "oom_killed", "message": oom}
         return ToolOutput(
             "\n".join(parts) or "(no output)",
-            is_error=outcome.timed_out,
-            structured={**structured, "timedOut": outcome.timed_out, "resumed": outcome.resumed},
+            is_error=outcome.timed_out or outcome.oom_kills > 0,
+            structured={
+                **structured,
+                "timedOut": outcome.timed_out,
+                "oomKills": outcome.oom_kills,
+                "resumed": outcome.resumed,
+            },
         )
 
 
