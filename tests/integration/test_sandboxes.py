@@ -217,3 +217,41 @@ async def test_an_agents_warm_pool_is_started_as_its_account_and_goes_with_the_a
 
     await cluster.request("DELETE", f"{agents}/pooled")
     await until(pool, "the warm pods deleted with the Agent", timeout=90, done=lambda found: found == [])
+
+
+async def test_an_agents_warm_pool_that_cannot_be_filled_says_why_in_its_status(
+    cluster: TestCluster, operator: OperatorProcess
+) -> None:
+    # The account may list and delete pods, not create them.
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]}]
+    await grant_service_account(cluster, "lister", rules, probe=cluster.path("pods"))
+    agents = cluster.path("agents", api="/apis/agentrun.dev/v1alpha1")
+    manifest = agent(
+        "unfilled",
+        namespace=cluster.namespace,
+        model={"name": "claude-haiku-4-5"},
+        serviceAccountName="lister",
+        sandbox=sandbox(warmPool=2),
+    )
+    await cluster.request("POST", agents, json=manifest)
+
+    async def pool_status() -> dict[str, Any]:
+        found = await cluster.request("GET", f"{agents}/unfilled")
+        return dict((found.get("status") or {}).get("warmPool") or {})
+
+    said = await until(
+        pool_status, "status.warmPool with a message", timeout=60, done=lambda s: "message" in s
+    )
+    assert said["size"] == 2 and said["ready"] == 0, said
+    user = f"system:serviceaccount:{cluster.namespace}:lister"
+    assert said["message"].startswith(f"{user} could not create pool pods: "), said
+    assert said["message"].endswith(
+        "(the Agent's ServiceAccount needs create, list and delete on pods for a warm pool)"
+    ), said
+    # Granted the right, the pool fills and the message goes.
+    role = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{cluster.namespace}/roles/lister"
+    granted = await cluster.request("GET", role)
+    granted["rules"] = [*rules, {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    await cluster.request("PUT", role, json=granted)
+    filled = await until(pool_status, "the message cleared", timeout=60, done=lambda s: "message" not in s)
+    assert filled["size"] == 2, filled

@@ -599,6 +599,15 @@ async def test_a_run_of_an_agent_with_a_warm_pool_claims_a_running_pod_and_start
 
     [ready] = await until(pool, "a warm pod running", WAIT)
     assert ready["spec"]["serviceAccountName"] == "pool-runner"
+
+    async def pool_status() -> dict[str, Any]:
+        return dict((await cluster.request("GET", f"{agents}/warm")).get("status", {}).get("warmPool") or {})
+
+    # The Agent says its pool is ready (the next refill after the pod runs writes it).
+    assert await until(pool_status, "status.warmPool ready", WAIT, done=lambda s: s.get("ready") == 1) == {
+        "size": 1,
+        "ready": 1,
+    }
     assert [o["kind"] for o in ready["metadata"]["ownerReferences"]] == ["Agent"]
 
     latency: dict[str, float] = {}

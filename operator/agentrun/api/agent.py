@@ -16,6 +16,17 @@ class AgentSpec(RunDefinition):
     """What every run of this Agent does; a run adds the task and may narrow the limits."""
 
 
+class WarmPoolStatus(StatusModel):
+    """The Agent's warm sandbox pool as its last refill found it (docs/sandbox.md, Fast start)."""
+
+    size: int = Field(description="spec.sandbox.warmPool: the pods the pool is kept at.")
+    ready: int = Field(description="Unclaimed pool pods whose sandbox container runs, ready for a run.")
+    message: str | None = Field(
+        default=None,
+        description="Why the pool cannot be filled (a missing right, a refused pod); unset when it can.",
+    )
+
+
 class AgentStatus(StatusModel):
     """What the operator saw of the Agent."""
 
@@ -26,4 +37,7 @@ class AgentStatus(StatusModel):
             "Ready: True (reason Valid) when a run of the Agent would be admitted as it stands; False "
             "(reason InvalidSpec) names every field a run of it would be refused for."
         ),
+    )
+    warm_pool: WarmPoolStatus | None = Field(
+        default=None, description="The warm sandbox pool, when spec.sandbox.warmPool was ever set."
     )

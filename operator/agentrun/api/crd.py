@@ -278,6 +278,7 @@ _AGENT = _Kind(
     columns=(
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Pool", "type": "integer", "jsonPath": ".status.warmPool.ready", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ),
     description="Agent is an AgentRun's definition without its task: system prompt, model, tools, limits. "

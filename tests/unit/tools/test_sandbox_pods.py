@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 
+from agentrun.api.agent import WarmPoolStatus
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.controller.agentruns.tool_environment import kube_connection
 from agentrun.controller.agents.pools import WarmPools
@@ -341,4 +342,28 @@ async def test_a_smaller_pool_deletes_its_extra_pods_and_a_changed_sandbox_repla
     pools.observe("MODIFIED", zero)
     await pools.fill(uid)
     assert unclaimed(cluster, agent) == []
+    await pools.close()
+
+
+async def test_the_pool_state_counts_running_pods_and_is_told_only_when_it_changes(
+    cluster: KubeEmulator, connection: KubeConnection
+) -> None:
+    agent = agent_of(cluster, "fixer", warm_pool=2)
+    uid = agent["metadata"]["uid"]
+    pools = WarmPools(connection)
+    told: list[str] = []
+    pools.changed = told.append
+    pools.observe(None, agent)
+    await pools.fill(uid)  # two pods created, none running yet
+    assert pools.states[uid] == WarmPoolStatus(size=2, ready=0, message=None) and told == [uid]
+    with Kubelet(cluster):
+        await until(lambda: running(unclaimed(cluster, agent)), "the warm pods run")
+    await pools.fill(uid)
+    assert pools.states[uid] == WarmPoolStatus(size=2, ready=2, message=None) and told == [uid, uid]
+    await pools.fill(uid)  # nothing changed: nobody told
+    assert told == [uid, uid]
+    # The sandbox removed from the Agent: the pool's state goes (status.warmPool cleared).
+    plain = cluster.emulator.patch_object("agents", NS, "fixer", {"spec": {"sandbox": None}})
+    pools.observe("MODIFIED", plain)
+    assert uid not in pools.states and told == [uid, uid, uid]
     await pools.close()

@@ -52,6 +52,8 @@ class AgentValidator:
         self.retry_seconds = retry_seconds
         #: Warm sandbox pools (pools.py), kept by the same owner: fed every Agent event.
         self.pools = pools
+        if pools is not None:
+            pools.changed = lambda uid: self._spawn(self.validate(uid))
         #: The latest body seen, by uid: what a replica that becomes the owner validates.
         self.agents: dict[str, Mapping[str, Any]] = {}
         self.written = WrittenStatus()
@@ -83,13 +85,15 @@ class AgentValidator:
             if body is None or not self._owns(uid):
                 return True
             meta = ObjectMeta.of(body)
-            wanted = agent_status({**body, "status": self.written.current(body)}, self.clock())
+            pool = self.pools.states.get(uid) if self.pools is not None else None
+            wanted = agent_status({**body, "status": self.written.current(body)}, self.clock(), pool)
 
             async def send(patch: dict[str, Any]) -> None:
                 await self.kube.patch_agent_status(meta.namespace, meta.name, patch)
 
             try:
-                written = await self.written.write(body, wanted, send)
+                cleared = () if pool is not None else ("warm_pool",)
+                written = await self.written.write(body, wanted, send, cleared=cleared)
             except APINotFoundError:
                 return True  # deleted meanwhile: its DELETED event follows
             except APIError as exc:

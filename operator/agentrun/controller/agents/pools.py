@@ -7,6 +7,10 @@ as it alone writes the Agent's status (control.py). The pods are created as the 
 ServiceAccount (impersonation), exactly as a run's own sandbox, so RBAC decides the same way; they
 are owned by the Agent until a run claims one, so deleting the Agent deletes its unclaimed pods.
 
+What the last refill found (pods ready, or why the pool cannot be filled) is the Agent's
+status.warmPool, written by the Agent's one status writer (control.py) when it changes: whoever
+runs the Agent sees a pool that cannot fill without reading the operator's logs.
+
 The pool is refilled by a short poll (POLL_SECONDS) and at once on every event of the Agent: a claim
 is a pod event the operator does not watch, and one list per Agent with a pool every few seconds is
 cheaper than a pod watch across every namespace.
@@ -16,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from pydantic import ValidationError
 
+from agentrun.api.agent import WarmPoolStatus
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.kube.objects import ObjectMeta
@@ -37,7 +42,7 @@ from agentrun.tools.sandbox.manifests import (
     pool_network_policy_manifest,
     pool_pod_manifest,
 )
-from agentrun.tools.sandbox.pods import ApiRequests
+from agentrun.tools.sandbox.pods import ApiRequests, container_running
 
 __all__ = ["POLL_SECONDS", "WarmPools"]
 
@@ -68,6 +73,10 @@ class WarmPools:
         #: The last error per Agent, so a pool that cannot be filled is logged once, not every poll.
         self._errors: dict[str, str] = {}
         self._closed = False  # shut down: the poll loop may outlive close() by a round
+        #: What the last refill found, by Agent uid: its status.warmPool.
+        self.states: dict[str, WarmPoolStatus] = {}
+        #: Called with an Agent's uid when its state changed (control.py writes the status).
+        self.changed: Callable[[str], None] = lambda uid: None
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         meta = ObjectMeta.of(body)
@@ -78,6 +87,7 @@ class WarmPools:
             self.agents.pop(meta.uid, None)
             self._kept.discard(meta.uid)
             self._errors.pop(meta.uid, None)
+            self.states.pop(meta.uid, None)
             return
         spec = body.get("spec") or {}
         try:
@@ -86,6 +96,7 @@ class WarmPools:
             sandbox = None  # the Agent's Ready condition says what is wrong (validating.py)
         if sandbox is None:
             self.agents.pop(meta.uid, None)
+            self._forget_state(meta.uid)
             return
         owner = PoolOwner(meta.namespace, meta.name, meta.uid, spec.get("serviceAccountName"))
         self.agents[meta.uid] = (owner, sandbox)
@@ -115,25 +126,41 @@ class WarmPools:
             if spec.warm_pool == 0 and uid not in self._kept:
                 return
             try:
-                await self._fill(agent, spec)
+                ready = await self._fill(agent, spec)
             except ToolError as exc:
+                said = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
                 if self._errors.get(uid) != exc.message:
                     logger.warning(
-                        "Agent %s/%s: the warm sandbox pool is not filled: %s%s",
+                        "Agent %s/%s: the warm sandbox pool is not filled: %s",
                         agent.namespace,
                         agent.name,
-                        exc.message,
-                        f" ({exc.hint})" if exc.hint else "",
+                        said,
                     )
                 self._errors[uid] = exc.message
+                before = self.states.get(uid)
+                self._set_state(
+                    uid,
+                    WarmPoolStatus(size=spec.warm_pool, ready=before.ready if before else 0, message=said),
+                )
                 return
             self._errors.pop(uid, None)
+            self._set_state(uid, WarmPoolStatus(size=spec.warm_pool, ready=ready, message=None))
             if spec.warm_pool:
                 self._kept.add(uid)
             else:
                 self._kept.discard(uid)
 
-    async def _fill(self, agent: PoolOwner, spec: SandboxSpec) -> None:
+    def _set_state(self, uid: str, state: WarmPoolStatus) -> None:
+        if self.states.get(uid) != state:
+            self.states[uid] = state
+            self.changed(uid)
+
+    def _forget_state(self, uid: str) -> None:
+        if self.states.pop(uid, None) is not None:
+            self.changed(uid)
+
+    async def _fill(self, agent: PoolOwner, spec: SandboxSpec) -> int:
+        """Returns how many of the pods kept were ready (their container running) when listed."""
         user = service_account_user(agent.namespace, agent.service_account)
         pods = f"/api/v1/namespaces/{quote(agent.namespace, safe='')}/pods"
         selector = quote(f"{LABEL_POOL_AGENT}={agent.uid},!{LABEL_RUN_UID}", safe="")
@@ -143,6 +170,7 @@ class WarmPools:
         key = pool_key(agent.namespace, agent.service_account, spec)
         keep: list[str] = []
         drop: list[str] = []
+        ready: set[str] = set()
         for pod in answer.get("items") or []:
             meta = pod.get("metadata") or {}
             if meta.get("deletionTimestamp") is not None:
@@ -150,6 +178,8 @@ class WarmPools:
             ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
             current = (meta.get("labels") or {}).get(LABEL_POOL) == key
             (keep if current and not ended else drop).append(str(meta.get("name")))
+            if current and not ended and container_running(pod):
+                ready.add(str(meta.get("name")))
         drop += keep[spec.warm_pool :]
         for name in drop:
             status, answer = await self._api.request("DELETE", f"{pods}/{quote(name, safe='')}", user=user)
@@ -169,6 +199,7 @@ class WarmPools:
                 agent.name,
                 (answer.get("metadata") or {}).get("name"),
             )
+        return len(ready.intersection(keep[: spec.warm_pool]))
 
     async def _ensure_network_policy(self, agent: PoolOwner, spec: SandboxSpec) -> None:
         path = f"/apis/networking.k8s.io/v1/namespaces/{quote(agent.namespace, safe='')}/networkpolicies"

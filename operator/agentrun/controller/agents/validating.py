@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.api.agent import AgentStatus
+from agentrun.api.agent import AgentStatus, WarmPoolStatus
 from agentrun.api.conditions import INVALID_SPEC, condition
 from agentrun.api.status import Condition
 from agentrun.controller.agentruns.phases import Ending, read_spec
@@ -31,8 +31,8 @@ def check(spec: Mapping[str, Any]) -> str | None:
     return read.outcome.message if isinstance(read, Ending) else None
 
 
-def agent_status(body: Mapping[str, Any], now: str) -> AgentStatus:
-    """The status the Agent should have: observedGeneration and the Ready condition.
+def agent_status(body: Mapping[str, Any], now: str, pool: WarmPoolStatus | None = None) -> AgentStatus:
+    """The status the Agent should have: observedGeneration, the Ready condition and its warm pool.
 
     lastTransitionTime stays what it was while Ready keeps its status, so a rewrite for a new
     generation with the same verdict does not pretend the Agent just became (in)valid.
@@ -44,4 +44,6 @@ def agent_status(body: Mapping[str, Any], now: str) -> AgentStatus:
     )
     previous = (body.get("status") or {}).get("conditions") or []
     ready = condition("Ready", status, reason, message, now=now, previous=previous, generation=generation)
-    return AgentStatus(observed_generation=generation, conditions=[Condition.model_validate(ready)])
+    return AgentStatus(
+        observed_generation=generation, conditions=[Condition.model_validate(ready)], warm_pool=pool
+    )

@@ -307,7 +307,7 @@ class SandboxPod:
         key = pool_key(self.run.namespace, self.run.service_account, self.spec)
         for pod in await self._list(f"{LABEL_POOL}={key},!{LABEL_RUN_UID}"):
             meta = pod.get("metadata") or {}
-            if meta.get("deletionTimestamp") is not None or not _container_running(pod):
+            if meta.get("deletionTimestamp") is not None or not container_running(pod):
                 continue
             status, answer = await self._api.request(
                 "PATCH",
@@ -347,7 +347,7 @@ class SandboxPod:
             if status != 200:
                 raise self._api_error(status, pod, "read")
             phase = pod.get("status", {}).get("phase")
-            if phase == "Running" and _container_running(pod):
+            if phase == "Running" and container_running(pod):
                 self._uid = pod.get("metadata", {}).get("uid") or uid
                 return
             if phase in ("Succeeded", "Failed"):
@@ -415,7 +415,8 @@ class SandboxPod:
         await self._api.close()
 
 
-def _container_running(pod: Mapping[str, Any]) -> bool:
+def container_running(pod: Mapping[str, Any]) -> bool:
+    """The sandbox container runs: commands can be exec'd (a warm pool counts such pods as ready)."""
     for status in pod.get("status", {}).get("containerStatuses") or []:
         if status.get("name") == CONTAINER:
             return "running" in (status.get("state") or {})
