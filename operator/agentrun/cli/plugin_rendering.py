@@ -162,6 +162,15 @@ def _against(used: str, hard: Any, money: bool = False) -> str:
     return f"{used}/{_dollars(hard) if money else _count(hard)}"
 
 
+_SANDBOX_KEYS = ("concurrentSandboxes", "sandboxCPU", "sandboxMemory")
+
+
+def _quantity_against(used: Any, hard: Any) -> str:
+    """A Kubernetes quantity used against its limit, both as stored ("1500m/4", "0/8Gi")."""
+    shown = str(used) if isinstance(used, str | int) and str(used) else "0"
+    return shown if hard is None else f"{shown}/{hard}"
+
+
 def quota_row(quota: Mapping[str, Any]) -> dict[str, Any]:
     """One quota as `-o json` prints it: its limits and the ledger's counts, missing ones as zero."""
     metadata, spec, status = (_section(quota.get(key)) for key in ("metadata", "spec", "status"))
@@ -194,11 +203,16 @@ def render_quotas(quotas: Sequence[Mapping[str, Any]], *, namespaces: bool) -> s
     column, as `kubectl get -A` does. Quotas no operator has written a status for yet are named below
     the table, since their zeros are not a measurement.
     """
+    rows = sorted((quota_row(q) for q in quotas), key=lambda r: (str(r["namespace"]), str(r["name"])))
+    # The sandbox columns only when a quota shown limits or counts sandboxes (its status has them).
+    sandboxes = any(
+        key in row["hard"] or row["used"].get(key) is not None for row in rows for key in _SANDBOX_KEYS
+    )
     header = ["NAME", "WINDOW", "CONCURRENT", "RUNS", "TOKENS", "COST", "RESERVED TOKENS", "RESERVED COST"]
     header += ["LOST", "REFUSED"]
+    header += ["SANDBOXES", "SANDBOX CPU", "SANDBOX MEMORY"] if sandboxes else []
     table = [["NAMESPACE", *header] if namespaces else header]
     unrecorded = []
-    rows = sorted((quota_row(q) for q in quotas), key=lambda r: (str(r["namespace"]), str(r["name"])))
     for row in rows:
         hard, used, reserved = row["hard"], row["used"], row["reserved"]
         refused = row["refused"]
@@ -216,6 +230,11 @@ def render_quotas(quotas: Sequence[Mapping[str, Any]], *, namespaces: bool) -> s
             _count(row["lost"].get("requests")),
             f"{runs}, {requests}",
         ]
+        if sandboxes:
+            cells += [
+                _against(_count(used.get("concurrentSandboxes")), hard.get("concurrentSandboxes")),
+                *(_quantity_against(used.get(key), hard.get(key)) for key in ("sandboxCPU", "sandboxMemory")),
+            ]
         table.append([str(row["namespace"]), *cells] if namespaces else cells)
         if not row["recorded"]:
             unrecorded.append(f"{row['namespace']}/{row['name']}")

@@ -137,3 +137,18 @@ def test_json_rows_carry_the_limits_and_the_ledger_counts_as_stored() -> None:
         "refused": {"runs": 3, "requests": 1},
         "recorded": True,
     }
+
+
+def test_sandbox_columns_appear_when_a_quota_limits_or_counts_sandboxes() -> None:
+    sandboxed = quota(
+        "sandboxes",
+        spec={"hard": {"concurrentSandboxes": 3, "sandboxMemory": "8Gi"}},
+        status={"used": {"concurrentSandboxes": 1, "sandboxCPU": "1500m", "sandboxMemory": "512Mi"}},
+    )
+    header, daily, limited = lines(render_quotas([DAILY, sandboxed], namespaces=False))
+    assert [h.strip() for h in header[-3:]] == ["SANDBOXES", "SANDBOX CPU", "SANDBOX MEMORY"]
+    # A quota that neither limits nor counts sandboxes shows zeros there; the limited one used/hard.
+    assert [c.strip() for c in daily[-3:]] == ["0", "0", "0"]
+    assert [c.strip() for c in limited[-3:]] == ["1/3", "1500m", "512Mi/8Gi"]
+    # Without such a quota the table keeps its usual columns.
+    assert "SANDBOXES" not in render_quotas([DAILY], namespaces=False)
