@@ -252,6 +252,8 @@ class EmulatorRouting(EmulatorDiscovery):
                         200,
                         tables.as_table(rtype, [obj], str(self._rv), include_object=include_object(query)),
                     )
+                if tables.wants_metadata(accept):
+                    return Reply(200, tables.as_metadata(obj))
                 return Reply(200, obj)
             case "list":
                 return self._op_list(rtype, namespace, query, table=tables.wants_table(accept))

@@ -183,3 +183,21 @@ def as_table(
 
 def wants_table(accept: str | None) -> bool:
     return bool(accept) and "as=Table" in (accept or "")
+
+
+def wants_metadata(accept: str | None) -> bool:
+    """``application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1``: the object's metadata only,
+    as kube-apiserver answers it (a Secret's data never sent)."""
+    return (
+        bool(accept)
+        and "as=PartialObjectMetadata" in (accept or "")
+        and "as=PartialObjectMetadataList" not in (accept or "")
+    )
+
+
+def as_metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata", {}),
+    }

@@ -192,6 +192,21 @@ async def test_get_of_a_missing_object_answers_a_not_found_status(client: KubeCl
     assert answer.body["message"] == 'widgets.test.agentrun.dev "ghost" not found'
 
 
+async def test_a_get_asking_for_partial_object_metadata_answers_the_metadata_without_the_data(
+    client: KubeClient,
+) -> None:
+    """As kube-apiserver v1.36 answers it (measured): kind PartialObjectMetadata, no data."""
+    secrets = "/api/v1/namespaces/default/secrets"
+    await client.post(secrets, {"metadata": {"name": "token"}, "data": {"t": "c2VjcmV0"}})
+    accept = {"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
+    answer = await client.get(f"{secrets}/token", headers=accept)
+    assert answer.status == 200
+    assert set(answer.body) == {"kind", "apiVersion", "metadata"}
+    assert (answer.body["kind"], answer.body["apiVersion"]) == ("PartialObjectMetadata", "meta.k8s.io/v1")
+    assert answer.body["metadata"]["name"] == "token"
+    assert (await client.get(f"{secrets}/absent", headers=accept)).status == 404
+
+
 async def test_objects_are_served_under_every_version_with_that_version_in_api_version(
     client: KubeClient,
 ) -> None:
