@@ -162,6 +162,25 @@ async def test_a_lost_pod_is_replaced_and_the_command_not_run_is_said_to_the_mod
     await sandbox.close()
 
 
+async def test_a_lost_pod_whose_workspace_is_a_claim_is_replaced_and_the_model_told_its_files_are_kept(
+    cluster: KubeEmulator, connection: KubeConnection, run: RunIdentity
+) -> None:
+    claim = {"name": "repo", "mountPath": "/workspace", "persistentVolumeClaim": {"claimName": "repo"}}
+    spec = SandboxSpec.model_validate({**SPEC.model_dump(by_alias=True), "volumes": [claim]})
+    sandbox = SandboxPod(spec, run, connection, user=USER)
+    with Kubelet(cluster):
+        await start(sandbox)
+        cluster.emulator.delete_object("pods", NS, sandbox.name)
+        with pytest.raises(ToolError) as lost:
+            await start(sandbox)
+    assert lost.value.code == "sandbox_replaced" and lost.value.recoverable
+    assert "the files in /workspace are kept" in str(lost.value)
+    assert "everything in the workspace is gone" not in str(lost.value)
+    pod = pod_of(cluster)  # the new pod mounts the same claim
+    assert pod is not None and [v["name"] for v in pod["spec"]["volumes"]] == ["tmp", "agentrun", "repo"]
+    await sandbox.close()
+
+
 async def test_with_on_pod_lost_fail_a_lost_pod_ends_the_run(
     cluster: KubeEmulator, connection: KubeConnection, run: RunIdentity
 ) -> None:
@@ -188,6 +207,83 @@ async def test_an_image_that_cannot_run_fails_at_once_naming_why(
     assert not failed.value.recoverable
     await sandbox.remove()
     assert pod_of(cluster) is None
+    await sandbox.close()
+
+
+class FakeTime:
+    """The pod's clock and sleep: a wait for the start timeout passes without waiting for it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0.01)  # the emulator and the test's kubelet get their turn
+
+
+async def kubelet_reports(cluster: KubeEmulator, status: dict[str, Any]) -> None:
+    """Gives the first sandbox pod ``status`` (what the real node showed for it), once."""
+    pod = await until(lambda: pod_of(cluster), "the sandbox pod", 10, every=0.01)
+    cluster.emulator.patch_object(
+        "pods", NS, pod["metadata"]["name"], {"status": status}, subresource="status"
+    )
+
+
+#: The scheduler's word for a pod whose claim does not exist (kube-scheduler v1.36, measured).
+UNSCHEDULABLE = '0/1 nodes are available: persistentvolumeclaim "absent" not found. not found'
+
+
+@pytest.mark.parametrize(
+    ("volume", "status", "said"),
+    [
+        (
+            {"name": "settings", "mountPath": "/etc/settings", "configMap": {"name": "absent"}},
+            {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {"name": "sandbox", "state": {"waiting": {"reason": "ContainerCreating"}}}
+                ],
+            },
+            "(phase Pending, ContainerCreating): a ConfigMap or Secret of spec.sandbox.volumes that is "
+            "missing keeps a pod there (its Events say which: kubectl describe pod)",
+        ),
+        (
+            {"name": "cache", "mountPath": "/cache", "persistentVolumeClaim": {"claimName": "absent"}},
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": UNSCHEDULABLE,
+                    }
+                ],
+            },
+            f"(phase Pending): not scheduled: {UNSCHEDULABLE}",
+        ),
+    ],
+    ids=["config-map-missing", "claim-missing"],
+)
+async def test_a_pod_whose_volume_cannot_be_mounted_times_out_saying_why(
+    cluster: KubeEmulator,
+    connection: KubeConnection,
+    run: RunIdentity,
+    volume: dict[str, Any],
+    status: dict[str, Any],
+    said: str,
+) -> None:
+    spec = SandboxSpec.model_validate({**SPEC.model_dump(by_alias=True), "volumes": [volume]})
+    time = FakeTime()
+    sandbox = SandboxPod(spec, run, connection, user=USER, clock=time.clock, sleep=time.sleep)
+    kubelet = asyncio.create_task(kubelet_reports(cluster, status))
+    with pytest.raises(ToolError, match="did not start within 10 s") as failed:
+        await start(sandbox)
+    await kubelet
+    assert said in str(failed.value) and not failed.value.recoverable
     await sandbox.close()
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import API_VERSION
-from agentrun.api.sandbox_spec import SandboxSpec
+from agentrun.api.sandbox_spec import SandboxSpec, SandboxVolume
 from agentrun.tools.sandbox.commands import STATE_DIR
 
 __all__ = [
@@ -22,6 +22,8 @@ __all__ = [
     "pool_network_policy_manifest",
     "pool_pod_manifest",
     "sandbox_pod_name",
+    "workspace_persists",
+    "workspace_volume",
 ]
 
 CONTAINER = "sandbox"
@@ -186,11 +188,7 @@ def _pod_spec(spec: SandboxSpec, service_account: str | None) -> dict[str, Any]:
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
         },
-        "volumeMounts": [
-            {"name": "workspace", "mountPath": spec.working_dir},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "agentrun", "mountPath": STATE_DIR},
-        ],
+        "volumeMounts": _volume_mounts(spec),
     }
     if spec.image_pull_policy is not None:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -207,17 +205,74 @@ def _pod_spec(spec: SandboxSpec, service_account: str | None) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [
-            {"name": "workspace", "emptyDir": {"sizeLimit": spec.workspace_size_limit}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
-            {"name": "agentrun", "emptyDir": {"sizeLimit": "256Mi"}},
-        ],
+        "volumes": _volumes(spec),
     }
     if service_account:
         pod_spec["serviceAccountName"] = service_account
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
     return pod_spec
+
+
+#: File modes of the kubelet-written ConfigMap and Secret files: root owns them and the pod's fsGroup
+#: (the sandbox user's group) is their group, so a Secret is readable by the sandbox user and nobody
+#: else, a ConfigMap by all; neither is writable (the mounts are read-only as well).
+SECRET_FILE_MODE = 0o440
+CONFIG_MAP_FILE_MODE = 0o444
+
+
+def workspace_volume(spec: SandboxSpec) -> SandboxVolume | None:
+    """The volume of spec.sandbox.volumes mounted at workingDir, which is then the workspace (a
+    PersistentVolumeClaim there outlives the pod), or None: the workspace is the pod's emptyDir."""
+    working_dir = _path(spec.working_dir)
+    return next((v for v in spec.volumes if _path(v.mount_path) == working_dir), None)
+
+
+def workspace_persists(spec: SandboxSpec) -> bool:
+    """Whether the workspace outlives a lost pod: a PersistentVolumeClaim mounted at workingDir."""
+    volume = workspace_volume(spec)
+    return volume is not None and volume.persistent_volume_claim is not None
+
+
+def _path(path: str) -> str:
+    return path.rstrip("/") or "/"
+
+
+def _volumes(spec: SandboxSpec) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = []
+    if workspace_volume(spec) is None:
+        volumes.append({"name": "workspace", "emptyDir": {"sizeLimit": spec.workspace_size_limit}})
+    volumes += [
+        {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+        {"name": "agentrun", "emptyDir": {"sizeLimit": "256Mi"}},
+    ]
+    return volumes + [{"name": volume.name, **_source(volume)} for volume in spec.volumes]
+
+
+def _source(volume: SandboxVolume) -> dict[str, Any]:
+    if volume.config_map is not None:
+        return {"configMap": {"name": volume.config_map.name, "defaultMode": CONFIG_MAP_FILE_MODE}}
+    if volume.secret is not None:
+        return {"secret": {"secretName": volume.secret.secret_name, "defaultMode": SECRET_FILE_MODE}}
+    if volume.persistent_volume_claim is not None:
+        claim = volume.persistent_volume_claim
+        return {"persistentVolumeClaim": {"claimName": claim.claim_name, "readOnly": claim.read_only}}
+    assert volume.empty_dir is not None  # SandboxVolume has exactly one source
+    return {"emptyDir": {"sizeLimit": volume.empty_dir.size_limit}}
+
+
+def _volume_mounts(spec: SandboxSpec) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = []
+    if workspace_volume(spec) is None:
+        mounts.append({"name": "workspace", "mountPath": spec.working_dir})
+    mounts += [{"name": "tmp", "mountPath": "/tmp"}, {"name": "agentrun", "mountPath": STATE_DIR}]
+    for volume in spec.volumes:
+        mount: dict[str, Any] = {"name": volume.name, "mountPath": volume.mount_path}
+        claim = volume.persistent_volume_claim
+        if volume.config_map is not None or volume.secret is not None or (claim and claim.read_only):
+            mount["readOnly"] = True
+        mounts.append(mount)
+    return mounts
 
 
 def network_policy_manifest(spec: SandboxSpec, run: RunIdentity) -> dict[str, Any]:
