@@ -27,7 +27,6 @@ from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.loop.errors import ToolError
 from agentrun.tools.environment import KubeConnection
 from agentrun.tools.sandbox.commands import OOM_COUNTERS, STATE_DIR
-from agentrun.tools.sandbox.idling import IdleMark, IdleTimer
 from agentrun.tools.sandbox.manifests import (
     CONTAINER,
     LABEL_POOL,
@@ -112,17 +111,10 @@ class SandboxPod:
         *,
         user: str,
         resumed: bool = False,
-        started: Callable[[float, str], None] = lambda seconds, reason: None,
-        idle_deleted: Callable[[], None] = lambda: None,
-        idle_seconds: float | None = None,
+        started: Callable[[float, bool], None] = lambda seconds, replaced: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        idle_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """``started`` is told each pod start (seconds, reason: first, replaced or idle) and
-        ``idle_deleted`` each idle deletion, for metrics. ``idle_seconds`` replaces
-        spec.sandbox.idleTimeoutSeconds when that is set (AGENTRUN_FAULT_SANDBOX_IDLE_SECONDS, tests
-        only); ``idle_sleep`` is the idle timer's clock (a unit test moves it by hand)."""
         self.spec = spec
         self.run = run
         self.user = user
@@ -133,24 +125,10 @@ class SandboxPod:
         self._uid: str | None = None  # the pod this process uses
         self._resumed = resumed  # the run ran before: a missing pod means its workspace was lost
         self._lock = asyncio.Lock()
-        self._started = started  # (seconds to start, why it started): for metrics
+        self._started = started  # (seconds to start, whether it replaced a lost one): for metrics
         self._clock = clock
         self._sleep = sleep
         self.started_seconds: float | None = None  # how long the pod took to start, when we started it
-        # spec.sandbox.idleTimeoutSeconds (idling.py): the timer, and the run's mark that survives us.
-        timeout = spec.idle_timeout_seconds
-        self._idle = IdleTimer(
-            idle_seconds if timeout is not None and idle_seconds is not None else timeout,
-            self._expire,
-            sleep=idle_sleep,
-        )
-        self._mark = IdleMark(self._api.request, run)
-        self._idle_deleted = idle_deleted
-        self._idled = False  # this process deleted the pod for idleness: the next call starts one
-        # Whether the run carries the idle mark; None: not read yet (a resumed run reads it once).
-        self._marked: bool | None = None if resumed and timeout is not None else False
-        if resumed:
-            self._idle.restart()  # the idle clock starts again from the resume: never earlier
 
     @property
     def working_dir(self) -> str:
@@ -187,24 +165,20 @@ class SandboxPod:
             await self._ready()
 
     async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
-        self._idle.call_began()
+        await self.ensure_running()
         try:
-            await self.ensure_running()
-            try:
-                return await exec_in_pod(
-                    self._connection,
-                    user=self.user,
-                    namespace=self.run.namespace,
-                    pod=self.name,
-                    container=CONTAINER,
-                    argv=argv,
-                    timeout=timeout,
-                    output_limit=self.spec.output_limit_bytes + 4096,
-                )
-            except ExecError as exc:
-                raise self._exec_error(exc) from None
-        finally:
-            self._idle.call_ended()
+            return await exec_in_pod(
+                self._connection,
+                user=self.user,
+                namespace=self.run.namespace,
+                pod=self.name,
+                container=CONTAINER,
+                argv=argv,
+                timeout=timeout,
+                output_limit=self.spec.output_limit_bytes + 4096,
+            )
+        except ExecError as exc:
+            raise self._exec_error(exc) from None
 
     def _exec_error(self, exc: ExecError) -> ToolError:
         if exc.kind in ("gone", "not_running"):
@@ -228,18 +202,8 @@ class SandboxPod:
 
     async def _ready(self) -> None:
         """The pod this run uses, Running; started (or, once lost, started again) when it is not."""
-        if self._idled:
-            return await self._start_after_idle()
         status, pod = await self._api.request("GET", f"{self._pods}/{self.name}", user=self.user)
-        alive = status == 200 and pod.get("metadata", {}).get("deletionTimestamp") is None
-        if await self._idled_before() and status in (200, 404):
-            if status == 404 and self.spec.warm_pool and await self._find_claimed():
-                return await self._ready()  # its claimed pool pod, under the pool's name
-            if not alive:
-                return await self._start_after_idle()
-            # The pod runs: the mark was left by a crash before the deletion or after the next start.
-            self._marked = not await self._mark.write(None)
-        if alive:
+        if status == 200 and pod.get("metadata", {}).get("deletionTimestamp") is None:
             phase = pod.get("status", {}).get("phase")
             uid = pod.get("metadata", {}).get("uid")
             if phase in ("Succeeded", "Failed"):
@@ -258,7 +222,7 @@ class SandboxPod:
         if status == 404:
             if self._uid is not None or self._resumed:
                 return await self._replace("it was deleted or evicted")
-            return await self._create("first")
+            return await self._create()
         raise self._api_error(status, pod, "read")
 
     async def _replace(self, why: str) -> None:
@@ -268,96 +232,8 @@ class SandboxPod:
                 f"the sandbox pod {self.name} is gone: {why}; spec.sandbox.onPodLost is Fail",
                 recoverable=False,
             )
-        await self._create("replaced")
+        await self._create()
         await self._replace_reported(why)
-
-    async def _idled_before(self) -> bool:
-        """Whether the run carries the idle mark (read once by a resumed run, known otherwise)."""
-        if self._marked is None:
-            found = await self._mark.read()
-            if found is None:
-                raise ToolError(
-                    "sandbox_unavailable",
-                    f"could not read AgentRun {self.run.name} to tell an idle sandbox pod from a lost one",
-                    hint="try again",
-                )
-            self._marked = found
-        return self._marked
-
-    async def _start_after_idle(self) -> None:
-        """The pod was deleted for idleness (by this process or, as the run's mark says, before a
-        restart): a new one starts, the mark goes, and the model is told; the command is not run,
-        as after a lost pod, so it is never run in a workspace the model does not expect."""
-        await self._create("idle")
-        self._idled, self._resumed = False, False
-        if self._marked:
-            self._marked = not await self._mark.write(None)  # else a later resume removes it
-        seconds = f"{self._idle.seconds:g}"
-        if workspace_persists(self.spec):
-            raise ToolError(
-                "sandbox_idled",
-                f"the sandbox pod was deleted after {seconds} s without a sandbox call "
-                "(spec.sandbox.idleTimeoutSeconds) and a new one was started on the same workspace "
-                f"volume: the files in {self.spec.working_dir} are kept, running processes and "
-                "everything outside it are gone. This command was not run.",
-                hint="repeat the command",
-            )
-        raise ToolError(
-            "sandbox_idled",
-            f"the sandbox pod was deleted after {seconds} s without a sandbox call "
-            "(spec.sandbox.idleTimeoutSeconds) and a new, empty one was started: this is a fresh "
-            "workspace, nothing from before is in it. This command was not run.",
-            hint="set up the workspace again, then repeat the command",
-        )
-
-    async def _expire(self, still_idle: Callable[[], bool]) -> None:
-        """The idle timer fired: unless a call began meanwhile, the pod and its NetworkPolicy go."""
-        async with self._lock:
-            if not still_idle() or self._idled:
-                return
-            try:
-                await self._delete_idle()
-            except ToolError as exc:
-                logger.warning(
-                    "could not delete the idle sandbox pod %s/%s (it stays): %s",
-                    self.run.namespace,
-                    self.name,
-                    exc,
-                )
-
-    async def _delete_idle(self) -> None:
-        if self.spec.warm_pool and self._uid is None:
-            await self._find_claimed()  # a restarted operator knows a claimed pool pod by its label
-        status, pod = await self._api.request("GET", f"{self._pods}/{self.name}", user=self.user)
-        meta = pod.get("metadata") or {}
-        if status == 404 or meta.get("deletionTimestamp") is not None:
-            return  # no pod (none started, or already gone): nothing to delete, nothing to mark
-        if status != 200:
-            raise self._api_error(status, pod, "read")
-        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            return  # stopped: lost, not idle (the next call says so, and onPodLost applies)
-        # The mark first: without it, a restart before the next call would take the pod for lost.
-        if not await self._mark.write(self.name):
-            return
-        self._marked = True
-        status, answer = await self._api.request(
-            "DELETE",
-            f"{self._pods}/{self.name}",
-            user=self.user,
-            body={"preconditions": {"uid": meta.get("uid")}},
-        )
-        if status not in (200, 202, 404):
-            self._marked = not await self._mark.write(None)
-            raise self._api_error(status, answer, "delete")
-        await self._api.request("DELETE", self._policy_path, user=None)  # garbage collection else
-        self._idled, self._uid = True, None
-        self._idle_deleted()
-        logger.info(
-            "deleted the sandbox pod %s/%s after %g s without a sandbox call",
-            self.run.namespace,
-            self.name,
-            self._idle.seconds,
-        )
 
     async def _replace_reported(self, why: str) -> None:
         self._resumed = False
@@ -392,7 +268,7 @@ class SandboxPod:
             await self._sleep(POLL_SECONDS)
         raise ToolError("sandbox_unavailable", f"the old sandbox pod {self.name} did not go away in time")
 
-    async def _create(self, reason: str) -> None:
+    async def _create(self) -> None:
         began = self._clock()
         await self._ensure_network_policy()
         if self.spec.warm_pool and await self._claim():
@@ -409,9 +285,10 @@ class SandboxPod:
         if status not in (200, 201):
             raise self._api_error(status, answer, "create")
         logger.info("started the sandbox pod %s/%s", self.run.namespace, self.name)
+        replaced = self._uid is not None or self._resumed
         await self._wait_running(answer.get("metadata", {}).get("uid"))
         self.started_seconds = self._clock() - began
-        self._started(self.started_seconds, reason)
+        self._started(self.started_seconds, replaced)
 
     async def _list(self, selector: str) -> list[dict[str, Any]]:
         status, answer = await self._api.request(
@@ -523,25 +400,22 @@ class SandboxPod:
             )
         return ToolError("sandbox_unavailable", f"could not {action} the sandbox pod: {message}")
 
-    @property
-    def _policy_path(self) -> str:
-        namespace = quote(self.run.namespace, safe="")
-        policy = sandbox_pod_name(self.run.name, self.run.uid)
-        return f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{policy}"
-
-    async def stop_idling(self) -> None:
-        """The run ended (or is no longer executed here): the idle timer never fires again."""
-        await self._idle.close()
-
     async def remove(self) -> None:
         """The run ended: its pod and NetworkPolicy go (garbage collection does it if this fails)."""
-        await self.stop_idling()
         if self.spec.warm_pool:
             try:
                 await self._find_claimed()
             except ToolError as exc:
                 logger.warning("could not look for the run's claimed sandbox pod: %s", exc)
-        for path, user in ((f"{self._pods}/{self.name}", self.user), (self._policy_path, None)):
+        policy = sandbox_pod_name(self.run.name, self.run.uid)
+        for path, user in (
+            (f"{self._pods}/{self.name}", self.user),
+            (
+                f"/apis/networking.k8s.io/v1/namespaces/{quote(self.run.namespace, safe='')}"
+                f"/networkpolicies/{policy}",
+                None,
+            ),
+        ):
             try:
                 await self._api.request("DELETE", path, user=user)
             except ToolError as exc:
@@ -550,7 +424,6 @@ class SandboxPod:
                 )
 
     async def close(self) -> None:
-        await self.stop_idling()
         await self._api.close()
 
 
