@@ -111,6 +111,8 @@ NAMESPACED_NEEDS = {
     ("agentrun.dev", "agentschedules/status"): {"patch"},
     ("", "events"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
+    # get: the ConfigMaps a sandbox mounts, waited for (tools/registry.py mount_uses).
+    ("", "configmaps"): {"get"},
     ("", "serviceaccounts"): {"impersonate"},
     # The NetworkPolicy of each run's sandbox (tools/sandbox/pods.py): made and removed by the operator.
     ("networking.k8s.io", "networkpolicies"): {"create", "delete"},
@@ -481,8 +483,8 @@ def test_rbac_rules_use_no_wildcards_and_grant_leases_only_in_the_release_namesp
     assert binding["subjects"] == [OPERATOR_SUBJECT]
 
 
-def test_configmap_permissions_exist_only_when_transcripts_are_in_configmaps(renderer: Renderer) -> None:
-    assert ("", "configmaps") not in grants(one(renderer.render(), "ClusterRole"))
+def test_creating_configmaps_is_granted_only_when_transcripts_are_in_configmaps(renderer: Renderer) -> None:
+    assert grants(one(renderer.render(), "ClusterRole"))[("", "configmaps")] == {"get"}
     configmaps = {"operator": {"transcriptStorage": "configmap"}}
     assert grants(one(renderer.render(configmaps), "ClusterRole")) == (
         CLUSTER_SCOPED_NEEDS | NAMESPACED_NEEDS | CONFIGMAP_NEEDS

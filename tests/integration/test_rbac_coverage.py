@@ -394,7 +394,8 @@ async def fans_out_to_a_child(work: Workload) -> None:
 async def works_in_a_sandbox(work: Workload) -> None:
     """A run with spec.sandbox: its pod is the run's ServiceAccount's to make, its NetworkPolicy the
     operator's, made with the pod and removed when the run ends (the image is one no node has, so the
-    run ends FatalToolError once the pod cannot start, with or without a node)."""
+    run ends FatalToolError once the pod cannot start, with or without a node). It mounts a ConfigMap
+    and a Secret: the operator waits for each to exist (Pending until the ConfigMap is made)."""
     namespace = work.namespaces[0]
     await grant_service_account(
         work.cluster,
@@ -414,10 +415,24 @@ async def works_in_a_sandbox(work: Workload) -> None:
             "limits": {"cpu": "100m", "memory": "64Mi"},
         },
         "startTimeoutSeconds": 10,
+        "volumes": [
+            {"name": "files", "mountPath": "/etc/files", "configMap": {"name": "sandbox-files"}},
+            {"name": "token", "mountPath": "/etc/token", "secret": {"secretName": "sandbox-token"}},
+        ],
     }
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sandbox-token"}, "data": {}}
+    await work.cluster.request("POST", f"/api/v1/namespaces/{namespace}/secrets", json=secret)
     await work.apply(
         namespace, "sandboxed", "[rbac:sandbox] run", serviceAccountName="sandboxer", sandbox=sandbox
     )
+    await work.wait_for(
+        namespace,
+        "sandboxed",
+        lambda s: s.get("phase") == "Pending" and "ConfigMapNotFound" in str(s.get("conditions")),
+        "Pending until its ConfigMap exists",
+    )
+    files = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sandbox-files"}, "data": {}}
+    await work.cluster.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", json=files)
     status = await work.finished(namespace, "sandboxed")
     assert (status["phase"], status["stopReason"]) == ("Failed", "FatalToolError"), status
     policies = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"

@@ -142,6 +142,59 @@ async def test_the_sandbox_pod_is_made_by_the_runs_account_isolated_and_gone_wit
     assert [p["metadata"]["name"] for p in remaining["items"]] == []
 
 
+async def test_a_run_waits_for_the_secret_its_sandbox_mounts_then_its_pod_mounts_every_volume(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await grant_service_account(cluster, "mounter", SANDBOX_RULES, probe=cluster.path("pods"))
+    config_map = {"metadata": {"name": "lint-rules"}, "data": {"rules.toml": "line-length = 110\n"}}
+    await cluster.request("POST", cluster.path("configmaps"), json=config_map)
+    volumes = [
+        {"name": "rules", "mountPath": "/etc/lint", "configMap": {"name": "lint-rules"}},
+        {"name": "token", "mountPath": "/var/run/git", "secret": {"secretName": "git-token"}},
+        {
+            "name": "cache",
+            "mountPath": "/cache",
+            "persistentVolumeClaim": {"claimName": "cache", "readOnly": True},
+        },
+        {"name": "repo", "mountPath": "/workspace", "emptyDir": {"sizeLimit": "2Gi"}},
+    ]
+    manifest = agentrun(
+        "mounted",
+        "[scenario:sandbox] run the tests",
+        namespace=cluster.namespace,
+        model={"name": "claude-haiku-4-5"},
+        serviceAccountName="mounter",
+        sandbox=sandbox(volumes=volumes),
+    )
+    created = await cluster.request("POST", cluster.runs_path, json=manifest)
+    uid = created["metadata"]["uid"]
+
+    pending = await wait_status(cluster, "mounted", lambda s: s.get("phase") == "Pending" and "message" in s)
+    assert {c["type"]: c["reason"] for c in pending["conditions"]}["Succeeded"] == "SecretNotFound"
+    assert pending["message"] == (
+        f"Secret {cluster.namespace}/git-token (spec.sandbox.volumes[1].secret) does not exist yet; "
+        "the run starts once it does"
+    )
+    assert model.requests_for("[scenario:sandbox]") == [] and await _pod_of(cluster, uid) is None
+    secret = {"metadata": {"name": "git-token"}, "stringData": {"token": "ghp-not-read-by-the-operator"}}
+    await cluster.request("POST", cluster.path("secrets"), json=secret)
+
+    pod = await until(lambda: _pod_of(cluster, uid), "the sandbox pod", timeout=60)
+    by_name = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert set(by_name) == {"tmp", "agentrun", "rules", "token", "cache", "repo"}  # repo is the workspace
+    assert by_name["rules"]["configMap"] == {"name": "lint-rules", "defaultMode": 0o444}
+    assert by_name["token"]["secret"] == {"secretName": "git-token", "defaultMode": 0o440}
+    assert by_name["cache"]["persistentVolumeClaim"] == {"claimName": "cache", "readOnly": True}
+    assert by_name["repo"]["emptyDir"] == {"sizeLimit": "2Gi"}
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert set(mounts) == {"/workspace", "/tmp", "/agentrun", "/etc/lint", "/var/run/git", "/cache"}
+    assert mounts["/workspace"]["name"] == "repo" and not mounts["/workspace"].get("readOnly")
+    assert all(mounts[path]["readOnly"] is True for path in ("/etc/lint", "/var/run/git", "/cache"))
+
+    final = await wait_status(cluster, "mounted", phase_in("Succeeded", "Failed"), timeout=120)
+    assert (final["phase"], final["stopReason"]) == ("Failed", "FatalToolError"), final.get("message")
+
+
 async def test_a_run_whose_account_may_not_create_pods_fails_naming_what_it_needs(
     cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
 ) -> None:

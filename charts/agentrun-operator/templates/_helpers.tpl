@@ -136,8 +136,9 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Run API keys (read) and transcripts, stored as Secrets owned by the run, each read by its name. No
-# list and no watch: a run waiting for its key Secret re-reads it.
+# Run API keys (read), the Secrets a sandbox mounts (their existence) and transcripts, stored as
+# Secrets owned by the run, each read by its name. No list and no watch: a run waiting for a Secret
+# re-reads it.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
@@ -146,11 +147,16 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "delete"]
+# ConfigMaps a sandbox mounts (spec.sandbox.volumes): a run waits until they exist, each read by its
+# name (as its metadata only, like the Secrets a sandbox mounts).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 {{- if eq .Values.operator.transcriptStorage "configmap" }}
 # Transcripts stored as ConfigMaps owned by the run (operator.transcriptStorage: configmap).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create"]
+  verbs: ["create"]
 {{- end }}
 {{- if .Values.rbac.impersonateServiceAccounts }}
 # The agent's Kubernetes tools act as the run's spec.serviceAccountName. Service accounts only:

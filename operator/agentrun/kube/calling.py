@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Literal, cast
 from urllib.parse import quote
 
 from kubernetes_asyncio import client
@@ -27,6 +27,8 @@ __all__ = ["JSON_PATCH", "MERGE_PATCH", "USER_AGENT", "KubeClient", "call", "con
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+#: An object's metadata only, as kube-apiserver serves it to `kubectl get -o name` (no data, no spec).
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 USER_AGENT = f"agentrun-operator/{__version__}"
 
 
@@ -259,6 +261,23 @@ class KubeClient:
         if key not in data:
             return None
         return base64.b64decode(data[key]).decode()
+
+    async def exists(self, kind: Literal["Secret", "ConfigMap"], namespace: str, name: str) -> bool:
+        """Whether a Secret or ConfigMap exists, read as its metadata only (PartialObjectMetadata).
+
+        Why metadata only: a Secret a sandbox volume mounts is for the kubelet; the operator waits
+        for it to exist without ever holding its values.
+        """
+        plural = "secrets" if kind == "Secret" else "configmaps"
+        api = self.api_client
+        headers = {**api.default_headers, "Accept": METADATA_ONLY}
+        await api.update_params_for_auth(headers, [], ["BearerToken"])
+        url = f"{api.configuration.host}/api/v1/namespaces/{_segment(namespace)}/{plural}/{_segment(name)}"
+        try:
+            await call(api.rest_client.request("GET", url, headers=headers, _preload_content=False))
+        except APINotFoundError:
+            return False
+        return True
 
     async def create_object(self, storage: StorageKind, namespace: str, body: dict[str, Any]) -> None:
         """Creates a Secret or a ConfigMap (the kinds a transcript is stored in)."""

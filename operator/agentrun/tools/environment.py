@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from agentrun.api.spec_base import SecretKeyRef
 
@@ -92,6 +92,28 @@ class SecretMissing(Exception):
             "yet; the run starts once it does"
         )
         self.use = use
+
+
+@dataclass(frozen=True)
+class MountUse:
+    """A Secret or ConfigMap a sandbox volume mounts, with its field, for Pending messages. Only its
+    existence is checked (the kubelet reads it, never the operator)."""
+
+    field: str
+    kind: Literal["Secret", "ConfigMap"]
+    name: str
+
+
+class MountMissing(Exception):
+    """A Secret or ConfigMap a sandbox volume mounts does not exist; the run stays Pending until it
+    does (the kubelet would otherwise hold the pod in ContainerCreating until its start timeout)."""
+
+    def __init__(self, use: MountUse, namespace: str) -> None:
+        super().__init__(
+            f"{use.kind} {namespace}/{use.name} ({use.field}) does not exist yet; the run starts once it does"
+        )
+        self.use = use
+        self.reason = f"{use.kind}NotFound"
 
 
 class ToolStartError(Exception):

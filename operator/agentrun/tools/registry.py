@@ -26,7 +26,14 @@ from agentrun.tools.agent_calling import AgentTool
 from agentrun.tools.builtin.basic import Calculator, CurrentTime
 from agentrun.tools.builtin.http_fetch import FetchConfig, HTTPFetch
 from agentrun.tools.builtin.kubernetes import CLUSTER_SCOPED_CAPABLE, KUBERNETES_TOOLS, Scope
-from agentrun.tools.environment import SecretMissing, SecretUse, ToolEnvironment, ToolStartError
+from agentrun.tools.environment import (
+    MountMissing,
+    MountUse,
+    SecretMissing,
+    SecretUse,
+    ToolEnvironment,
+    ToolStartError,
+)
 from agentrun.tools.errors import InvalidToolSpec
 from agentrun.tools.kube_reading import KubeReader, service_account_user
 from agentrun.tools.sandbox.tools import sandbox_tools
@@ -36,9 +43,12 @@ from agentrun.tools.webhooking import WebhookTool, check_schema, endpoint
 __all__ = [
     "BUILTIN_NAMES",
     "InvalidToolSpec",
+    "MountMissing",
+    "MountUse",
     "SecretMissing",
     "ToolStartError",
     "check_tools",
+    "mount_uses",
     "open_tools",
     "secret_uses",
 ]
@@ -134,6 +144,19 @@ def secret_uses(spec: AgentRunSpec) -> list[SecretUse]:
     for index, env in enumerate(spec.sandbox.env if spec.sandbox is not None else []):
         if env.secret_key_ref is not None:
             uses.append(SecretUse(f"spec.sandbox.env[{index}].secretKeyRef", env.secret_key_ref))
+    return uses
+
+
+def mount_uses(spec: AgentRunSpec) -> list[MountUse]:
+    """The Secrets and ConfigMaps the sandbox's volumes mount, each with the field that names it."""
+    uses: list[MountUse] = []
+    for index, volume in enumerate(spec.sandbox.volumes if spec.sandbox is not None else []):
+        if volume.secret is not None:
+            field = f"spec.sandbox.volumes[{index}].secret"
+            uses.append(MountUse(field, "Secret", volume.secret.secret_name))
+        if volume.config_map is not None:
+            field = f"spec.sandbox.volumes[{index}].configMap"
+            uses.append(MountUse(field, "ConfigMap", volume.config_map.name))
     return uses
 
 

@@ -39,6 +39,7 @@ from agentrun.tools.registry import (
     SecretMissing,
     ToolStartError,
     check_tools,
+    mount_uses,
     open_tools,
     secret_uses,
 )
@@ -234,6 +235,9 @@ async def secrets_ready(
     missing = await tool_env.first_missing(secret_uses(spec))
     if missing is not None:
         return Waiting("SecretNotFound", str(missing))
+    unmountable = await tool_env.first_missing_mount(mount_uses(spec))
+    if unmountable is not None:
+        return Waiting(unmountable.reason, str(unmountable))
     return key
 
 

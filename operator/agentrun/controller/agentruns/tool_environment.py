@@ -15,7 +15,7 @@ from typing import Any
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.kube.calling import KubeClient
 from agentrun.tools.agent_calling import ChildRuns
-from agentrun.tools.environment import KubeConnection, SecretMissing, SecretUse
+from agentrun.tools.environment import KubeConnection, MountMissing, MountUse, SecretMissing, SecretUse
 from agentrun.tools.kube_reading import service_account_user
 from agentrun.tools.sandbox.pods import RunIdentity as SandboxRun
 from agentrun.tools.sandbox.pods import SandboxPod
@@ -126,6 +126,14 @@ class RunToolEnvironment:
         for use in uses:
             if await self.read_secret(use.ref.name, use.ref.key) is None:
                 return SecretMissing(use, self.namespace)
+        return None
+
+    async def first_missing_mount(self, uses: list[MountUse]) -> MountMissing | None:
+        """The first Secret or ConfigMap a sandbox volume mounts that does not exist yet, or None.
+        Existence only: their values are the kubelet's to read."""
+        for use in uses:
+            if self.kube is not None and not await self.kube.exists(use.kind, self.namespace, use.name):
+                return MountMissing(use, self.namespace)
         return None
 
 

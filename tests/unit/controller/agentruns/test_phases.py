@@ -90,6 +90,46 @@ async def test_a_run_waits_pending_once_for_its_key_secret_and_starts_when_it_ap
     assert await asyncio.wait_for(waiting, 5) == "sk"
 
 
+async def test_a_run_waits_for_each_config_map_and_secret_its_sandbox_mounts_in_turn(
+    kube: KubeClient, core: client.CoreV1Api
+) -> None:
+    sandbox = {
+        "image": "localhost/agentrun-sandbox:dev",
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "volumes": [
+            {"name": "settings", "mountPath": "/etc/settings", "configMap": {"name": "settings"}},
+            {"name": "token", "mountPath": "/etc/token", "secret": {"secretName": "token"}},
+        ],
+    }
+    spec = phases.read_spec({**SPEC, "sandbox": sandbox})
+    assert isinstance(spec, AgentRunSpec)
+    announce, cancel = Announcements(), asyncio.Event()
+    env = RunToolEnvironment(kube, "default", "uid-1", None)
+    waiting = asyncio.create_task(
+        phases.wait_for_secrets(
+            spec, env, operator_key="sk", cancel=cancel, announce=announce, retry_seconds=0.05
+        )
+    )
+    await asyncio.wait_for(announce.changed.wait(), 5)
+    announce.changed.clear()
+    await core.create_namespaced_config_map("default", {"metadata": {"name": "settings"}})
+    await asyncio.wait_for(announce.changed.wait(), 5)
+    await core.create_namespaced_secret("default", {"metadata": {"name": "token"}, "data": {"t": "c2VjcmV0"}})
+    assert await asyncio.wait_for(waiting, 5) == "sk"
+    assert announce.said == [
+        (
+            "ConfigMapNotFound",
+            "ConfigMap default/settings (spec.sandbox.volumes[0].configMap) does not exist yet; "
+            "the run starts once it does",
+        ),
+        (
+            "SecretNotFound",
+            "Secret default/token (spec.sandbox.volumes[1].secret) does not exist yet; "
+            "the run starts once it does",
+        ),
+    ]
+
+
 async def test_without_a_key_anywhere_the_run_says_so_and_a_cancel_ends_it() -> None:
     spec = phases.read_spec(SPEC)
     assert isinstance(spec, AgentRunSpec)
