@@ -83,6 +83,7 @@ ESCAPE = "[sandbox:escape]"
 REFUSED = "[sandbox:refused]"
 FIRST_COLD = "[sandbox:first-cold]"
 FIRST_WARM = "[sandbox:first-warm]"
+MOUNTS = "[sandbox:mounts]"
 BOMB = 2000  # background sleeps: with no pids limit on the node, bounded so the machine stays safe
 
 SCRIPTS = [
@@ -528,6 +529,55 @@ async def test_the_sandbox_cannot_read_a_secret_or_act_on_the_api_server(
     assert len(service) == 2 and all(line.split()[2] == "403" for line in service), answers
     assert all("system:anonymous" in line for line in service), answers
     assert not [line for line in answers if line.split()[2] == "200"], answers
+
+
+async def test_a_config_map_and_a_secret_the_sandbox_mounts_are_readable_by_its_user_and_read_only(
+    cluster: TestCluster, model: FakeMessagesAPI, start_operator: OperatorFactory, runner: str
+) -> None:
+    token = "ghp-the-kubelet-mounts-it-0123456789"
+    await cluster.request(
+        "POST",
+        cluster.path("configmaps"),
+        json={"metadata": {"name": "lint"}, "data": {"rules.toml": "width = 110\n"}},
+    )
+    await cluster.request(
+        "POST", cluster.path("secrets"), json={"metadata": {"name": "git"}, "stringData": {"token": token}}
+    )
+    model.add_script(
+        Script(
+            MOUNTS,
+            [
+                Reply(
+                    [
+                        bash(
+                            "id -u; cat /etc/lint/rules.toml /var/run/git/token; echo; "
+                            "stat -L -c '%a %u %g %n' /etc/lint/rules.toml /var/run/git/token",
+                            "toolu_v1",
+                        )
+                    ]
+                ),
+                Reply([bash("echo 'width = 80' > /etc/lint/rules.toml", "toolu_v2")]),
+                Reply([text_block("Read both; the rules are read-only.")]),
+            ],
+        )
+    )
+    volumes = [
+        {"name": "lint", "mountPath": "/etc/lint", "configMap": {"name": "lint"}},
+        {"name": "git", "mountPath": "/var/run/git", "secret": {"secretName": "git"}},
+    ]
+    await start_operator()
+    uid = await create_run(cluster, sandbox_run(cluster, "mounts", MOUNTS, volumes=volumes))
+    run = await wait_finished(cluster, "mounts", timeout=WAIT)
+    assert run["status"]["phase"] == "Succeeded", run["status"].get("message")
+    told = tool_results(model, MOUNTS)
+    # Root owns the files and the pod's fsGroup (the sandbox user's group) is their group: the Secret
+    # is readable by the sandbox user only (0440), the ConfigMap by all (0444).
+    assert told["toolu_v1"] == (
+        f"65532\nwidth = 110\n{token}\n444 0 65532 /etc/lint/rules.toml\n440 0 65532 /var/run/git/token\n"
+    ), told["toolu_v1"]
+    assert told["toolu_v2"].startswith("[is_error] ") or "[exit code" in told["toolu_v2"], told["toolu_v2"]
+    assert "Read-only file system" in told["toolu_v2"], told["toolu_v2"]
+    await assert_sandbox_gone(cluster, uid)
 
 
 async def test_a_run_whose_account_may_not_create_pods_or_whose_image_cannot_run_fails_at_once(
