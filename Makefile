@@ -91,6 +91,9 @@ crds: $(STAMP)
 	$(BIN)/agentrun crd --kind AgentSchedule > crds/agentschedules.agentrun.dev.yaml
 	cp crds/agentschedules.agentrun.dev.yaml charts/agentrun-operator/crds/agentschedules.agentrun.dev.yaml
 	$(BIN)/agentrun crd --kind AgentSchedule --reference > docs/reference/agentschedule.md
+	$(BIN)/agentrun crd --kind SandboxTemplate > crds/sandboxtemplates.agentrun.dev.yaml
+	cp crds/sandboxtemplates.agentrun.dev.yaml charts/agentrun-operator/crds/sandboxtemplates.agentrun.dev.yaml
+	$(BIN)/agentrun crd --kind SandboxTemplate --reference > docs/reference/sandboxtemplate.md
 
 # Material for MkDocs prints an end-of-life notice (fixes until May 2027) on every build; silenced here.
 # Without -q: MkDocs' quiet mode drops the warnings that --strict turns into a failed build.
@@ -105,6 +108,7 @@ docs: $(VENV)/.docs-installed
 	$(BIN)/agentrun crd --kind AgentRunQuota --reference > docs/reference/agentrunquota.md
 	$(BIN)/agentrun crd --kind Agent --reference > docs/reference/agent.md
 	$(BIN)/agentrun crd --kind AgentSchedule --reference > docs/reference/agentschedule.md
+	$(BIN)/agentrun crd --kind SandboxTemplate --reference > docs/reference/sandboxtemplate.md
 	$(MKDOCS) build --strict
 
 # What make test checks: the site builds with no warning (links, anchors, nav); the reference is

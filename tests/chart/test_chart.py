@@ -31,6 +31,7 @@ CRD_FILES = (
     "agentrunquotas.agentrun.dev.yaml",
     "agents.agentrun.dev.yaml",
     "agentschedules.agentrun.dev.yaml",
+    "sandboxtemplates.agentrun.dev.yaml",
 )
 OPERATOR_SA = "agentrun-operator"
 OPERATOR_SUBJECT = {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}
@@ -109,6 +110,8 @@ NAMESPACED_NEEDS = {
     ("agentrun.dev", "agents/status"): {"patch"},
     ("agentrun.dev", "agentschedules"): {"list", "watch"},
     ("agentrun.dev", "agentschedules/status"): {"patch"},
+    # get: a run's template (spec.sandbox.templateRef); list, watch: Kopf wakes waiting runs and pools.
+    ("agentrun.dev", "sandboxtemplates"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
     # get: the ConfigMaps a sandbox mounts, waited for (tools/registry.py mount_uses).

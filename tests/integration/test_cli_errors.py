@@ -222,8 +222,9 @@ async def test_operator_with_only_the_agentrun_crd_names_the_missing_ones_and_th
         await operator.start()
         await operator.stop()
     assert (
-        "the AgentRunQuota, Agent, AgentSchedule CRDs are not installed (runs are not limited by quotas; "
-        "runs with spec.agentRef wait for their Agent; no schedule creates runs); install the CRDs with "
+        "the AgentRunQuota, Agent, AgentSchedule, SandboxTemplate CRDs are not installed (runs are not "
+        "limited by quotas; runs with spec.agentRef wait for their Agent; no schedule creates runs; runs "
+        "with spec.sandbox.templateRef wait for their template); install the CRDs with "
         "`agentrun crd --all | kubectl apply -f -`"
     ) in operator.logs()
 
@@ -269,7 +270,7 @@ async def test_plugin_without_the_agentrun_crd_says_the_crd_is_not_installed_not
 
 
 async def test_crd_all_prints_every_crd_the_operator_serves_as_one_stream() -> None:
-    """The stream the missing-CRD advice pipes into `kubectl apply`: all four kinds, as crds/ holds them."""
+    """The stream the missing-CRD advice pipes into `kubectl apply`: every kind, as crds/ holds them."""
     code, out, err = await run_command(BIN / "agentrun", "crd", "--all", timeout=60)
     assert code == 0, err
     documents = [doc for doc in yaml.safe_load_all(out) if doc]

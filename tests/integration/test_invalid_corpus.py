@@ -4,7 +4,8 @@ Each manifest says what must happen in two annotations: ``test.agentrun.dev/expe
 ``Rejected`` (the API server refuses it at admission: CRD schema, CEL, strict field validation as
 kubectl sends it), ``InvalidSpec`` (admitted, then the run ends Failed/InvalidSpec) or
 ``Pending/<Reason>`` (admitted and waiting, e.g. for a Secret). ``test.agentrun.dev/field`` is the
-field the error message must name. One operator serves the whole corpus, and a valid run applied
+field the error message must name. A manifest of another kind (a SandboxTemplate) can only be
+``Rejected``. One operator serves the whole corpus, and a valid run applied
 afterwards must still succeed: bad input never takes the operator down.
 
 Against a real API server (``--real-cluster``) the server itself judges admission; the emulator's
@@ -29,6 +30,7 @@ from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster, cluster_for
 from tests.support.kube_requests import wait_status
 from tests.support.operator_process import OperatorProcess
+from tests.support.sandbox_templates import install_template_crd, templates_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = sorted((ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
@@ -60,6 +62,7 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 async def cluster(real_kubeconfig: Path | None) -> AsyncIterator[TestCluster]:
     """One API server (and namespace) for the whole corpus: the operator serving it is started once."""
     async with cluster_for(real_kubeconfig) as chosen:
+        await install_template_crd(chosen)  # the corpus has SandboxTemplates too
         yield chosen
 
 
@@ -78,7 +81,8 @@ async def _create(cluster: TestCluster, manifest: dict[str, Any]) -> tuple[int, 
     # A streamed body: multi-megabyte manifests are part of the corpus.
     body = io.BytesIO(json.dumps(manifest).encode())
     headers = {"Content-Type": "application/json"}
-    path = f"{cluster.runs_path}?fieldValidation=Strict"
+    kinds = {"AgentRun": cluster.runs_path, "SandboxTemplate": templates_path(cluster.namespace)}
+    path = f"{kinds[manifest['kind']]}?fieldValidation=Strict"
     return await cluster.status_of("POST", path, data=body, headers=headers)
 
 

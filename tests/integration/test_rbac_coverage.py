@@ -62,6 +62,7 @@ from tests.support.rbac import (
     grant_service_account,
     installed_chart,
 )
+from tests.support.sandbox_templates import create_template, install_template_crd
 from tests.support.schedules import install_schedule_crd
 from tests.support.waiting import until
 
@@ -445,6 +446,25 @@ async def works_in_a_sandbox(work: Workload) -> None:
     )
 
 
+async def takes_its_sandbox_from_a_template(work: Workload) -> None:
+    """A run with spec.sandbox.templateRef: Kopf watches SandboxTemplates, and the run reads its
+    template once (the model calls no sandbox tool, so no pod is made)."""
+    namespace = work.namespaces[0]
+    resources = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}
+    await create_template(
+        work.cluster,
+        "absent-image",
+        namespace,
+        image="localhost/agentrun-sandbox-absent:none",
+        resources=resources,
+    )
+    await work.apply(
+        namespace, "templated", "[rbac:answer] template", sandbox={"templateRef": {"name": "absent-image"}}
+    )
+    status = await work.finished(namespace, "templated")
+    assert (status["phase"], status["sandboxTemplate"]["name"]) == ("Succeeded", "absent-image"), status
+
+
 SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     succeeds_with_tools,
     waits_for_its_secret,
@@ -456,6 +476,7 @@ SCENARIOS: list[Callable[[Workload], Awaitable[None]]] = [
     takes_off_an_earlier_builds_finalizer,
     is_admitted_by_a_quota,
     works_in_a_sandbox,
+    takes_its_sandbox_from_a_template,
     runs_from_an_agent,
     fans_out_to_a_child,
     runs_on_a_schedule,
@@ -566,6 +587,7 @@ async def run_workload(
 
         await install_quota_crd(cluster)  # before the operator: Kopf resolves what it watches at start
         await install_schedule_crd(cluster)
+        await install_template_crd(cluster)
         operators = [await start(0)]
 
         async def restart() -> None:

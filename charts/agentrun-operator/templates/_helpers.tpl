@@ -127,6 +127,11 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
 - apiGroups: ["agentrun.dev"]
   resources: ["agentschedules/status"]
   verbs: ["patch"]
+# SandboxTemplates are read (a run with spec.sandbox.templateRef records its template's spec once) and
+# watched (runs waiting for their template start when it is created; warm pools follow it). Never written.
+- apiGroups: ["agentrun.dev"]
+  resources: ["sandboxtemplates"]
+  verbs: ["get", "list", "watch"]
 # Transcripts and run keys are owned by their AgentRun with blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin allows only with update on finalizers.
 - apiGroups: ["agentrun.dev"]

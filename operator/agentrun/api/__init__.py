@@ -30,7 +30,12 @@ SCHEDULE_PLURAL = "agentschedules"
 SCHEDULE_SINGULAR = "agentschedule"
 SCHEDULE_SHORT_NAMES = ("ags",)
 
-#: The one command every message about a missing CRD advises: it installs (or upgrades) all four.
+TEMPLATE_KIND = "SandboxTemplate"
+TEMPLATE_PLURAL = "sandboxtemplates"
+TEMPLATE_SINGULAR = "sandboxtemplate"
+TEMPLATE_SHORT_NAMES = ("sbt",)
+
+#: The one command every message about a missing CRD advises: it installs (or upgrades) all of them.
 INSTALL_CRDS = "agentrun crd --all | kubectl apply -f -"
 
 # Labels and annotations the operator puts on the runs it creates.
@@ -78,5 +83,9 @@ __all__ = [
     "SCHEDULE_SINGULAR",
     "SHORT_NAMES",
     "SINGULAR",
+    "TEMPLATE_KIND",
+    "TEMPLATE_PLURAL",
+    "TEMPLATE_SHORT_NAMES",
+    "TEMPLATE_SINGULAR",
     "VERSION",
 ]

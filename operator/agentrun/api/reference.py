@@ -187,7 +187,11 @@ def reference_markdown(definition: dict[str, Any] | None = None) -> str:
         f"- resource: `{names['plural']}.{definition['spec']['group']}`; short names: "
         f"{', '.join(f'`{n}`' for n in names['shortNames'])}; "
         f"categories: {', '.join(f'`{c}`' for c in names['categories'])}",
-        "- status is a subresource: only the operator writes it",
+        (
+            "- status is a subresource: only the operator writes it"
+            if "status" in root["properties"]
+            else "- no status: the operator only reads it"
+        ),
         "",
         f"Every field below is also described by `kubectl explain {names['singular']}.spec` "
         "(and deeper paths).",
@@ -206,6 +210,8 @@ def reference_markdown(definition: dict[str, Any] | None = None) -> str:
         "",
     ]
     for top in ("spec", "status"):
+        if top not in root["properties"]:
+            continue
         for path, schema in _objects(top, root["properties"][top]):
             lines += _section(path, schema)
     return "\n".join(lines).rstrip() + "\n"

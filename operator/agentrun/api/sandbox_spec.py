@@ -9,9 +9,9 @@ token, a writable workspace) is fixed by the operator and not a field (docs/sand
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from agentrun.api.spec_base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, SecretKeyRef, SpecModel
 
@@ -158,18 +158,24 @@ class SandboxVolume(SpecModel):
         return self
 
 
-class SandboxSpec(SpecModel):
-    """The run's sandbox pod. Declaring one gives the model the `bash` and text editor tools."""
+IMAGE_DESCRIPTION = "Container image of the sandbox; it needs sh and the usual coreutils (cat, timeout)."
+RESOURCES_DESCRIPTION = "CPU and memory requests and limits (required)."
+#: What a sandbox without templateRef must declare itself, and what a SandboxTemplate must hold.
+REQUIRED_UNLESS_TEMPLATED = ("image", "resources")
 
-    image: str = Field(
-        min_length=1,
-        max_length=1024,
-        description="Container image of the sandbox; it needs sh and the usual coreutils (cat, timeout).",
-    )
+
+class SandboxFields(SpecModel):
+    """What a run's sandbox and a SandboxTemplate share: every field of the pod but the warm pool.
+
+    image and resources are optional here only so that a run's sandbox may take them from its
+    template; SandboxTemplateSpec and SandboxSpec (the resolved sandbox) require them.
+    """
+
+    image: str | None = Field(default=None, min_length=1, max_length=1024, description=IMAGE_DESCRIPTION)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Image pull policy (the cluster's default when unset)."
     )
-    resources: SandboxResources = Field(description="CPU and memory requests and limits (required).")
+    resources: SandboxResources | None = Field(default=None, description=RESOURCES_DESCRIPTION)
     runtime_class_name: str | None = Field(
         default=None,
         pattern=DNS_LABEL_PATTERN,
@@ -268,6 +274,84 @@ class SandboxSpec(SpecModel):
             "Unset: the pod stays for the whole run."
         ),
     )
+
+    @model_validator(mode="after")
+    def _volumes_distinct(self) -> Self:
+        names = [v.name for v in self.volumes]
+        paths = [v.mount_path for v in self.volumes]
+        if len(set(names)) != len(names):
+            raise ValueError("two volumes have the same name")
+        if len(set(paths)) != len(paths):
+            raise ValueError("two volumes have the same mountPath")
+        if reserved := sorted(set(names) & set(RESERVED_VOLUME_NAMES)):
+            raise ValueError(
+                f"volume names workspace, tmp and agentrun are the operator's (not {reserved[0]})"
+            )
+        return self
+
+
+class SandboxTemplateSpec(SandboxFields):
+    """A sandbox kept once for many runs (kind SandboxTemplate): runs name it in spec.sandbox.templateRef."""
+
+    image: str = Field(min_length=1, max_length=1024, description=IMAGE_DESCRIPTION)
+    resources: SandboxResources = Field(description=RESOURCES_DESCRIPTION)
+
+
+class SandboxTemplateRef(SpecModel):
+    """A SandboxTemplate in the run's (or the Agent's) own namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the SandboxTemplate.",
+    )
+
+
+def _required_message(name: str) -> str:
+    return f"{name} is required unless templateRef names a SandboxTemplate that sets it"
+
+
+def _required_unless_templated(name: str) -> JsonValue:
+    return {
+        "rule": f"has(self.templateRef) || has(self.{name})",
+        "fieldPath": f".{name}",
+        "reason": "FieldValueRequired",
+        "message": _required_message(name),
+    }
+
+
+class SandboxDeclaration(SandboxFields):
+    """spec.sandbox as a manifest writes it: its own pod, or a SandboxTemplate with fields overridden.
+
+    Declaring one gives the model the `bash` and text editor tools. The operator resolves it once,
+    before admission, into a SandboxSpec (controller/agentruns/template_resolving.py).
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_required_unless_templated(n) for n in REQUIRED_UNLESS_TEMPLATED]
+        }
+    )
+
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description=f"{IMAGE_DESCRIPTION} Required unless templateRef names a template that sets it.",
+    )
+    resources: SandboxResources | None = Field(
+        default=None,
+        description="CPU and memory requests and limits; required unless templateRef names a template "
+        "that sets them (then they replace the template's as a whole).",
+    )
+    template_ref: SandboxTemplateRef | None = Field(
+        default=None,
+        description=(
+            "A SandboxTemplate of the same namespace as the base: every other field set here replaces "
+            "the template's (docs/sandbox.md, Reusable templates). Read once, when the run starts."
+        ),
+    )
     warm_pool: int = Field(
         default=0,
         ge=0,
@@ -280,15 +364,33 @@ class SandboxSpec(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _volumes_distinct(self) -> SandboxSpec:
-        names = [v.name for v in self.volumes]
-        paths = [v.mount_path for v in self.volumes]
-        if len(set(names)) != len(names):
-            raise ValueError("two volumes have the same name")
-        if len(set(paths)) != len(paths):
-            raise ValueError("two volumes have the same mountPath")
-        if reserved := sorted(set(names) & set(RESERVED_VOLUME_NAMES)):
-            raise ValueError(
-                f"volume names workspace, tmp and agentrun are the operator's (not {reserved[0]})"
-            )
+    def _complete_unless_templated(self) -> Self:
+        if self.template_ref is None:
+            for name in REQUIRED_UNLESS_TEMPLATED:
+                if getattr(self, name) is None:
+                    raise ValueError(_required_message(name))
         return self
+
+
+class SandboxSpec(SandboxDeclaration):
+    """The sandbox a run executes with: complete (image and resources), its template merged in.
+
+    Only resolve_sandbox makes one from a declaration, so the code that starts pods and counts quota
+    (which takes this type) never sees a sandbox whose template was not read.
+    """
+
+    image: str = Field(min_length=1, max_length=1024, description=IMAGE_DESCRIPTION)
+    resources: SandboxResources = Field(description=RESOURCES_DESCRIPTION)
+
+
+def resolve_sandbox(declared: SandboxDeclaration, template: SandboxTemplateSpec | None) -> SandboxSpec:
+    """The sandbox a run executes: ``template`` (None: declared.templateRef is unset) as the base,
+    every field ``declared`` sets on top, as a whole (resources, env and volumes replace the
+    template's, they do not add to them).
+
+    Raises pydantic's ValidationError, locations relative to spec.sandbox, when the two together are
+    refused (e.g. a volume mounted where the template mounts another).
+    """
+    merged = template.model_dump(by_alias=True, exclude_unset=True) if template is not None else {}
+    merged.update(declared.model_dump(by_alias=True, exclude_unset=True, exclude={"template_ref"}))
+    return SandboxSpec.model_validate(merged)

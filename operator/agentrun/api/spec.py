@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, JsonValue, model_validator
 from agentrun.api.context_spec import ContextSpec
 from agentrun.api.model_spec import THINKING_TOOL_CHOICE, ModelSpec
 from agentrun.api.output_spec import OutputSpec
-from agentrun.api.sandbox_spec import SANDBOX_TOOL_NAMES, SandboxSpec
+from agentrun.api.sandbox_spec import SANDBOX_TOOL_NAMES, SandboxDeclaration, SandboxSpec
 from agentrun.api.spec_base import DNS_LABEL_PATTERN, SpecModel, ToolName
 from agentrun.api.tool_specs import ToolChoice, ToolSpec
 
@@ -213,11 +213,12 @@ class RunDefinition(SpecModel):
             "and execs into the run's sandbox pod."
         ),
     )
-    sandbox: SandboxSpec | None = Field(
+    sandbox: SandboxDeclaration | None = Field(
         default=None,
         description=(
             "A pod of the run's own where the model's bash and str_replace_based_edit_tool act "
-            "(docs/sandbox.md). Created when the run first needs it, deleted when the run ends."
+            "(docs/sandbox.md), declared here or taken from a SandboxTemplate (templateRef). Created "
+            "when the run first needs it, deleted when the run ends."
         ),
     )
     priority: int = Field(
@@ -305,3 +306,22 @@ class AgentRunSpec(RunDefinition):
                 if name in declared:
                     raise ValueError(f"spec.{name} comes from the Agent (spec.agentRef); a run cannot set it")
         return self
+
+
+class ResolvedRunSpec(AgentRunSpec):
+    """The spec a run executes: its Agent merged in (spec.agentRef) and its sandbox complete, its
+    SandboxTemplate read (spec.sandbox.templateRef).
+
+    Why a type of its own: the tools and quota admission take this one, so mypy proves that nothing
+    which starts a pod or counts its CPU and memory sees a sandbox whose template was not read.
+    """
+
+    sandbox: SandboxSpec | None = Field(default=None, description="The run's sandbox, resolved.")
+
+    @classmethod
+    def of(cls, spec: AgentRunSpec, sandbox: SandboxSpec | None) -> ResolvedRunSpec:
+        """``spec`` with ``sandbox`` in place of its declaration; what each declared stays declared."""
+        fields = spec.model_dump(by_alias=True, exclude_unset=True, exclude={"sandbox"})
+        if sandbox is not None:
+            fields["sandbox"] = sandbox.model_dump(by_alias=True, exclude_unset=True)
+        return cls.model_validate(fields)

@@ -117,6 +117,14 @@ class AgentUsed(StatusModel):
     generation: int | None = Field(default=None, description="Its metadata.generation when the run read it.")
 
 
+class TemplateUsed(StatusModel):
+    """The SandboxTemplate a run's sandbox (spec.sandbox.templateRef) was resolved from, as it was then."""
+
+    name: str = Field(description="The SandboxTemplate's name.")
+    uid: str = Field(description="Its uid: a deleted and recreated template of that name is another one.")
+    generation: int | None = Field(default=None, description="Its metadata.generation when the run read it.")
+
+
 class AwaitingChild(StatusModel):
     """A call of a descendant run waiting for a human decision (spec.approvals on that run)."""
 
@@ -201,6 +209,18 @@ class AgentRunStatus(StatusModel):
         description=(
             "With spec.agentRef: the Agent's spec as the run read it, once; the run keeps using it "
             "when the Agent changes later."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    sandbox_template: TemplateUsed | None = Field(
+        default=None,
+        description="With spec.sandbox.templateRef: the SandboxTemplate the run's sandbox was resolved from.",
+    )
+    sandbox_template_spec: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "With spec.sandbox.templateRef: the SandboxTemplate's spec as the run read it, once; the run "
+            "keeps using it when the template changes or goes later."
         ),
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )

@@ -30,6 +30,7 @@ from agentrun.api.status import (
     PendingApproval,
     Phase,
     QuotaLimits,
+    TemplateUsed,
     TranscriptRef,
     Usage,
 )
@@ -160,6 +161,15 @@ def quota_limited(limits: QuotaLimits) -> StatusPatch:
 def agent_resolved(agent: AgentUsed, agent_spec: Mapping[str, Any]) -> StatusPatch:
     """status.agent and status.agentSpec in one write: a resumed run needs both or neither."""
     return StatusPatch(AgentRunStatus(phase=Phase.PENDING, agent=agent, agent_spec=dict(agent_spec)))
+
+
+def sandbox_template_resolved(template: TemplateUsed, template_spec: Mapping[str, Any]) -> StatusPatch:
+    """status.sandboxTemplate and status.sandboxTemplateSpec in one write: a resumed run needs both."""
+    return StatusPatch(
+        AgentRunStatus(
+            phase=Phase.PENDING, sandbox_template=template, sandbox_template_spec=dict(template_spec)
+        )
+    )
 
 
 def children(bodies: Sequence[Mapping[str, Any]]) -> StatusPatch:

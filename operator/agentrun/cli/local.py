@@ -24,7 +24,8 @@ import yaml
 from agentrun.agents import AgentSpecConflict, resolve
 from agentrun.api import AGENT_KIND, API_VERSION, KIND, status_patches
 from agentrun.api.agent import AgentSpec
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.sandbox_spec import resolve_sandbox
+from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.status_patches import StatusPatch
 from agentrun.api.stops import Outcome, StopReason
@@ -84,7 +85,7 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return manifest, agents
 
 
-def local_spec(manifest: Mapping[str, Any], agents: Mapping[str, Any]) -> AgentRunSpec:
+def local_spec(manifest: Mapping[str, Any], agents: Mapping[str, Any]) -> ResolvedRunSpec:
     """The spec to run, parsed and validated as the operator does it: with spec.agentRef, the Agent
     of the same file overridden by the run."""
     spec = phases.parse_spec(manifest.get("spec") or {})
@@ -106,7 +107,17 @@ def local_spec(manifest: Mapping[str, Any], agents: Mapping[str, Any]) -> AgentR
     refused = phases.validate(spec)
     if refused is not None:
         raise ManifestError(refused.outcome.message)
-    return spec
+    if spec.sandbox is None:
+        return ResolvedRunSpec.of(spec, None)
+    if spec.sandbox.template_ref is not None:
+        raise ManifestError(
+            "spec.sandbox.templateRef: a sandbox is a pod the operator starts in the run's namespace, "
+            "from a SandboxTemplate there, which `agentrun run` cannot do"
+        )
+    try:
+        return ResolvedRunSpec.of(spec, resolve_sandbox(spec.sandbox, None))
+    except pydantic.ValidationError as exc:
+        raise ManifestError(phases.describe_validation_error(exc, "spec.sandbox")) from exc
 
 
 class ProgressPrinter:
@@ -205,7 +216,7 @@ class Admitted:
     """The file's run, admitted, and what it runs with."""
 
     manifest: dict[str, Any]
-    spec: AgentRunSpec
+    spec: ResolvedRunSpec
     settings: Settings
     prices: PriceTable
     api_key: str
@@ -236,7 +247,7 @@ def admitted(path: Path) -> Admitted:
 
 
 async def opened_tools(
-    path: Path, spec: AgentRunSpec, namespace: str, run_id: str, stack: contextlib.AsyncExitStack
+    path: Path, spec: ResolvedRunSpec, namespace: str, run_id: str, stack: contextlib.AsyncExitStack
 ) -> Mapping[str, Tool]:
     """The run's tools, open until ``stack`` closes."""
     try:

@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
     crd.add_argument(
         "--kind",
-        choices=["AgentRun", "AgentRunQuota", "Agent", "AgentSchedule"],
+        choices=["AgentRun", "AgentRunQuota", "Agent", "AgentSchedule", "SandboxTemplate"],
         default="AgentRun",
         help="the kind whose CRD (or reference) to print (default: AgentRun)",
     )
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     crd.add_argument(
         "--all",
         action="store_true",
-        help="print all four CRDs as one multi-document stream: `agentrun crd --all | kubectl apply -f -`",
+        help="print all five CRDs as one multi-document stream: `agentrun crd --all | kubectl apply -f -`",
     )
 
     # The offline demo needs the emulators, which are not part of the operator (sandbox/ in the repository).
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             "AgentRunQuota": (crds.quota_crd, crds.quota_crd_yaml),
             "Agent": (crds.agent_crd, crds.agent_crd_yaml),
             "AgentSchedule": (crds.schedule_crd, crds.schedule_crd_yaml),
+            "SandboxTemplate": (crds.template_crd, crds.template_crd_yaml),
         }
         if args.all:
             if args.reference:

@@ -8,10 +8,20 @@ from typing import Any
 
 import kopf
 
-from agentrun.api import AGENT_PLURAL, GROUP, LABEL_SCHEDULE, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, VERSION
+from agentrun.api import (
+    AGENT_PLURAL,
+    GROUP,
+    LABEL_SCHEDULE,
+    PLURAL,
+    QUOTA_PLURAL,
+    SCHEDULE_PLURAL,
+    TEMPLATE_PLURAL,
+    VERSION,
+)
 from agentrun.controller.agentruns.agent_resolving import AgentWaiters
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agents.control import AgentValidator
+from agentrun.controller.agents.templates import TemplateEvents
 from agentrun.controller.quotas.control import Quotas
 from agentrun.controller.schedules.control import ScheduleController
 from agentrun.kube import kubeconfig_loading
@@ -44,6 +54,7 @@ def build_registry(
     agents: AgentValidator | None = None,
     *,
     agent_waiters: AgentWaiters | None = None,
+    templates: TemplateEvents | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -69,6 +80,10 @@ def build_registry(
             agent_waiters.changed(body.metadata.namespace or "", body.metadata.name or "")
         if agents is not None:
             await agents.observe(event.get("type"), body)
+
+    @kopf.on.event(GROUP, VERSION, TEMPLATE_PLURAL, registry=registry)
+    async def sandboxtemplate_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        await (templates or TemplateEvents()).observe(event.get("type"), body)
 
     if quotas is not None:
         # Without the AgentRunQuota CRD, Kopf logs once that it cannot serve the resource and serves

@@ -20,6 +20,7 @@ from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.agentruns.tool_environment import kube_connection
 from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.agents.pools import WarmPools
+from agentrun.controller.agents.templates import TemplateEvents
 from agentrun.controller.collector import young_generation_threshold
 from agentrun.controller.kopf_registry import build_registry
 from agentrun.controller.quotas.control import Quotas
@@ -106,6 +107,7 @@ class _Controllers:
     quotas: Quotas
     schedules: ScheduleController
     agents: AgentValidator
+    templates: TemplateEvents
 
 
 async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kopf_kwargs: Any) -> None:
@@ -144,6 +146,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
                 controllers.schedules,
                 controllers.agents,
                 agent_waiters=reconciler.agent_waiters,
+                templates=controllers.templates,
             ),
             settings=kopf_settings(scanning=scanning),
             standalone=True,
@@ -246,7 +249,9 @@ def _start_controllers(
     background.start(quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns))
     if membership is not None:
         background.start(membership.run())
-    return _Controllers(runs=handler, quotas=quotas, schedules=schedules, agents=agents)
+    # SandboxTemplates: runs waiting for theirs are woken, and the Agents naming one keep their pools in step.
+    templates = TemplateEvents(pools.templates, reconciler.template_waiters, agents)
+    return _Controllers(runs=handler, quotas=quotas, schedules=schedules, agents=agents, templates=templates)
 
 
 async def _leave(membership: DetachedMembership) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import quote
 from kubernetes_asyncio import client
 
 from agentrun import __version__
-from agentrun.api import AGENT_PLURAL, GROUP, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, VERSION
+from agentrun.api import AGENT_PLURAL, GROUP, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, TEMPLATE_PLURAL, VERSION
 from agentrun.api.transcripts import StorageKind
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.errors import APINotFoundError, refused, translated
@@ -170,6 +170,19 @@ class KubeClient:
     async def patch_agent_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge patch on the Agent's status subresource (its validation: controller/agents/)."""
         await self._patch_status(AGENT_PLURAL, namespace, name, status)
+
+    # SandboxTemplates ----------------------------------------------------------------------------
+
+    async def get_sandbox_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The SandboxTemplate, or None when there is none of that name (or its CRD is not installed)."""
+        try:
+            return await call_json(
+                self._custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, TEMPLATE_PLURAL, name, _preload_content=False
+                )
+            )
+        except APINotFoundError:
+            return None
 
     # AgentSchedules ------------------------------------------------------------------------------
 

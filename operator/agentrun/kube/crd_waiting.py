@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from agentrun.api import AGENT_PLURAL, INSTALL_CRDS, QUOTA_PLURAL, SCHEDULE_PLURAL
+from agentrun.api import AGENT_PLURAL, INSTALL_CRDS, QUOTA_PLURAL, SCHEDULE_PLURAL, TEMPLATE_PLURAL
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.calling import KubeClient, connect
 from agentrun.kube.errors import APIError, APINotFoundError
@@ -25,6 +25,7 @@ OPTIONAL_CRDS = {
     QUOTA_PLURAL: ("AgentRunQuota", "runs are not limited by quotas"),
     AGENT_PLURAL: ("Agent", "runs with spec.agentRef wait for their Agent"),
     SCHEDULE_PLURAL: ("AgentSchedule", "no schedule creates runs"),
+    TEMPLATE_PLURAL: ("SandboxTemplate", "runs with spec.sandbox.templateRef wait for their template"),
 }
 
 #: How often, and how far apart, discovery is asked again before the other CRDs are called missing.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrun.api.sandbox_spec import SANDBOX_TOOL_NAMES
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.spec_base import TOOL_NAME_PATTERN
 from agentrun.api.tool_specs import MCPServer, ToolSpec
 from agentrun.loop.protocols import Tool, ToolCall, ToolDefinition, ToolOutput
@@ -182,7 +182,7 @@ def _declared(tool: Tool, entry: ToolSpec) -> Tool:
 
 @contextlib.asynccontextmanager
 async def open_tools(
-    spec: AgentRunSpec,
+    spec: ResolvedRunSpec,
     env: ToolEnvironment,
     *,
     sleep: Sleep = asyncio.sleep,

@@ -27,7 +27,7 @@ from agentrun.controller.agentruns.phases import Ending, describe_validation_err
 from agentrun.controller.agentruns.resuming import NO_PROGRESS
 from agentrun.kube.objects import ObjectMeta
 
-__all__ = ["AgentSource", "AgentWaiters", "agent_not_found", "resolve_agent"]
+__all__ = ["AgentSource", "AgentWaiters", "agent_not_found", "resolve_agent", "wait_until_found"]
 
 AGENT_NOT_FOUND = "AgentNotFound"
 
@@ -137,15 +137,37 @@ async def _wait_for_agent(
     retry_seconds: float,
 ) -> Mapping[str, Any] | None:
     """The Agent's object once it exists; None when the run is cancelled first."""
-    with (waiters or AgentWaiters()).waiting(namespace, name) as woken:
+    return await wait_until_found(
+        lambda: source.get_agent(namespace, name),
+        (namespace, name),
+        cancel=cancel,
+        announce=lambda: announce(AGENT_NOT_FOUND, agent_not_found(name, namespace)),
+        waiters=waiters,
+        retry_seconds=retry_seconds,
+    )
+
+
+async def wait_until_found(
+    fetch: Callable[[], Awaitable[Mapping[str, Any] | None]],
+    key: tuple[str, str],
+    *,
+    cancel: asyncio.Event,
+    announce: Callable[[], Awaitable[None]],
+    waiters: AgentWaiters | None,
+    retry_seconds: float,
+) -> Mapping[str, Any] | None:
+    """The object ``fetch`` reads once it exists, ``announce``d (once) while it does not; None when
+    the run is cancelled first. Woken by ``waiters`` under ``key`` (namespace, name), and every
+    ``retry_seconds`` in case a watch event was missed."""
+    with (waiters or AgentWaiters()).waiting(*key) as woken:
         announced = False
         while not cancel.is_set():
             woken.clear()
-            found = await source.get_agent(namespace, name)
+            found = await fetch()
             if found is not None:
                 return found
             if not announced:
-                await announce(AGENT_NOT_FOUND, agent_not_found(name, namespace))
+                await announce()
                 announced = True
             wakes = [asyncio.ensure_future(cancel.wait()), asyncio.ensure_future(woken.wait())]
             try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pydantic
 
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
@@ -244,7 +244,7 @@ async def secrets_ready(
 async def admit_to_quotas(
     gate: AdmissionGate,
     run: Candidate,
-    spec: AgentRunSpec,
+    spec: ResolvedRunSpec,
     *,
     status: AgentRunStatus,
     started: bool,
@@ -323,7 +323,7 @@ def queued_message(position: int, slots: FairQueue) -> str:
 
 
 async def open_run_tools(
-    spec: AgentRunSpec, tool_env: RunToolEnvironment, stack: contextlib.AsyncExitStack
+    spec: ResolvedRunSpec, tool_env: RunToolEnvironment, stack: contextlib.AsyncExitStack
 ) -> Mapping[str, Tool] | Ending:
     """The run's tools, open until ``stack`` closes; a tool that cannot start ends the run."""
     try:

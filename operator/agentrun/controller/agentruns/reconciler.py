@@ -1,6 +1,7 @@
 """The AgentRun reconciler: one run from its watch event to its terminal status.
 
-    resolve the Agent → validate → resume → wait for Secrets → quota → queue → open tools → loop → finish
+    resolve the Agent → resolve its SandboxTemplate → validate → resume → wait for Secrets → quota
+    → queue → open tools → loop → finish
 
 The phases are in phases.py; this module gives each run what its phases share (its transcript
 store, its status writer, its cancel signal, its approvals, its Events) and runs them in order,
@@ -24,11 +25,12 @@ from typing import Any
 
 from agentrun import logs
 from agentrun.api import status_patches
-from agentrun.api.spec import AgentRunSpec, Approval
+from agentrun.api.spec import AgentRunSpec, Approval, ResolvedRunSpec
 from agentrun.api.status import AgentUsed, Phase
 from agentrun.api.stops import StopReason
 from agentrun.api.times import unix_time
 from agentrun.controller.agentruns import phases
+from agentrun.controller.agentruns import template_resolving as templates
 from agentrun.controller.agentruns.agent_resolving import AgentWaiters, resolve_agent
 from agentrun.controller.agentruns.children import ChildWatch, Parent, RunChildren, depth_of
 from agentrun.controller.agentruns.holding import HeldModel, held_tools
@@ -106,6 +108,8 @@ class AgentRunReconciler:
     quotas: Quotas | None = None
     # Runs waiting for their Agent (spec.agentRef), woken by the Agent watch.
     agent_waiters: AgentWaiters = field(default_factory=AgentWaiters)
+    # Runs waiting for their SandboxTemplate (spec.sandbox.templateRef), woken by the template watch.
+    template_waiters: templates.TemplateWaiters = field(default_factory=templates.TemplateWaiters)
     # Watch events of child runs, routed to the agent tools waiting for them.
     child_watch: ChildWatch = field(default_factory=ChildWatch)
 
@@ -227,17 +231,21 @@ class AgentRunReconciler:
         finally:
             self.queue.leave(ticket)
 
-    async def _definition(self, run: _Run) -> AgentRunSpec | Ending:
+    async def _definition(self, run: _Run) -> ResolvedRunSpec | Ending:
         """What the run executes: its spec as the watch event showed it parsed, its Agent's merged in
-        (spec.agentRef), validated; InvalidSpec when the model refused the spec already."""
+        (spec.agentRef), its sandbox's template read (spec.sandbox.templateRef), validated;
+        InvalidSpec when the model refused the spec already."""
         own = run.ref.spec
         if isinstance(own, InvalidRunSpec):
             return Ending.of(StopReason.INVALID_SPEC, own.problem)
-        spec = await self._resolve_agent(run, own)
+        merged = await self._resolve_agent(run, own)
+        if isinstance(merged, Ending):
+            return merged
+        if "priority" not in own.model_fields_set:  # a run from an Agent waits with the Agent's priority
+            run.priority = merged.priority
+        spec = await self._resolve_template(run, merged)
         if isinstance(spec, Ending):
             return spec
-        if "priority" not in own.model_fields_set:  # a run from an Agent waits with the Agent's priority
-            run.priority = spec.priority
         return phases.validate(spec) or spec
 
     async def _resolve_agent(self, run: _Run, spec: AgentRunSpec) -> AgentRunSpec | Ending:
@@ -263,8 +271,21 @@ class AgentRunReconciler:
             retry_seconds=self.settings.secret_retry_seconds,
         )
 
+    async def _resolve_template(self, run: _Run, spec: AgentRunSpec) -> ResolvedRunSpec | Ending:
+        return await templates.resolve_template(
+            spec,
+            run.ref.status,
+            namespace=run.ref.namespace,
+            source=self.kube,
+            cancel=run.cancel,
+            announce=run.writer.pending,
+            record=templates.template_recorder(run.writer),
+            waiters=self.template_waiters,
+            retry_seconds=self.settings.secret_retry_seconds,
+        )
+
     async def _admit_to_quotas(
-        self, run: _Run, spec: AgentRunSpec, point: ResumePoint
+        self, run: _Run, spec: ResolvedRunSpec, point: ResumePoint
     ) -> AdmittedSpec | Ending:
         if self.quotas is None:
             return AdmittedSpec(spec)
@@ -325,7 +346,7 @@ class AgentRunReconciler:
             self.metrics.queue_left(ref.namespace)
 
     async def _open_tools_and_loop(
-        self, run: _Run, spec: AgentRunSpec, point: ResumePoint, tool_env: RunToolEnvironment, api_key: str
+        self, run: _Run, spec: ResolvedRunSpec, point: ResumePoint, env: RunToolEnvironment, api_key: str
     ) -> None:
         ref, control = run.ref, run.control
         clock = SystemClock()
@@ -338,7 +359,7 @@ class AgentRunReconciler:
         if point.state is None:
             self.metrics.run_started_at_depth(ref.namespace, depth_of(ref.labels))
         try:
-            tools = await phases.open_run_tools(spec, tool_env, tools_open)
+            tools = await phases.open_run_tools(spec, env, tools_open)
             if isinstance(tools, Ending):
                 return await self._finish(run, tools)
             model = self.clients.model(
@@ -368,7 +389,7 @@ class AgentRunReconciler:
                 allowance=allowance,
                 yield_at_checkpoint=control.checkpoint,
             )
-            await tool_env.remove_sandbox()  # the run ended; after a handoff or a stop the pod stays
+            await env.remove_sandbox()  # the run ended; after a handoff or a stop the pod stays
         except HandedOff:
             run.log.info(
                 "stopped at a checkpoint (%s): another replica resumes the run from there", control.why()
@@ -377,7 +398,7 @@ class AgentRunReconciler:
         finally:
             control.looping = False
             await tools_open.aclose()
-            await tool_env.close()
+            await env.close()
             metrics_observer.release_approvals()
             if tracing is not None:
                 tracing.close()
@@ -412,7 +433,7 @@ class AgentRunReconciler:
         await run.writer.notify(finished)
 
 
-def _candidate(ref: RunObject, spec: AgentRunSpec, prices: PriceTable, priority: int) -> Candidate:
+def _candidate(ref: RunObject, spec: ResolvedRunSpec, prices: PriceTable, priority: int) -> Candidate:
     """The run as the quota line sees it, with the least room its first request needs and its sandbox."""
     floor = first_request_floor(spec.model.name, spec.system_prompt, spec.task, spec.model.max_tokens, prices)
     return Candidate(

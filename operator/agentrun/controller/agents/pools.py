@@ -24,10 +24,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import ValidationError
-
 from agentrun.api.agent import WarmPoolStatus
 from agentrun.api.sandbox_spec import SandboxSpec
+from agentrun.controller.agents.templates import SandboxTemplates
 from agentrun.controller.replicas.ownership import Ownership, Standalone
 from agentrun.kube.objects import ObjectMeta
 from agentrun.loop.errors import ToolError
@@ -60,7 +59,10 @@ class WarmPools:
         ownership: Ownership | None = None,
         *,
         poll_seconds: float = POLL_SECONDS,
+        templates: SandboxTemplates | None = None,
     ) -> None:
+        #: The SandboxTemplates an Agent's sandbox may name (spec.sandbox.templateRef), as watched.
+        self.templates = templates if templates is not None else SandboxTemplates()
         self.ownership: Ownership = ownership if ownership is not None else Standalone()
         self.poll_seconds = poll_seconds
         self._api = ApiRequests(connection)
@@ -90,10 +92,9 @@ class WarmPools:
             self.states.pop(meta.uid, None)
             return
         spec = body.get("spec") or {}
-        try:
-            sandbox = SandboxSpec.model_validate(spec.get("sandbox")) if spec.get("sandbox") else None
-        except ValidationError:
-            sandbox = None  # the Agent's Ready condition says what is wrong (validating.py)
+        # None as well for an invalid sandbox (the Agent's Ready condition says what is wrong) and for
+        # a template not seen yet (its event re-feeds the Agent: controller/kopf_registry.py).
+        sandbox = self.templates.resolved(meta.namespace, spec.get("sandbox"))
         if sandbox is None:
             self.agents.pop(meta.uid, None)
             self._forget_state(meta.uid)

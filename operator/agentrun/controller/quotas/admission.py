@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import ResolvedRunSpec
 from agentrun.api.status import AgentRunStatus, QuotaLimits
 from agentrun.controller.quotas import limits
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
@@ -79,7 +79,7 @@ class QuotaRefusal:
 class AdmittedSpec:
     """The run may go on: ``spec`` is what the loop uses, with the limits the quotas set in it."""
 
-    spec: AgentRunSpec
+    spec: ResolvedRunSpec
     limits: QuotaLimits | None = None  # what the quotas set (status.quotaLimits)
     record: bool = False  # ``limits`` are new: status.quotaLimits is to be written
 
@@ -207,7 +207,7 @@ class AdmissionGate:
     async def admit_run(
         self,
         run: Candidate,
-        spec: AgentRunSpec,
+        spec: ResolvedRunSpec,
         status: AgentRunStatus,
         *,
         started: bool,

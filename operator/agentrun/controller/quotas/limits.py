@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import TypeVar
 
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.status import AgentRunStatus, QuotaLimits
 from agentrun.quotas.definitions import DOLLAR_FIELDS, Amount, QuotaDefinition
 from agentrun.quotas.per_run import (
@@ -22,6 +23,8 @@ from agentrun.quotas.per_run import (
 )
 from agentrun.quotas.quantities import parse_quantity
 from agentrun.quotas.records import SandboxUse
+
+Spec = TypeVar("Spec", bound=AgentRunSpec)
 
 
 def declared(spec: AgentRunSpec) -> dict[str, Amount | None]:
@@ -56,7 +59,7 @@ def recorded(status: AgentRunStatus) -> QuotaLimits | None:
     return limits if limits is not None and limits.model_dump(exclude_none=True) else None
 
 
-def applied(spec: AgentRunSpec, limits: QuotaLimits | None) -> AgentRunSpec:
+def applied(spec: Spec, limits: QuotaLimits | None) -> Spec:
     """``spec`` with the quota's limits in spec.limits, as the loop uses them (QuotaLimits names its
     fields as Limits does)."""
     update = limits.model_dump(exclude_none=True) if limits is not None else {}
@@ -65,7 +68,7 @@ def applied(spec: AgentRunSpec, limits: QuotaLimits | None) -> AgentRunSpec:
     return spec.model_copy(update={"limits": spec.limits.model_copy(update=update)})
 
 
-def sandbox_use(spec: AgentRunSpec) -> SandboxUse | None:
+def sandbox_use(spec: ResolvedRunSpec) -> SandboxUse | None:
     """What the run's sandbox counts against the sandbox limits: its limits (not its requests), as
     a ResourceQuota on limits.cpu and limits.memory counts a pod. The CRD's quantity pattern is the
     grammar parse_quantity reads, so a spec that was admitted always parses."""
