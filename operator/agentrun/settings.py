@@ -46,6 +46,14 @@ class FaultInjection(BaseModel):
         description="Set: SIGUSR1 blocks the operator's event loop this long, as a stuck loop would "
         "(controller/replicas/faults.py). Tests only.",
     )
+    sandbox_idle_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Set: a sandbox whose spec.sandbox.idleTimeoutSeconds is set is deleted after this "
+        "many seconds without a call instead (tools/sandbox/idling.py), so a scenario need not wait "
+        "30 s. Tests only.",
+    )
 
 
 class Settings(BaseModel):

@@ -245,14 +245,24 @@ class Metrics(QuotaMetrics):
         )
         self.sandbox_pods = Counter(
             "agentrun_sandbox_pods_started",
-            "Sandbox pods started, by why: first (the run's first command) or replaced (one was lost).",
+            "Sandbox pods started, by why: first (the run's first command), replaced (one was lost) or "
+            "idle (the first command after one was deleted for idleness).",
             ["namespace", "reason"],
             registry=registry,
         )
+        self.sandbox_idle_deletions = Counter(
+            "agentrun_sandbox_pods_idle_deleted",
+            "Sandbox pods deleted after spec.sandbox.idleTimeoutSeconds without a sandbox call.",
+            ["namespace"],
+            registry=registry,
+        )
 
-    def sandbox_started(self, namespace: str, seconds: float, *, replaced: bool) -> None:
+    def sandbox_started(self, namespace: str, seconds: float, *, reason: str) -> None:
         self.sandbox_start.labels(namespace).observe(seconds)
-        self.sandbox_pods.labels(namespace, "replaced" if replaced else "first").inc()
+        self.sandbox_pods.labels(namespace, reason).inc()
+
+    def sandbox_idle_deleted(self, namespace: str) -> None:
+        self.sandbox_idle_deletions.labels(namespace).inc()
 
     # The process -----------------------------------------------------------------------------------
 

@@ -128,14 +128,14 @@ async def start(pod: SandboxPod) -> None:
 async def test_the_pod_is_started_once_timed_and_found_again_by_a_restarted_operator(
     cluster: KubeEmulator, connection: KubeConnection, run: RunIdentity
 ) -> None:
-    timings: list[tuple[float, bool]] = []
+    timings: list[tuple[float, str]] = []
     sandbox = SandboxPod(SPEC, run, connection, user=USER, started=lambda s, r: timings.append((s, r)))
     with Kubelet(cluster):
         await start(sandbox)
         await start(sandbox)
     pod = pod_of(cluster)
     assert pod is not None and pod["metadata"]["name"] == sandbox.name
-    assert len(timings) == 1 and timings[0][1] is False and timings[0][0] >= 0
+    assert len(timings) == 1 and timings[0][1] == "first" and timings[0][0] >= 0
     # A new operator process (resumed run) finds the same pod and starts none.
     again = SandboxPod(
         SPEC, run, connection, user=USER, resumed=True, started=lambda s, r: timings.append((s, r))
@@ -149,7 +149,7 @@ async def test_the_pod_is_started_once_timed_and_found_again_by_a_restarted_oper
 async def test_a_lost_pod_is_replaced_and_the_command_not_run_is_said_to_the_model(
     cluster: KubeEmulator, connection: KubeConnection, run: RunIdentity
 ) -> None:
-    timings: list[tuple[float, bool]] = []
+    timings: list[tuple[float, str]] = []
     sandbox = SandboxPod(SPEC, run, connection, user=USER, started=lambda s, r: timings.append((s, r)))
     with Kubelet(cluster):
         await start(sandbox)
@@ -158,7 +158,7 @@ async def test_a_lost_pod_is_replaced_and_the_command_not_run_is_said_to_the_mod
             await start(sandbox)
         assert lost.value.code == "sandbox_replaced" and lost.value.recoverable
         await start(sandbox)  # the next command runs in the new pod
-    assert [replaced for _, replaced in timings] == [False, True]
+    assert [reason for _, reason in timings] == ["first", "replaced"]
     await sandbox.close()
 
 
@@ -335,7 +335,7 @@ async def test_of_two_runs_racing_for_one_warm_pod_one_claims_it_and_the_other_s
     pools = WarmPools(connection)
     pools.observe(None, agent)
     first, second = run_of(cluster, "fix-1"), run_of(cluster, "fix-2")
-    timings: list[tuple[float, bool]] = []
+    timings: list[tuple[float, str]] = []
     sandboxes = [
         SandboxPod(POOLED, run, connection, user=USER, started=lambda s, r: timings.append((s, r)))
         for run in (first, second)
@@ -357,7 +357,7 @@ async def test_of_two_runs_racing_for_one_warm_pod_one_claims_it_and_the_other_s
         ("AgentRun", winner.run.uid)
     ]
     # Only the loser waited for a pod start; a claimed pod is no start.
-    assert [replaced for _, replaced in timings] == [False]
+    assert [reason for _, reason in timings] == ["first"]
     assert winner.started_seconds is None and loser.started_seconds is not None
     for sandbox in sandboxes:
         await sandbox.close()

@@ -203,9 +203,11 @@ class AgentRunReconciler:
             children=run.children,
             run_name=run.ref.name,
             resumed=point.state is not None,
-            sandbox_started=lambda seconds, replaced: self.metrics.sandbox_started(
-                run.ref.namespace, seconds, replaced=replaced
+            sandbox_started=lambda seconds, reason: self.metrics.sandbox_started(
+                run.ref.namespace, seconds, reason=reason
             ),
+            sandbox_idle_deleted=lambda: self.metrics.sandbox_idle_deleted(run.ref.namespace),
+            sandbox_idle_seconds=self.settings.fault.sandbox_idle_seconds,
         )
         operator_key = self.settings.anthropic_api_key
         api_key = await phases.wait_for_secrets(

@@ -58,8 +58,12 @@ class RunToolEnvironment:
     run_name: str | None = None
     # The run ran before (resumed): a sandbox pod missing at its first command was lost.
     resumed: bool = False
-    # Told how long each sandbox pod took to start (metrics), and whether it replaced a lost one.
-    sandbox_started: Callable[[float, bool], None] | None = None
+    # Told how long each sandbox pod took to start (metrics), and why: first, replaced or idle.
+    sandbox_started: Callable[[float, str], None] | None = None
+    # Told of each sandbox pod deleted after spec.sandbox.idleTimeoutSeconds (metrics).
+    sandbox_idle_deleted: Callable[[], None] | None = None
+    # AGENTRUN_FAULT_SANDBOX_IDLE_SECONDS (tests only): replaces a set spec.sandbox.idleTimeoutSeconds.
+    sandbox_idle_seconds: float | None = None
     _sandbox: SandboxPod | None = None
 
     def child_runs(self) -> ChildRuns | None:
@@ -78,6 +82,8 @@ class RunToolEnvironment:
                 user=service_account_user(self.namespace, self.service_account_name),
                 resumed=self.resumed,
                 started=self.sandbox_started or _not_counted,
+                idle_deleted=self.sandbox_idle_deleted or _no_idle_count,
+                idle_seconds=self.sandbox_idle_seconds,
             )
         return self._sandbox
 
@@ -87,6 +93,7 @@ class RunToolEnvironment:
         if sandbox is None:
             return
         try:
+            await sandbox.stop_idling()  # a pod kept for debugging is not deleted as idle either
             keep = sandbox.spec.keep_seconds_after_finished
             if keep:
                 # Kept for debugging; garbage collection removes it with the run if the operator
@@ -152,5 +159,9 @@ def _remove_later(sandbox: SandboxPod) -> None:
     task.add_done_callback(_removals.discard)
 
 
-def _not_counted(seconds: float, replaced: bool) -> None:
+def _not_counted(seconds: float, reason: str) -> None:
     """`agentrun run`: no metrics to count a sandbox start in."""
+
+
+def _no_idle_count() -> None:
+    """`agentrun run`: no metrics to count an idle deletion in."""

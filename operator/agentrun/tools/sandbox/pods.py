@@ -14,19 +14,18 @@ RuntimeClass, environment and where it may connect to.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
 from agentrun.api.sandbox_spec import SandboxSpec
 from agentrun.loop.errors import ToolError
 from agentrun.tools.environment import KubeConnection
+from agentrun.tools.sandbox.api_requests import ApiRequests
 from agentrun.tools.sandbox.commands import OOM_COUNTERS, STATE_DIR
+from agentrun.tools.sandbox.idling import IdleMark, Idleness
 from agentrun.tools.sandbox.manifests import (
     CONTAINER,
     LABEL_POOL,
@@ -57,49 +56,6 @@ _IMAGE_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrI
 _CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 
 
-class ApiRequests:
-    """Plain requests to the API server over the operator's transport, as ``user`` when given."""
-
-    def __init__(self, connection: KubeConnection) -> None:
-        self._connection = connection
-        self._session: aiohttp.ClientSession | None = None
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        user: str | None,
-        body: Mapping[str, Any] | None = None,
-        content_type: str | None = None,
-    ) -> tuple[int, dict[str, Any]]:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._connection.ssl_context or False)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=60)
-            )
-        headers = {"Accept": "application/json", **await self._connection.headers(user)}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        url = self._connection.url(path)
-        try:
-            async with self._session.request(method, url, json=body, headers=headers) as response:
-                text = await response.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ToolError(
-                "unavailable", f"cannot reach the Kubernetes API ({type(exc).__name__})"
-            ) from None
-        try:
-            decoded = json.loads(text) if text else {}
-        except ValueError:
-            decoded = {"message": text[:300]}
-        return response.status, decoded if isinstance(decoded, dict) else {}
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
 class SandboxPod:
     """The run's sandbox as the tools use it (tools.Sandbox): started on the first command."""
 
@@ -111,10 +67,17 @@ class SandboxPod:
         *,
         user: str,
         resumed: bool = False,
-        started: Callable[[float, bool], None] = lambda seconds, replaced: None,
+        started: Callable[[float, str], None] = lambda seconds, reason: None,
+        idle_deleted: Callable[[], None] = lambda: None,
+        idle_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        idle_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``started`` is told each pod start (seconds, reason: first, replaced or idle) and
+        ``idle_deleted`` each idle deletion, for metrics. ``idle_seconds`` replaces
+        spec.sandbox.idleTimeoutSeconds when that is set (AGENTRUN_FAULT_SANDBOX_IDLE_SECONDS, tests
+        only); ``idle_sleep`` is the idle timer's clock (a unit test moves it by hand)."""
         self.spec = spec
         self.run = run
         self.user = user
@@ -125,10 +88,20 @@ class SandboxPod:
         self._uid: str | None = None  # the pod this process uses
         self._resumed = resumed  # the run ran before: a missing pod means its workspace was lost
         self._lock = asyncio.Lock()
-        self._started = started  # (seconds to start, whether it replaced a lost one): for metrics
+        self._started = started  # (seconds to start, why it started): for metrics
         self._clock = clock
         self._sleep = sleep
         self.started_seconds: float | None = None  # how long the pod took to start, when we started it
+        self._idle = Idleness(  # spec.sandbox.idleTimeoutSeconds (idling.py)
+            spec,
+            self,
+            IdleMark(self._api, run),
+            self._lock,
+            seconds=idle_seconds,
+            resumed=resumed,
+            deleted=idle_deleted,
+            sleep=idle_sleep,
+        )
 
     @property
     def working_dir(self) -> str:
@@ -165,20 +138,24 @@ class SandboxPod:
             await self._ready()
 
     async def exec(self, argv: Sequence[str], *, timeout: float) -> ExecResult:
-        await self.ensure_running()
+        self._idle.timer.call_began()
         try:
-            return await exec_in_pod(
-                self._connection,
-                user=self.user,
-                namespace=self.run.namespace,
-                pod=self.name,
-                container=CONTAINER,
-                argv=argv,
-                timeout=timeout,
-                output_limit=self.spec.output_limit_bytes + 4096,
-            )
-        except ExecError as exc:
-            raise self._exec_error(exc) from None
+            await self.ensure_running()
+            try:
+                return await exec_in_pod(
+                    self._connection,
+                    user=self.user,
+                    namespace=self.run.namespace,
+                    pod=self.name,
+                    container=CONTAINER,
+                    argv=argv,
+                    timeout=timeout,
+                    output_limit=self.spec.output_limit_bytes + 4096,
+                )
+            except ExecError as exc:
+                raise self._exec_error(exc) from None
+        finally:
+            self._idle.timer.call_ended()
 
     def _exec_error(self, exc: ExecError) -> ToolError:
         if exc.kind in ("gone", "not_running"):
@@ -202,8 +179,17 @@ class SandboxPod:
 
     async def _ready(self) -> None:
         """The pod this run uses, Running; started (or, once lost, started again) when it is not."""
+        if self._idle.pod_deleted:
+            return await self._start_after_idle()
         status, pod = await self._api.request("GET", f"{self._pods}/{self.name}", user=self.user)
-        if status == 200 and pod.get("metadata", {}).get("deletionTimestamp") is None:
+        alive = status == 200 and pod.get("metadata", {}).get("deletionTimestamp") is None
+        if status in (200, 404) and await self._idle.marked():
+            if status == 404 and self.spec.warm_pool and await self._find_claimed():
+                return await self._ready()  # its claimed pool pod, under the pool's name
+            if not alive:
+                return await self._start_after_idle()
+            await self._idle.pod_runs()
+        if alive:
             phase = pod.get("status", {}).get("phase")
             uid = pod.get("metadata", {}).get("uid")
             if phase in ("Succeeded", "Failed"):
@@ -222,7 +208,7 @@ class SandboxPod:
         if status == 404:
             if self._uid is not None or self._resumed:
                 return await self._replace("it was deleted or evicted")
-            return await self._create()
+            return await self._create("first")
         raise self._api_error(status, pod, "read")
 
     async def _replace(self, why: str) -> None:
@@ -232,8 +218,35 @@ class SandboxPod:
                 f"the sandbox pod {self.name} is gone: {why}; spec.sandbox.onPodLost is Fail",
                 recoverable=False,
             )
-        await self._create()
+        await self._create("replaced")
         await self._replace_reported(why)
+
+    async def _start_after_idle(self) -> None:
+        await self._create("idle")
+        self._resumed = False
+        raise await self._idle.started_again()
+
+    async def idle_uid(self) -> str | None:
+        if self.spec.warm_pool and self._uid is None:
+            await self._find_claimed()  # a restarted operator knows a claimed pool pod by its label
+        status, pod = await self._api.request("GET", f"{self._pods}/{self.name}", user=self.user)
+        meta = pod.get("metadata") or {}
+        if status == 404 or meta.get("deletionTimestamp") is not None:
+            return None  # none started, or gone already: nothing to delete
+        if status != 200:
+            raise self._api_error(status, pod, "read")
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            return None  # stopped: lost, not idle (the next call says so, and onPodLost applies)
+        return str(meta.get("uid"))
+
+    async def delete_idle(self, uid: str) -> None:
+        body = {"preconditions": {"uid": uid}}
+        path = f"{self._pods}/{self.name}"
+        status, answer = await self._api.request("DELETE", path, user=self.user, body=body)
+        if status not in (200, 202, 404):
+            raise self._api_error(status, answer, "delete")
+        await self._api.request("DELETE", self._policy_path, user=None)  # garbage collection else
+        self._uid = None
 
     async def _replace_reported(self, why: str) -> None:
         self._resumed = False
@@ -268,7 +281,7 @@ class SandboxPod:
             await self._sleep(POLL_SECONDS)
         raise ToolError("sandbox_unavailable", f"the old sandbox pod {self.name} did not go away in time")
 
-    async def _create(self) -> None:
+    async def _create(self, reason: str) -> None:
         began = self._clock()
         await self._ensure_network_policy()
         if self.spec.warm_pool and await self._claim():
@@ -285,10 +298,9 @@ class SandboxPod:
         if status not in (200, 201):
             raise self._api_error(status, answer, "create")
         logger.info("started the sandbox pod %s/%s", self.run.namespace, self.name)
-        replaced = self._uid is not None or self._resumed
         await self._wait_running(answer.get("metadata", {}).get("uid"))
         self.started_seconds = self._clock() - began
-        self._started(self.started_seconds, replaced)
+        self._started(self.started_seconds, reason)
 
     async def _list(self, selector: str) -> list[dict[str, Any]]:
         status, answer = await self._api.request(
@@ -400,22 +412,25 @@ class SandboxPod:
             )
         return ToolError("sandbox_unavailable", f"could not {action} the sandbox pod: {message}")
 
+    @property
+    def _policy_path(self) -> str:
+        namespace = quote(self.run.namespace, safe="")
+        policy = sandbox_pod_name(self.run.name, self.run.uid)
+        return f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{policy}"
+
+    async def stop_idling(self) -> None:
+        """The run ended (or is no longer executed here): the idle timer never fires again."""
+        await self._idle.timer.close()
+
     async def remove(self) -> None:
         """The run ended: its pod and NetworkPolicy go (garbage collection does it if this fails)."""
+        await self.stop_idling()
         if self.spec.warm_pool:
             try:
                 await self._find_claimed()
             except ToolError as exc:
                 logger.warning("could not look for the run's claimed sandbox pod: %s", exc)
-        policy = sandbox_pod_name(self.run.name, self.run.uid)
-        for path, user in (
-            (f"{self._pods}/{self.name}", self.user),
-            (
-                f"/apis/networking.k8s.io/v1/namespaces/{quote(self.run.namespace, safe='')}"
-                f"/networkpolicies/{policy}",
-                None,
-            ),
-        ):
+        for path, user in ((f"{self._pods}/{self.name}", self.user), (self._policy_path, None)):
             try:
                 await self._api.request("DELETE", path, user=user)
             except ToolError as exc:
@@ -424,6 +439,7 @@ class SandboxPod:
                 )
 
     async def close(self) -> None:
+        await self.stop_idling()
         await self._api.close()
 
 
