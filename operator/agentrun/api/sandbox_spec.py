@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from agentrun.api.spec_base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, SecretKeyRef, SpecModel
 
@@ -114,6 +114,36 @@ class EmptyDirVolume(SpecModel):
     )
 
 
+_CLEAN_MESSAGE = "must be a clean absolute path: no //, no . or .. segment"
+_FREE_MESSAGE = "may not be /, nor /tmp or /agentrun (the operator's) or below them"
+
+
+def _clean_rule(path: str) -> str:
+    """CEL: ``path`` has no empty, . or .. segment, so it cannot name a reserved path another way."""
+    return (
+        f"!{path}.contains('//') && !{path}.contains('/./') && !{path}.endsWith('/.') && "
+        f"!{path}.contains('/../') && !{path}.endsWith('/..')"
+    )
+
+
+def _free_rule(path: str) -> str:
+    """CEL: ``path`` is not where the operator mounts its own volumes (RESERVED_MOUNT_PATHS)."""
+    return (
+        f"!({path} in ['/', '/tmp', '/agentrun', '/tmp/', '/agentrun/']) && "
+        f"!{path}.startsWith('/agentrun/') && !{path}.startsWith('/tmp/')"
+    )
+
+
+def _check_path(path: str, field: str) -> None:
+    """The pydantic side of _clean_rule and _free_rule, for the same paths."""
+    segments = path.split("/")[1:]
+    if any(segment in ("", ".", "..") for segment in segments[:-1]) or segments[-1] in (".", ".."):
+        raise ValueError(f"{field} {_CLEAN_MESSAGE}")
+    trimmed = path.rstrip("/") or "/"
+    if trimmed == "/" or any(trimmed == r or trimmed.startswith(r + "/") for r in RESERVED_MOUNT_PATHS):
+        raise ValueError(f"{field} {_FREE_MESSAGE}")
+
+
 class SandboxVolume(SpecModel):
     """One more volume in the sandbox pod, from exactly one source (no hostPath: not a field)."""
 
@@ -125,11 +155,8 @@ class SandboxVolume(SpecModel):
                     "has(self.emptyDir)].filter(x, x).size() == 1",
                     "message": "set exactly one of configMap, secret, persistentVolumeClaim, emptyDir",
                 },
-                {
-                    "rule": "!(self.mountPath in ['/', '/tmp', '/agentrun']) && "
-                    "!self.mountPath.startsWith('/agentrun/') && !self.mountPath.startsWith('/tmp/')",
-                    "message": "mountPath may not be /, nor /tmp or /agentrun (the operator's) or below them",
-                },
+                {"rule": _clean_rule("self.mountPath"), "message": f"mountPath {_CLEAN_MESSAGE}"},
+                {"rule": _free_rule("self.mountPath"), "message": f"mountPath {_FREE_MESSAGE}"},
             ]
         }
     )
@@ -152,9 +179,7 @@ class SandboxVolume(SpecModel):
         sources = [self.config_map, self.secret, self.persistent_volume_claim, self.empty_dir]
         if sum(source is not None for source in sources) != 1:
             raise ValueError("set exactly one of configMap, secret, persistentVolumeClaim, emptyDir")
-        path = self.mount_path.rstrip("/") or "/"
-        if path == "/" or any(path == r or path.startswith(r + "/") for r in RESERVED_MOUNT_PATHS):
-            raise ValueError("mountPath may not be /, nor /tmp or /agentrun (the operator's) or below them")
+        _check_path(self.mount_path, "mountPath")
         return self
 
 
@@ -186,13 +211,32 @@ class SandboxFields(SpecModel):
         default="/workspace",
         pattern=r"^/[^\n]*$",
         max_length=1024,
-        description="The writable workspace (an emptyDir) where commands start.",
+        description=(
+            "The writable workspace where commands start: an emptyDir, or the volume mounted there "
+            "(spec.sandbox.volumes)."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": _clean_rule("self"), "message": f"workingDir {_CLEAN_MESSAGE}"},
+                {"rule": _free_rule("self"), "message": f"workingDir {_FREE_MESSAGE}"},
+            ]
+        },
     )
+
+    @field_validator("working_dir")
+    @classmethod
+    def _working_dir_free(cls, value: str) -> str:
+        _check_path(value, "workingDir")
+        return value
+
     workspace_size_limit: str = Field(
         default="1Gi",
         pattern=QUANTITY_PATTERN,
         max_length=64,
-        description="Size limit of the workspace emptyDir; beyond it the kubelet evicts the pod.",
+        description=(
+            "Size limit of the workspace emptyDir (unused when a volume is mounted at workingDir); beyond "
+            "it the kubelet evicts the pod."
+        ),
     )
     env: list[SandboxEnv] = Field(default_factory=list, max_length=128, description="Environment variables.")
     egress: list[EgressRule] = Field(
@@ -226,8 +270,8 @@ class SandboxFields(SpecModel):
     on_pod_lost: Literal["Recreate", "Fail"] = Field(
         default="Recreate",
         description=(
-            "A sandbox pod deleted or evicted mid-run: Recreate it (the workspace is lost, and the model "
-            "is told so) or end the run FatalToolError."
+            "A sandbox pod deleted or evicted mid-run: Recreate it (the workspace is lost unless a claim is "
+            "mounted at workingDir, and the model is told so) or end the run FatalToolError."
         ),
     )
     keep_seconds_after_finished: int = Field(
