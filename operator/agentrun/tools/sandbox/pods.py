@@ -39,11 +39,13 @@ from agentrun.tools.sandbox.manifests import (
     workspace_persists,
 )
 from agentrun.tools.sandbox.pod_exec import ExecError, ExecResult, exec_in_pod
+from agentrun.tools.sandbox.pod_status import container_running, waiting_reason, why_not_started
 
 __all__ = [
     "ApiRequests",
     "RunIdentity",
     "SandboxPod",
+    "container_running",
     "network_policy_manifest",
     "pod_manifest",
     "sandbox_pod_name",
@@ -377,7 +379,7 @@ class SandboxPod:
                 raise ToolError(
                     "sandbox_failed", f"the sandbox pod {self.name} ended at start (phase {phase})"
                 )
-            waiting = _waiting_reason(pod)
+            waiting = waiting_reason(pod)
             if waiting is not None and waiting[0] in (*_IMAGE_FAILURES, *_CONFIG_FAILURES):
                 raise ToolError(
                     "sandbox_failed",
@@ -386,7 +388,7 @@ class SandboxPod:
                     recoverable=False,
                 )
             if self._clock() >= deadline:
-                why = _why_not_started(pod, self.spec)
+                why = why_not_started(pod, self.spec)
                 raise ToolError(
                     "sandbox_failed",
                     f"the sandbox pod {self.name} did not start within {self.spec.start_timeout_seconds} s "
@@ -441,39 +443,3 @@ class SandboxPod:
     async def close(self) -> None:
         await self.stop_idling()
         await self._api.close()
-
-
-def container_running(pod: Mapping[str, Any]) -> bool:
-    """The sandbox container runs: commands can be exec'd (a warm pool counts such pods as ready)."""
-    for status in pod.get("status", {}).get("containerStatuses") or []:
-        if status.get("name") == CONTAINER:
-            return "running" in (status.get("state") or {})
-    return False
-
-
-def _why_not_started(pod: Mapping[str, Any], spec: SandboxSpec) -> str:
-    """What the pod's status says about a start that timed out, for the message.
-
-    Measured on a real node: a PersistentVolumeClaim that does not exist leaves the pod unscheduled
-    (PodScheduled False, the scheduler's message names the claim); a ConfigMap or Secret volume that
-    does not exist leaves its container ContainerCreating, and only the pod's Events say why.
-    """
-    for condition in pod.get("status", {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return f": not scheduled: {condition.get('message') or condition.get('reason')}"
-    waiting = _waiting_reason(pod)
-    mounted = [v for v in spec.volumes if v.config_map is not None or v.secret is not None]
-    if waiting is not None and waiting[0] == "ContainerCreating" and mounted:
-        return (
-            ": a ConfigMap or Secret of spec.sandbox.volumes that is missing keeps a pod there "
-            "(its Events say which: kubectl describe pod)"
-        )
-    return ""
-
-
-def _waiting_reason(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    for status in pod.get("status", {}).get("containerStatuses") or []:
-        waiting = (status.get("state") or {}).get("waiting")
-        if waiting and waiting.get("reason"):
-            return str(waiting["reason"]), str(waiting.get("message") or "")
-    return None
