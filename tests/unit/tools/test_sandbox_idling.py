@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from agentrun.api.sandbox_spec import SandboxSpec
+from agentrun.controller.agents.pools import WarmPools
 from agentrun.loop.errors import ToolError
 from agentrun.tools.environment import KubeConnection
 from agentrun.tools.sandbox.idling import IDLED_ANNOTATION
@@ -22,7 +23,17 @@ from agentrun_sandbox.kube import EmulatedCluster as KubeEmulator
 from tests.support.clocks import ManualTime
 from tests.support.waiting import until
 from tests.unit.tools import test_sandbox_pods as pods_tests
-from tests.unit.tools.test_sandbox_pods import NS, SPEC, USER, Kubelet, pod_of
+from tests.unit.tools.test_sandbox_pods import (
+    NS,
+    POOLED,
+    SPEC,
+    USER,
+    Kubelet,
+    pod_of,
+    run_of,
+    running,
+    unclaimed,
+)
 
 # The emulated cluster, the operator's connection and the run, as the pod tests have them.
 cluster = pods_tests.cluster
@@ -40,8 +51,8 @@ async def call(sandbox: SandboxPod) -> ExecResult | ToolError:
         return exc
 
 
-def marks(cluster: KubeEmulator) -> dict[str, Any]:
-    annotations = cluster.emulator.get_object("agentruns", NS, "fix-build")["metadata"].get("annotations")
+def marks(cluster: KubeEmulator, run: str = "fix-build") -> dict[str, Any]:
+    annotations = cluster.emulator.get_object("agentruns", NS, run)["metadata"].get("annotations")
     return {k: v for k, v in (annotations or {}).items() if k == IDLED_ANNOTATION}
 
 
@@ -185,3 +196,52 @@ async def test_without_an_idle_timeout_no_timer_runs_and_the_run_is_never_read(
     assert time.sleeping == []
     assert not [r for r in cluster.emulator.request_log if r.resource == "agentruns"]
     await sandbox.close()
+
+
+async def test_a_claimed_pool_pod_found_again_after_a_restart_is_deleted_as_idle_under_its_pool_name(
+    cluster: KubeEmulator, connection: KubeConnection
+) -> None:
+    spec = POOLED.model_copy(update={"idle_timeout_seconds": 600})
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": "fixer", "namespace": NS},
+        "spec": {
+            "model": {"name": "claude-sonnet-4-6"},
+            "serviceAccountName": "runner",
+            "sandbox": spec.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+        },
+    }
+    agent = cluster.emulator.create_object("agents", manifest)
+    pools = WarmPools(connection)
+    pools.observe(None, agent)
+    run = run_of(cluster, "fix-1")
+    time = ManualTime()
+
+    def named(name: str) -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in cluster.emulator.list_objects("pods", NS)
+            if p["metadata"]["name"] == name
+        ]
+
+    with Kubelet(cluster):
+        await pools.fill(agent["metadata"]["uid"])
+        [warm] = await until(lambda: unclaimed(cluster, agent), "the warm pod runs", done=running)
+        before = sandbox_of(spec, run, connection, time)
+        await call(before)
+        assert before.name == warm["metadata"]["name"]
+        await before.close()
+        # A new operator knows the run only: it finds the claimed pod by its label, as idle as any.
+        after = sandbox_of(spec, run, connection, time, resumed=True)
+        await armed(time, 600)
+        time.advance(600)
+        await until(
+            lambda: named(before.name), "the claimed pool pod deleted", done=lambda found: found == []
+        )
+        assert marks(cluster, "fix-1") == {IDLED_ANNOTATION: before.name}
+        told = await call(after)
+    assert isinstance(told, ToolError) and told.code == "sandbox_idled"
+    assert marks(cluster, "fix-1") == {} and after.name != before.name
+    await after.close()
+    await pools.close()
