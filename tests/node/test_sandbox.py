@@ -34,7 +34,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, SlowResponse, text_block, tool_use_block
 from tests.support.builders import agent, agentrun
 from tests.support.clusters import ROOT, TestCluster, kubectl_sync
-from tests.support.kube_requests import wait_finished
+from tests.support.kube_requests import phase_in, wait_finished, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import grant_service_account
 from tests.support.waiting import until
@@ -84,6 +84,7 @@ REFUSED = "[sandbox:refused]"
 FIRST_COLD = "[sandbox:first-cold]"
 FIRST_WARM = "[sandbox:first-warm]"
 MOUNTS = "[sandbox:mounts]"
+IDLE = "[sandbox:idle]"
 BOMB = 2000  # background sleeps: with no pids limit on the node, bounded so the machine stays safe
 
 SCRIPTS = [
@@ -175,6 +176,15 @@ SCRIPTS = [
         for tag in (FIRST_COLD, FIRST_WARM)
     ),
     Script(
+        IDLE,
+        [
+            Reply([edit("toolu_i1", command="create", path="notes.txt", file_text="kept?\n")]),
+            Reply([bash("cat notes.txt", "toolu_i2")]),  # approved only once the idle pod is gone
+            Reply([edit("toolu_i3", command="view", path="notes.txt")]),
+            Reply([text_block("The workspace was new.")]),
+        ],
+    ),
+    Script(
         REFUSED,
         [
             Reply([bash("make test", "toolu_r1")]),
@@ -243,7 +253,12 @@ async def start_operator(
     started: list[OperatorProcess] = []
 
     async def start() -> OperatorProcess:
-        env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
+        # Tests only: a run that sets idleTimeoutSeconds idles after 1 s (the others are unaffected).
+        env = {
+            "ANTHROPIC_API_KEY": API_KEY,
+            "ANTHROPIC_BASE_URL": model.url,
+            "AGENTRUN_FAULT_SANDBOX_IDLE_SECONDS": "1",
+        }
         process = cluster.operator_process(tmp_path / f"operator-{len(started)}.log", env)
         await process.start()
         started.append(process)
@@ -695,3 +710,33 @@ async def test_a_run_of_an_agent_with_a_warm_pool_claims_a_running_pod_and_start
 
 def _empty(pods: list[dict[str, Any]]) -> bool:
     return pods == []
+
+
+async def test_an_idle_sandbox_pod_is_deleted_and_the_next_call_gets_a_new_one_on_the_node(
+    cluster: TestCluster, model: FakeMessagesAPI, start_operator: OperatorFactory, runner: str
+) -> None:
+    await start_operator()
+    run = sandbox_run(cluster, "idle", IDLE, idleTimeoutSeconds=30, requiresApproval=["bash"])
+    uid = await create_run(cluster, run)
+    async with pods_seen(cluster, uid) as pods:
+        await wait_status(cluster, "idle", phase_in("AwaitingApproval"), timeout=WAIT)
+        await until(partial(sandbox_pods, cluster, uid), "the idle pod deleted", WAIT, done=_empty)
+        decision = {"toolUseId": "toolu_i2", "decision": "approve", "by": await cluster.whoami()}
+        await cluster.request(
+            "PATCH",
+            f"{cluster.runs_path}/idle",
+            data=json.dumps({"spec": {"approvals": [decision]}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        finished = await wait_finished(cluster, "idle", timeout=WAIT)
+    assert finished["status"]["phase"] == "Succeeded", finished["status"].get("message")
+    told = tool_results(model, IDLE)
+    assert "deleted after 1 s without a sandbox call" in told["toolu_i2"], told["toolu_i2"]
+    assert "This command was not run." in told["toolu_i2"], told["toolu_i2"]
+    # The editor then ran in the new pod, on the node: the file of the first one is not there.
+    assert told["toolu_i3"].startswith("[is_error] "), told["toolu_i3"]
+    assert "notes.txt" in told["toolu_i3"], told["toolu_i3"]
+    # Two pods ran on the node, one after the other, under the run's one pod name.
+    assert len(pods) == 2, pods
+    assert len({pod["metadata"]["name"] for pod in pods.values()}) == 1
+    await until(partial(sandbox_pods, cluster, uid), "the run's pod deleted", 90, done=_empty)
