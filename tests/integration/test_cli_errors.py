@@ -27,6 +27,8 @@ from tests.support.operator_process import OperatorProcess
 from tests.support.ports import free_port
 
 BIN = Path(sys.executable).parent
+#: Every kind the repository ships: `agentrun crd --all` must install each one.
+SHIPPED_CRDS = sorted((Path(__file__).resolve().parents[2] / "crds").glob("*.agentrun.dev.yaml"))
 CRD_NAME = "agentruns.agentrun.dev"
 
 
@@ -193,7 +195,8 @@ async def test_operator_without_the_crd_says_how_to_install_it_and_serves_runs_o
             )
             out, _ = await asyncio.wait_for(proc.communicate(), 60)
             assert proc.returncode == 0, out.decode()
-            assert out.decode().count("customresourcedefinition.apiextensions.k8s.io/") == 4, out.decode()
+            created = out.decode().count("customresourcedefinition.apiextensions.k8s.io/")
+            assert created == len(SHIPPED_CRDS), out.decode()
             bare.emulator.create_object("agentruns", agentrun("after-crd", "hello"))
 
             async def served() -> bool:
