@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun.api.sandbox_spec import SandboxTemplateSpec, resolve_sandbox
 from agentrun.api.spec import AgentRunSpec
 from agentrun.tools.registry import check_tools, secret_uses
 
@@ -55,3 +56,14 @@ def test_the_sandbox_example_lets_its_account_start_pods_and_exec_into_them_and_
         ("pods/exec", "get"),
         ("pods/exec", "create"),
     }
+
+
+def test_the_template_example_is_a_valid_template_and_its_run_resolves_against_it() -> None:
+    documents = {d["kind"]: d for d in _documents("sandbox-template.yaml")}
+    template = SandboxTemplateSpec.model_validate(documents["SandboxTemplate"]["spec"])
+    run = AgentRunSpec.model_validate(documents["AgentRun"]["spec"])
+    assert run.sandbox is not None and run.sandbox.template_ref is not None
+    assert run.sandbox.template_ref.name == documents["SandboxTemplate"]["metadata"]["name"]
+    resolved = resolve_sandbox(run.sandbox, template)
+    assert resolved.image == template.image and resolved.idle_timeout_seconds == 600
+    assert resolved.command_timeout_seconds == 60  # the run's own value, not the template's 300
