@@ -23,13 +23,9 @@ from tests.support.kube_requests import phase_in, until, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
 from tests.support.rbac import grant_service_account
+from tests.support.sandboxes import SANDBOX_RULES, unstartable_sandbox
 
 API_KEY = "sk-ant-quota-sandboxes-0123456789"
-MISSING_IMAGE = "localhost/agentrun-sandbox-absent:none"
-SANDBOX_RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "list"]},
-    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
-]
 WAIT = 90.0  # two sandbox start timeouts in a row, on a loaded machine or a real server
 
 
@@ -69,15 +65,7 @@ def sandbox_run(cluster: TestCluster, name: str) -> dict[str, Any]:
         namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         serviceAccountName="sandboxer",
-        sandbox={
-            "image": MISSING_IMAGE,
-            "imagePullPolicy": "Never",
-            "resources": {
-                "requests": {"cpu": "100m", "memory": "64Mi"},
-                "limits": {"cpu": "500m", "memory": "128Mi"},
-            },
-            "startTimeoutSeconds": 10,
-        },
+        sandbox=unstartable_sandbox(),
     )
 
 

@@ -22,26 +22,15 @@ from tests.support.kube_requests import phase_in, until, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import grant_service_account
 from tests.support.sandbox_templates import create_template, install_template_crd, templates_path
+from tests.support.sandboxes import SANDBOX_RULES, unstartable_sandbox
 
 API_KEY = "sk-ant-sandbox-templates-0123456789"
 #: Images no node has and none may pull (imagePullPolicy Never): the pod never runs, with or without a node.
 IMAGE = "localhost/agentrun-sandbox-absent:template"
 OTHER_IMAGE = "localhost/agentrun-sandbox-absent:edited"
-SANDBOX_RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "list"]},
-    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
-]
-TEMPLATE: dict[str, Any] = {
-    "image": IMAGE,
-    "imagePullPolicy": "Never",
-    "resources": {
-        "requests": {"cpu": "100m", "memory": "64Mi"},
-        "limits": {"cpu": "500m", "memory": "128Mi"},
-    },
-    "workingDir": "/src",
-    "env": [{"name": "LANG", "value": "C.UTF-8"}],
-    "startTimeoutSeconds": 10,
-}
+TEMPLATE: dict[str, Any] = unstartable_sandbox(
+    IMAGE, workingDir="/src", env=[{"name": "LANG", "value": "C.UTF-8"}]
+)
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 #: Longer than any wait below: a run waiting for its template is woken by the template's watch event.
 RETRY_SECONDS = "120"

@@ -22,15 +22,9 @@ from tests.support.clusters import TestCluster
 from tests.support.kube_requests import phase_in, until, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import grant_service_account
+from tests.support.sandboxes import SANDBOX_RULES, unstartable_sandbox
 
 API_KEY = "sk-ant-sandbox-integration-0123456789"
-#: An image no node has and none may pull (imagePullPolicy Never): a node, if there is one, refuses
-#: it at once (ErrImageNeverPull); without a node the pod stays Pending until the start timeout.
-MISSING_IMAGE = "localhost/agentrun-sandbox-absent:none"
-SANDBOX_RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "list"]},
-    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
-]
 NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
 
 
@@ -61,19 +55,6 @@ async def operator(
         yield process
 
 
-def sandbox(**fields: Any) -> dict[str, Any]:
-    return {
-        "image": MISSING_IMAGE,
-        "imagePullPolicy": "Never",
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "128Mi"},
-        },
-        "startTimeoutSeconds": 10,
-        **fields,
-    }
-
-
 async def _pod_of(cluster: TestCluster, run_uid: str) -> dict[str, Any] | None:
     pods = await cluster.request(
         "GET", cluster.path("pods"), params={"labelSelector": f"agentrun.dev/run-uid={run_uid}"}
@@ -92,7 +73,7 @@ async def test_the_sandbox_pod_is_made_by_the_runs_account_isolated_and_gone_wit
         namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         serviceAccountName="sandboxer",
-        sandbox=sandbox(
+        sandbox=unstartable_sandbox(
             env=[{"name": "CI", "value": "true"}], egress=[{"cidr": "10.0.0.0/8", "ports": [443]}]
         ),
     )
@@ -164,7 +145,7 @@ async def test_a_run_waits_for_the_secret_its_sandbox_mounts_then_its_pod_mounts
         namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         serviceAccountName="mounter",
-        sandbox=sandbox(volumes=volumes),
+        sandbox=unstartable_sandbox(volumes=volumes),
     )
     created = await cluster.request("POST", cluster.runs_path, json=manifest)
     uid = created["metadata"]["uid"]
@@ -210,7 +191,7 @@ async def test_a_run_whose_account_may_not_create_pods_fails_naming_what_it_need
         namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         serviceAccountName="no-pods",
-        sandbox=sandbox(),
+        sandbox=unstartable_sandbox(),
     )
     created = await cluster.request("POST", cluster.runs_path, json=manifest)
     final = await wait_status(cluster, "refused", phase_in("Succeeded", "Failed"), timeout=60)
@@ -226,7 +207,7 @@ async def test_the_api_server_refuses_a_warm_pool_on_a_run_of_its_own(cluster: T
         "x",
         namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
-        sandbox=sandbox(warmPool=2),
+        sandbox=unstartable_sandbox(warmPool=2),
     )
     code, out = await cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
     assert code != 0
@@ -243,7 +224,7 @@ async def test_an_agents_warm_pool_is_started_as_its_account_and_goes_with_the_a
         namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         serviceAccountName="pooler",
-        sandbox=sandbox(warmPool=2),
+        sandbox=unstartable_sandbox(warmPool=2),
     )
     created = await cluster.request("POST", agents, json=manifest)
     uid = created["metadata"]["uid"]
@@ -284,7 +265,7 @@ async def test_an_agents_warm_pool_that_cannot_be_filled_says_why_in_its_status(
         namespace=cluster.namespace,
         model={"name": "claude-haiku-4-5"},
         serviceAccountName="lister",
-        sandbox=sandbox(warmPool=2),
+        sandbox=unstartable_sandbox(warmPool=2),
     )
     await cluster.request("POST", agents, json=manifest)
 
