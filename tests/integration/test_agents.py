@@ -248,11 +248,24 @@ async def test_a_run_from_an_agent_with_a_time_to_live_is_deleted_after_it_finis
     # A watch opened before the run exists sees every state it passes through: polling can miss the
     # finished run entirely when the TTL of 1 s runs out between two reads.
     seen: list[tuple[str, str | None]] = []
+    # From the API server's watch cache as it stands (resourceVersion 0): a watch with no version asks
+    # for a consistent read, which a real server refuses ("Too large resource version", 504) while
+    # its cache of a just-installed CRD lags etcd.
+    selector = "metadata.name=ephemeral"
+    listed = await cluster.request(
+        "GET", cluster.runs_path, params={"fieldSelector": selector, "resourceVersion": "0"}
+    )
+    since = listed["metadata"]["resourceVersion"]
     async with (
         cluster.session() as session,
         session.get(
             cluster.runs_path,
-            params={"watch": "true", "fieldSelector": "metadata.name=ephemeral", "timeoutSeconds": "60"},
+            params={
+                "watch": "true",
+                "fieldSelector": selector,
+                "resourceVersion": since,
+                "timeoutSeconds": "60",
+            },
             timeout=aiohttp.ClientTimeout(total=90),
         ) as stream,
     ):
@@ -262,6 +275,8 @@ async def test_a_run_from_an_agent_with_a_time_to_live_is_deleted_after_it_finis
         )
         async for line in stream.content:
             event = json.loads(line)
+            # An ERROR event carries a Status (its message says why the server ended the watch).
+            assert event["type"] != "ERROR", f"the watch ended with an error: {event['object']}; seen {seen}"
             seen.append((event["type"], event["object"].get("status", {}).get("phase")))
             if event["type"] == "DELETED":
                 break
