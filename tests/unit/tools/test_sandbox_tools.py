@@ -10,6 +10,7 @@ exec API, the limits) is proven on the real node (tests/node/test_sandbox.py).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import secrets
 from collections.abc import Sequence
@@ -141,14 +142,65 @@ async def test_the_editor_creates_views_replaces_and_inserts(sandbox: LocalSandb
     )
     assert viewed.content == "     2\ty = 2"
     await editor.call(
-        call(editor.definition.name, command="str_replace", path="src/a.py", old_str="y = 2", new_str="y = 3")
+        call(
+            editor.definition.name,
+            key="run:toolu_2",
+            command="str_replace",
+            path="src/a.py",
+            old_str="y = 2",
+            new_str="y = 3",
+        )
     )
     await editor.call(
-        call(editor.definition.name, command="insert", path="src/a.py", insert_line=0, insert_text="# top")
+        call(
+            editor.definition.name,
+            key="run:toolu_3",
+            command="insert",
+            path="src/a.py",
+            insert_line=0,
+            insert_text="# top",
+        )
     )
     assert (Path(sandbox.working_dir) / "src/a.py").read_text() == "# top\nx = 1\ny = 3\n"
     listing = await editor.call(call(editor.definition.name, command="view", path="."))
     assert f"{sandbox.working_dir}/src/a.py" in listing.content
+
+
+async def test_an_edit_asked_again_after_a_crash_is_made_once_or_said_unknown(sandbox: LocalSandbox) -> None:
+    editor = TextEditorTool(sandbox)
+    name = editor.definition.name
+    notes = Path(sandbox.working_dir) / "notes.txt"
+    await editor.call(call(name, key="run:toolu_c", command="create", path="notes.txt", file_text="a\nb\n"))
+    insert = call(
+        name, key="run:toolu_i", command="insert", path="notes.txt", insert_line=0, insert_text="top"
+    )
+    first = await editor.call(insert)
+    again = await editor.call(insert)  # the resumed run asks the same call again: no second line
+    assert notes.read_text() == "top\na\nb\n"
+    assert (
+        again.content
+        == first.content + "\n[this edit was made before the operator restarted; it was made once]"
+    )
+    replace = call(name, key="run:toolu_r", command="str_replace", path="notes.txt", old_str="b", new_str="c")
+    await editor.call(replace)
+    assert (await editor.call(replace)).content.startswith("Replaced one occurrence")  # not "no occurrences"
+    assert notes.read_text() == "top\na\nc\n"
+    # Recorded, then the operator stopped before the file was written: asked again, it is made.
+    record = Path(record_dir("run:toolu_x", sandbox.state_dir)) / "edit"
+    before, after = notes.read_text(), "top\na\nc\nend\n"
+    record.parent.mkdir(parents=True)
+    record.write_text(f"{_sha(before)} {_sha(after)}\nInserted 1 line(s) after line 3 of {notes}.")
+    late = call(name, key="run:toolu_x", command="insert", path="notes.txt", insert_line=3, insert_text="end")
+    assert (await editor.call(late)).content.startswith("Inserted 1 line(s)") and notes.read_text() == after
+    # The file changed in another way since the first attempt: not applied again, said so.
+    notes.write_text("rewritten by a command\n")
+    with pytest.raises(ToolError) as unknown:
+        await editor.call(late)
+    assert unknown.value.code == "outcome_unknown" and notes.read_text() == "rewritten by a command\n"
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 async def test_a_file_larger_than_one_argument_crosses_in_chunks_unchanged(sandbox: LocalSandbox) -> None:

@@ -14,6 +14,7 @@ the sandbox image needs only sh and coreutils.
 from __future__ import annotations
 
 import base64
+import hashlib
 import posixpath
 import time
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,13 @@ from typing import Any, Protocol
 
 from agentrun.loop.errors import ToolError
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
-from agentrun.tools.sandbox.commands import CommandOutcome, ScriptFailed, command_argv, parse_outcome
+from agentrun.tools.sandbox.commands import (
+    CommandOutcome,
+    ScriptFailed,
+    command_argv,
+    parse_outcome,
+    record_dir,
+)
 from agentrun.tools.sandbox.pod_exec import ExecResult
 
 __all__ = ["BashTool", "Sandbox", "TextEditorTool", "sandbox_tools"]
@@ -211,10 +218,10 @@ class TextEditorTool:
             return ToolOutput(f"Created {path} ({len(text.encode())} bytes).")
         if command == "str_replace":
             return await self._replace(
-                path, _string(call.input, "old_str"), _string(call.input, "new_str", "")
+                call.idempotency_key, path, _string(call.input, "old_str"), _string(call.input, "new_str", "")
             )
         if command == "insert":
-            return await self._insert(path, call.input)
+            return await self._insert(call.idempotency_key, path, call.input)
         raise ToolError(
             "invalid_input", f"unknown command {command!r}: use view, create, str_replace or insert"
         )
@@ -286,10 +293,13 @@ class TextEditorTool:
             text = text[:limit] + f"\n[cut at {limit} characters]"
         return ToolOutput(text)
 
-    async def _replace(self, path: str, old: str, new: str) -> ToolOutput:
+    async def _replace(self, key: str, path: str, old: str, new: str) -> ToolOutput:
         if not old:
             raise ToolError("invalid_input", "old_str must not be empty")
         text = await self._read(path)
+        done = await self._done_before(key, path, text)
+        if done is not None:
+            return done
         found = text.count(old)
         if found != 1:
             where = "no" if found == 0 else f"{found}"
@@ -298,21 +308,66 @@ class TextEditorTool:
                 f"{where} occurrences of old_str in {path}; it must match exactly one place "
                 "(add context lines)",
             )
-        await self._write(path, text.replace(old, new, 1))
         line = text[: text.index(old)].count("\n") + 1
-        return ToolOutput(f"Replaced one occurrence in {path} at line {line}.")
+        said = f"Replaced one occurrence in {path} at line {line}."
+        await self._edit(key, path, text, text.replace(old, new, 1), said)
+        return ToolOutput(said)
 
-    async def _insert(self, path: str, given: Mapping[str, Any]) -> ToolOutput:
+    async def _insert(self, key: str, path: str, given: Mapping[str, Any]) -> ToolOutput:
         at = given.get("insert_line")
         inserted = given.get("insert_text", given.get("new_str"))
         if not isinstance(at, int) or not isinstance(inserted, str):
             raise ToolError("invalid_input", "insert needs insert_line (a number) and insert_text (a string)")
-        lines = (await self._read(path)).split("\n")
+        text = await self._read(path)
+        done = await self._done_before(key, path, text)
+        if done is not None:
+            return done
+        lines = text.split("\n")
         if not 0 <= at <= len(lines):
             raise ToolError("invalid_input", f"insert_line {at} is outside the file's {len(lines)} lines")
         lines[at:at] = inserted.split("\n")
-        await self._write(path, "\n".join(lines))
-        return ToolOutput(f"Inserted {inserted.count(chr(10)) + 1} line(s) after line {at} of {path}.")
+        said = f"Inserted {inserted.count(chr(10)) + 1} line(s) after line {at} of {path}."
+        await self._edit(key, path, text, "\n".join(lines), said)
+        return ToolOutput(said)
+
+    # An edit asked again after an operator crash must not be applied twice (an insert would add its
+    # lines again): before writing, the pod records the file's digest before and after the edit under
+    # the call's key. Asked again, the file's digest says whether the first attempt wrote it.
+
+    def _edit_record(self, key: str) -> str:
+        return f"{record_dir(key, self._sandbox.state_dir)}/edit"
+
+    async def _done_before(self, key: str, path: str, text: str) -> ToolOutput | None:
+        """None when this call has to make its edit; its recorded answer when it made it already."""
+        record = (await self._run('cat -- "$1" 2>/dev/null || :', self._edit_record(key))).stdout
+        if not record:
+            return None
+        digests, _, said = record.decode("utf-8", "replace").partition("\n")
+        before, _, after = digests.partition(" ")
+        now = _digest(text)
+        if now == after:
+            return ToolOutput(f"{said}\n[this edit was made before the operator restarted; it was made once]")
+        if now == before:
+            return None  # recorded, then the operator stopped before writing the file
+        raise ToolError(
+            "outcome_unknown",
+            f"this edit of {path} was begun before the operator restarted, and the file has changed "
+            "since in another way: it was not applied again",
+            hint="view the file and edit it again if needed",
+        )
+
+    async def _edit(self, key: str, path: str, before: str, after: str, said: str) -> None:
+        record = self._edit_record(key)
+        await self._run(
+            'mkdir -p -- "$(dirname -- "$1")" && printf %s "$2" >"$1.tmp" && mv -f -- "$1.tmp" "$1"',
+            record,
+            f"{_digest(before)} {_digest(after)}\n{said}",
+        )
+        await self._write(path, after)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _string(given: Mapping[str, Any], key: str, default: str | None = None) -> str:
