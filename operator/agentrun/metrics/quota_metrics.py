@@ -13,17 +13,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agentrun.api.quota import HARD_FIELDS
 from agentrun.quotas.quantities import QuantityError, parse_quantity
 
-QUOTA_RESOURCES = (
-    "concurrentRuns",
-    "runs",
-    "tokens",
-    "costUSD",
-    "concurrentSandboxes",
-    "sandboxCPU",
-    "sandboxMemory",
-)
+#: Every hard limit a quota may set is a resource of the quota series.
+QUOTA_RESOURCES = HARD_FIELDS
 RESERVED_RESOURCES = ("tokens", "costUSD")
 QUOTA_STAGES = ("admission", "request", "spec")
 

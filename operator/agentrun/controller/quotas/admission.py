@@ -26,6 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
 from typing import Any, Literal
 
 from agentrun.api.spec import ResolvedRunSpec
@@ -345,15 +346,7 @@ class AdmissionGate:
                 return known[1]
         found: tuple[str, Blocked] | None = None
         for obj in objects:
-            ledger = Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now)
-            verdict = ledger.admit(
-                run.uid,
-                run.name,
-                now,
-                need_tokens=run.need_tokens,
-                need_cost_usd=run.need_cost_usd,
-                sandbox=run.sandbox,
-            )
+            verdict = _admit(run, Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now), now)
             if isinstance(verdict, Blocked):
                 found = obj["metadata"]["name"], verdict
                 break
@@ -368,18 +361,7 @@ class AdmissionGate:
         for obj in objects:
             name = obj["metadata"]["name"]
             try:
-                verdict = await self._write(
-                    run.namespace,
-                    name,
-                    lambda ledger, now: ledger.admit(
-                        run.uid,
-                        run.name,
-                        now,
-                        need_tokens=run.need_tokens,
-                        need_cost_usd=run.need_cost_usd,
-                        sandbox=run.sandbox,
-                    ),
-                )
+                verdict = await self._write(run.namespace, name, partial(_admit, run))
             except QuotaGone:
                 continue
             if isinstance(verdict, Blocked):
@@ -423,6 +405,18 @@ class AdmissionGate:
             for task in waits:
                 task.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+
+
+def _admit(run: Candidate, ledger: Ledger, now: dt.datetime) -> Admitted | Blocked:
+    """The run's admission by one quota: the same question when judging a listing and when writing."""
+    return ledger.admit(
+        run.uid,
+        run.name,
+        now,
+        need_tokens=run.need_tokens,
+        need_cost_usd=run.need_cost_usd,
+        sandbox=run.sandbox,
+    )
 
 
 def _earliest(when: dt.datetime | None, other: dt.datetime) -> dt.datetime:
