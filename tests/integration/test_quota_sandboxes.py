@@ -16,14 +16,14 @@ import pytest
 
 from agentrun.api.times import parse_time
 from agentrun_sandbox.messages.api import FakeMessagesAPI
-from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.messages.script import Reply, Script, text_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import phase_in, until, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
 from tests.support.rbac import grant_service_account
-from tests.support.sandboxes import SANDBOX_RULES, unstartable_sandbox
+from tests.support.sandboxes import SANDBOX_RULES, one_command, unstartable_sandbox
 
 API_KEY = "sk-ant-quota-sandboxes-0123456789"
 WAIT = 90.0  # two sandbox start timeouts in a row, on a loaded machine or a real server
@@ -33,13 +33,7 @@ WAIT = 90.0  # two sandbox start timeouts in a row, on a loaded machine or a rea
 async def model() -> AsyncIterator[FakeMessagesAPI]:
     api = FakeMessagesAPI(
         scripts=[
-            Script(
-                "[quota:sandbox]",
-                [
-                    Reply([tool_use_block("bash", {"command": "make test"})]),
-                    Reply([text_block("The sandbox did not start.")]),
-                ],
-            ),
+            one_command("[quota:sandbox]"),
             Script("[quota:plain]", [Reply([text_block("done")])]),
         ],
         require_api_key=API_KEY,

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from agentrun_sandbox.messages.api import FakeMessagesAPI
-from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
+from agentrun_sandbox.messages.script import Reply, Script, text_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import phase_in, until, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import grant_service_account
 from tests.support.sandbox_templates import create_template, install_template_crd, templates_path
-from tests.support.sandboxes import SANDBOX_RULES, unstartable_sandbox
+from tests.support.sandboxes import SANDBOX_RULES, one_command, unstartable_sandbox
 
 API_KEY = "sk-ant-sandbox-templates-0123456789"
 #: Images no node has and none may pull (imagePullPolicy Never): the pod never runs, with or without a node.
@@ -40,13 +40,7 @@ RETRY_SECONDS = "120"
 async def model() -> AsyncIterator[FakeMessagesAPI]:
     api = FakeMessagesAPI(
         scripts=[
-            Script(
-                "[scenario:templated-sandbox]",
-                [
-                    Reply([tool_use_block("bash", {"command": "make test"}, id="toolu_tpl1")]),
-                    Reply([text_block("The sandbox did not start.")]),
-                ],
-            ),
+            one_command("[scenario:templated-sandbox]", "toolu_tpl1"),
             Script("[scenario:templated-answer]", [Reply([text_block("Answered without a command.")])]),
         ],
         require_api_key=API_KEY,

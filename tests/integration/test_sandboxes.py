@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 
 from agentrun_sandbox.messages.api import FakeMessagesAPI
-from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.support.builders import agent, agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import phase_in, until, wait_status
 from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import grant_service_account
-from tests.support.sandboxes import SANDBOX_RULES, unstartable_sandbox
+from tests.support.sandboxes import SANDBOX_RULES, one_command, unstartable_sandbox
 
 API_KEY = "sk-ant-sandbox-integration-0123456789"
 NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
@@ -32,13 +31,7 @@ NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
 async def model() -> AsyncIterator[FakeMessagesAPI]:
     api = FakeMessagesAPI(
         scripts=[
-            Script(
-                "[scenario:sandbox]",
-                [
-                    Reply([tool_use_block("bash", {"command": "make test"}, id="toolu_bash1")]),
-                    Reply([text_block("The sandbox did not start.")]),
-                ],
-            ),
+            one_command("[scenario:sandbox]", "toolu_bash1"),
         ],
         require_api_key=API_KEY,
     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
+
 #: An image no node has and none may pull (imagePullPolicy Never).
 MISSING_IMAGE = "localhost/agentrun-sandbox-absent:none"
 #: What a run's ServiceAccount needs for a sandbox: pods (list: to find a warm pool pod), and exec.
@@ -33,3 +35,9 @@ def unstartable_sandbox(image: str = MISSING_IMAGE, **fields: Any) -> dict[str, 
         "startTimeoutSeconds": 10,
         **fields,
     }
+
+
+def one_command(tag: str, tool_use_id: str | None = None) -> Script:
+    """The model's side of a run whose sandbox never starts: one `make test`, then an answer."""
+    command = tool_use_block("bash", {"command": "make test"}, **({"id": tool_use_id} if tool_use_id else {}))
+    return Script(tag, [Reply([command]), Reply([text_block("The sandbox did not start.")])])
