@@ -9,7 +9,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,22 @@ CRD = ROOT / "crds" / "agentruns.agentrun.dev.yaml"
 RUNS_PATH = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 BENCH_USER_AGENT = "agentrun-bench"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+#: Settings every operator process of this benchmark run gets (``--transcript-store``): the scale and
+#: replica benchmarks build their processes in several places, and all of them must run the same store.
+OPERATOR_SETTINGS: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def operator_settings(settings: Mapping[str, str]) -> Iterator[None]:
+    """Every operator process started inside gets ``settings`` on top of its own environment."""
+    saved = dict(OPERATOR_SETTINGS)
+    OPERATOR_SETTINGS.update(settings)
+    try:
+        yield
+    finally:
+        OPERATOR_SETTINGS.clear()
+        OPERATOR_SETTINGS.update(saved)
 
 
 @dataclass(frozen=True)
@@ -132,7 +148,7 @@ class OperatorProcess(operator_process.OperatorProcess):
         env = super().environment()
         # bench/ is not installed: the profiled entry point is imported from the repository.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        return {**env, **self.env}
+        return {**env, **OPERATOR_SETTINGS, **self.env}
 
     def start_profiling(self) -> None:
         """Profiled operators record from now on (see :mod:`bench.profiled_operator`)."""

@@ -529,8 +529,19 @@ def report(
     fig("time to finish all ÷ ideal", [r.makespan / ideal for r in results], "×", note=f"ideal {ideal:g} s")
     fig("create → first model request p50", [percentile(r.first_request_latencies, 50) for r in results], "s")
     fig("create → first model request p99", [percentile(r.first_request_latencies, 99) for r in results], "s")
-    fig("operator CPU per iteration, all replicas", [r.cpu_ms_per_iteration for r in results], "ms")
-    fig("API writes per iteration, all replicas", [r.writes_per_iteration for r in results], "")
+    fig(
+        "operator CPU per iteration, all replicas",
+        [r.cpu_ms_per_iteration for r in results],
+        "ms",
+        Target(1.5),
+    )
+    fig("API writes per iteration, all replicas", [r.writes_per_iteration for r in results], "", Target(1.0))
+    fig(
+        "bytes kept in etcd per iteration (objects left after the runs)",
+        [sum(size for _, size in r.stored.values()) / max(r.iterations, 1) / 1024 for r in results],
+        "KiB",
+        note="runs, transcript chunks, Events, Leases of the namespace as JSON",
+    )
     fig(
         "CPU per iteration, busiest replica",
         [max(p.cpu_ms_per_iteration for p in r.per_replica) for r in results],
