@@ -71,6 +71,10 @@ class Settings(BaseModel):
     anthropic_api_key: SecretStr | None = Field(default=None, description="Fallback API key.")
     anthropic_base_url: str | None = Field(default=None, description="Fallback Messages API base URL.")
     model_timeout_seconds: float = Field(default=600.0, gt=0, description="Timeout of one model request.")
+    model_client: Literal["direct", "sdk"] = Field(
+        default="direct",
+        description="How unstreamed requests are sent: direct (the SDK wire form over aiohttp) or sdk.",
+    )
     price_file: Path | None = Field(default=None, description="YAML file of price overrides.")
     default_ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="TTL for finished runs that set none."

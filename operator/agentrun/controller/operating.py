@@ -123,7 +123,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
     async with contextlib.AsyncExitStack() as stack:
         kube, crd_served, scanning = await connect_checked(settings.namespaces)
         stack.push_async_callback(kube.close)
-        clients = ClientPool(timeout_seconds=settings.model_timeout_seconds)
+        clients = ClientPool(timeout_seconds=settings.model_timeout_seconds, client=settings.model_client)
         stack.push_async_callback(clients.close)
         provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
         if provider is not None:
