@@ -79,8 +79,13 @@ class Settings(BaseModel):
     default_ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="TTL for finished runs that set none."
     )
-    transcript_storage: Literal["secret", "configmap"] = Field(
-        default="secret", description="Kind of object holding transcripts."
+    transcript_storage: Literal["secret", "configmap", "postgres"] = Field(
+        default="secret", description="Where transcripts are kept: Secrets, ConfigMaps or PostgreSQL."
+    )
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL DSN (postgresql://user:password@host:port/db) of the transcript store; "
+        "required when AGENTRUN_TRANSCRIPT_STORAGE=postgres.",
     )
     transcript_flush_seconds: float = Field(
         default=3.0,
@@ -221,6 +226,16 @@ class Settings(BaseModel):
                 "starting and ending with a letter or digit)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _database_given(self) -> Settings:
+        if self.transcript_storage == "postgres" and (
+            self.database_url is None or not self.database_url.get_secret_value().strip()
+        ):
+            raise ValueError(
+                "AGENTRUN_TRANSCRIPT_STORAGE=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _renewals_fit(self) -> Settings:

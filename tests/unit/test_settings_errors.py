@@ -37,3 +37,15 @@ def test_the_operator_exits_2_with_that_line_before_touching_any_cluster() -> No
         "error: invalid settings: AGENTRUN_KUBE_RETRY_MAX_SECONDS: "
         "Input should be a valid number, unable to parse string as a number"
     ]
+
+
+def test_the_postgres_store_without_a_database_url_is_refused_naming_both_variables() -> None:
+    with pytest.raises(pydantic.ValidationError) as caught:
+        Settings.from_env({"AGENTRUN_TRANSCRIPT_STORAGE": "postgres"})
+    assert describe_settings_error(caught.value) == (
+        "AGENTRUN_TRANSCRIPT_STORAGE=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)"
+    )
+    secret = "postgresql://agentrun:hunter2@db:5432/agentrun"
+    settings = Settings.from_env({"AGENTRUN_TRANSCRIPT_STORAGE": "postgres", "AGENTRUN_DATABASE_URL": secret})
+    assert settings.database_url is not None and settings.database_url.get_secret_value() == secret
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings.model_dump())

@@ -61,7 +61,9 @@ class Condition(StatusModel):
 class TranscriptRef(StatusModel):
     """Where the run's full conversation and trace are stored."""
 
-    kind: str = Field(description="Kind of the objects holding the transcript (Secret or ConfigMap).")
+    kind: str = Field(
+        description="Where the transcript is kept: Secret or ConfigMap (chunk objects), or postgres (rows)."
+    )
     name_prefix: str = Field(description="Objects are named <prefix>-<chunk>.")
     chunks: int = Field(default=0, description="Number of chunks written.")
     bytes: int = Field(default=0, description="Compressed bytes stored.")

@@ -63,6 +63,8 @@ MAX_PART_BYTES = 512 * 1024
 MAX_NAME = 253
 
 StorageKind = Literal["secret", "configmap"]
+# status.transcript.kind of a run whose chunks are rows of the PostgreSQL store (agentrun/stores/postgres.py).
+POSTGRES_KIND = "postgres"
 
 
 class TranscriptError(Exception):
@@ -104,7 +106,7 @@ def object_kind(storage: StorageKind) -> str:
     return "Secret" if storage == "secret" else "ConfigMap"
 
 
-def storage_of(kind: str | None) -> StorageKind:
+def storage_of(kind: str | None) -> StorageKind:  # a "postgres" kind is read elsewhere (POSTGRES_KIND)
     """The storage a `status.transcript.kind` names; Secret unless it says ConfigMap."""
     return "configmap" if kind == "ConfigMap" else "secret"
 
@@ -294,22 +296,41 @@ def _payload(obj: Mapping[str, Any]) -> bytes:
     return base64.b64decode((data or {}).get(DATA_KEY, ""))
 
 
-def decode_objects(objects: Sequence[Mapping[str, Any]]) -> Transcript:
-    """Rebuild a transcript from its chunk objects as JSON (what ``kubectl get -o json`` prints).
+@dataclass(frozen=True)
+class StoredChunk:
+    """What any store keeps of one chunk: a chunk object's labels and data, or a database row."""
 
-    Objects may come in any order. A record whose parts are not all present (the operator died
+    index: int
+    part: int
+    parts: int
+    payload: bytes
+
+
+def chunk_of(obj: Mapping[str, Any]) -> StoredChunk:
+    part, parts = _part(obj)
+    return StoredChunk(_chunk_index(obj), part, parts, _payload(obj))
+
+
+def decode_objects(objects: Sequence[Mapping[str, Any]]) -> Transcript:
+    """Rebuild a transcript from its chunk objects as JSON (what ``kubectl get -o json`` prints)."""
+    return decode_chunks([chunk_of(o) for o in objects])
+
+
+def decode_chunks(chunks: Sequence[StoredChunk]) -> Transcript:
+    """Rebuild a transcript from its chunks, whichever store held them: the one decoder.
+
+    Chunks may come in any order. A record whose parts are not all present (the operator died
     while writing a split record) is skipped: it was never acknowledged to the loop.
     """
-    ordered = sorted((o for o in objects if _chunk_index(o) >= 0), key=_chunk_index)
+    ordered = sorted((c for c in chunks if c.index >= 0), key=lambda c: c.index)
     messages: list[dict[str, Any]] = []
     rows: list[TraceRow] = []
     last: Mapping[str, Any] | None = None
     records = total_bytes = 0
     group: list[bytes] = []
     expected = 0
-    for obj in ordered:
-        part, parts = _part(obj)
-        payload = _payload(obj)
+    for chunk in ordered:
+        part, parts, payload = chunk.part, chunk.parts, chunk.payload
         if part == 0:
             group, expected = [payload], parts
         elif group and part == len(group) and parts == expected:
@@ -324,10 +345,10 @@ def decode_objects(objects: Sequence[Mapping[str, Any]]) -> Transcript:
         try:
             decoded = json.loads(gzip.decompress(joined))
         except (OSError, ValueError) as exc:
-            raise TranscriptCorrupt(f"chunk {_chunk_index(obj)} does not decode: {exc}") from exc
+            raise TranscriptCorrupt(f"chunk {chunk.index} does not decode: {exc}") from exc
         if int(decoded.get("first", len(messages))) != len(messages):
             raise TranscriptCorrupt(
-                f"chunk {_chunk_index(obj)} starts at message {decoded.get('first')} but "
+                f"chunk {chunk.index} starts at message {decoded.get('first')} but "
                 f"{len(messages)} messages precede it"
             )
         messages.extend(decoded.get("messages") or [])
@@ -335,8 +356,9 @@ def decode_objects(objects: Sequence[Mapping[str, Any]]) -> Transcript:
         records += 1
         total_bytes += len(joined)
         last = decoded
+    next_index = ordered[-1].index + 1 if ordered else 0
     if last is None:
-        return Transcript(chunks=len(ordered), next_index=_next_index(ordered))
+        return Transcript(chunks=len(ordered), next_index=next_index)
     return Transcript(
         messages=messages,
         trace_rows=rows,
@@ -347,9 +369,5 @@ def decode_objects(objects: Sequence[Mapping[str, Any]]) -> Transcript:
         records=records,
         chunks=len(ordered),
         bytes=total_bytes,
-        next_index=_next_index(ordered),
+        next_index=next_index,
     )
-
-
-def _next_index(ordered: Sequence[Mapping[str, Any]]) -> int:
-    return _chunk_index(ordered[-1]) + 1 if ordered else 0

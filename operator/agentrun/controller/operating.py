@@ -28,6 +28,7 @@ from agentrun.controller.replicas.detached import DetachedMembership
 from agentrun.controller.replicas.faults import install_loop_stall
 from agentrun.controller.replicas.ownership import Standalone
 from agentrun.controller.schedules.control import ScheduleController
+from agentrun.controller.transcript_rows import TranscriptRows, open_transcript_database
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
 from agentrun.kube.retrying import KubeRetryPolicy
@@ -36,6 +37,7 @@ from agentrun.metrics.serving import keep_beating, start_health_server, start_me
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
+from agentrun.stores.postgres import TranscriptDatabase
 from agentrun.tracing.observing import configure_tracer_provider, tracer_of
 
 if TYPE_CHECKING:
@@ -123,12 +125,16 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
     async with contextlib.AsyncExitStack() as stack:
         kube, crd_served, scanning = await connect_checked(settings.namespaces)
         stack.push_async_callback(kube.close)
+        # AGENTRUN_TRANSCRIPT_STORAGE=postgres: connected and its table created before any run resumes.
+        database = await open_transcript_database(settings)
+        if database is not None:
+            stack.push_async_callback(database.close)
         clients = ClientPool(timeout_seconds=settings.model_timeout_seconds, client=settings.model_client)
         stack.push_async_callback(clients.close)
         provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
         if provider is not None:
             stack.callback(provider.shutdown)
-        quotas, reconciler = _reconciler(settings, kube, metrics, clients, provider)
+        quotas, reconciler = _reconciler(settings, kube, metrics, clients, provider, database)
         # Kopf raises it once it serves the resources: GET /readyz on the metrics port.
         ready = asyncio.Event()
         await _serve_metrics(stack, settings, registry, ready)
@@ -170,6 +176,7 @@ def _reconciler(
     metrics: Metrics,
     clients: ClientPool,
     provider: TracerProvider | None,
+    database: TranscriptDatabase | None,
 ) -> tuple[Quotas, AgentRunReconciler]:
     """The reconciler of AgentRuns, with the quotas that admit their runs and their model requests."""
     quotas = Quotas(
@@ -188,6 +195,7 @@ def _reconciler(
         queue=FairQueue(settings.max_concurrent_runs),
         tracer=tracer_of(provider) if provider is not None else None,
         quotas=quotas,
+        database=database,
     )
     return quotas, reconciler
 
@@ -225,6 +233,11 @@ def _start_controllers(
     background = _BackgroundTasks()
     stack.push_async_callback(background.cancel)
     background.start(keep_beating(metrics, settings.heartbeat_seconds))
+    # The PostgreSQL store's rows of deleted runs (controller/transcript_rows.py).
+    rows = TranscriptRows(reconciler.database, kube, settings.namespaces) if reconciler.database else None
+    if rows is not None:
+        stack.push_async_callback(rows.close)
+        background.start(rows.keep_sweeping())
     handler = AgentRunHandler(
         reconciler,
         kube=kube,
@@ -233,6 +246,7 @@ def _start_controllers(
         settings=settings,
         ownership=membership if membership is not None else Standalone(),
         handoff=membership,
+        deleted=rows.deleted if rows is not None else None,
     )
     stack.push_async_callback(handler.close)
     # AgentSchedules: the owner of a schedule's uid creates its runs (controller/schedules/).

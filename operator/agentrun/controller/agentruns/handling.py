@@ -60,8 +60,11 @@ class AgentRunHandler:
         settings: Settings,
         ownership: Ownership | None = None,
         handoff: Handoff | None = None,
+        deleted: Callable[[str], None] | None = None,
     ) -> None:
         self.executor = executor
+        # Told each deleted run's uid: the PostgreSQL transcript store removes its rows.
+        self._deleted = deleted
         self.kube = kube
         self.child_watch = child_watch
         self.metrics = metrics
@@ -119,6 +122,8 @@ class AgentRunHandler:
             self.rebalancer.saw_deleted(uid)
             self.reaper.forget(uid)
             self._passed_on.discard(uid)
+            if self._deleted is not None and uid:
+                self._deleted(uid)
             if owned and run.status.children is not None:
                 self._pass_on(delete_children, run.namespace, uid)
             return

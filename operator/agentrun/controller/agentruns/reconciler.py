@@ -36,6 +36,7 @@ from agentrun.controller.agentruns.children import ChildWatch, Parent, RunChildr
 from agentrun.controller.agentruns.holding import HeldModel, held_tools
 from agentrun.controller.agentruns.observers import Fanout, LogObserver
 from agentrun.controller.agentruns.phases import Ending
+from agentrun.controller.agentruns.postgres_chunks import run_transcript_store
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import ResumePoint
 from agentrun.controller.agentruns.run_control import RunControl
@@ -43,7 +44,7 @@ from agentrun.controller.agentruns.run_objects import InvalidRunSpec, RunObject
 from agentrun.controller.agentruns.spec_approvals import SpecApprovals
 from agentrun.controller.agentruns.status_writing import StatusWriter
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
-from agentrun.controller.agentruns.transcript_storing import RunIdentity, TranscriptStore
+from agentrun.controller.agentruns.transcript_storing import TranscriptStore
 from agentrun.controller.kube_eventing import InvolvedRun, KubeEventSink, RunEvents
 from agentrun.controller.quotas.admission import AdmittedSpec, Candidate
 from agentrun.controller.quotas.allowance import RunAllowance
@@ -61,6 +62,7 @@ from agentrun.metrics.observing import MetricsObserver
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
+from agentrun.stores.postgres import TranscriptDatabase
 from agentrun.tracing.observing import TracingObserver
 
 run_quota_logger = logging.getLogger("agentrun.quotas")
@@ -112,6 +114,7 @@ class AgentRunReconciler:
     template_waiters: templates.TemplateWaiters = field(default_factory=templates.TemplateWaiters)
     # Watch events of child runs, routed to the agent tools waiting for them.
     child_watch: ChildWatch = field(default_factory=ChildWatch)
+    database: TranscriptDatabase | None = None  # the PostgreSQL transcript store, when configured
 
     def update_priority(self, uid: str, priority: int) -> None:
         """A new spec.priority: a run waiting for a slot moves within its namespace's line."""
@@ -148,14 +151,6 @@ class AgentRunReconciler:
     def _prepare(self, ref: RunObject, control: RunControl, log: Log) -> _Run:
         """The run's transcript store, status writer, approvals and Events, each asking `control`."""
         retry = KubeRetryPolicy.from_settings(self.settings)
-        store = TranscriptStore(
-            self.kube,
-            RunIdentity(ref.namespace, ref.name, ref.uid),
-            storage=self.settings.transcript_storage,
-            flush_after_seconds=self.settings.transcript_flush_seconds,
-            stopping=control.silenced,
-            retry=retry,
-        )
         writer = StatusWriter(
             self.kube,
             namespace=ref.namespace,
@@ -163,10 +158,11 @@ class AgentRunReconciler:
             generation=ref.generation,
             status=ref.status,
             stopping=control.silenced,
-            transcript=store.reference,
+            transcript=lambda: store.reference(),
             progress_interval=self.settings.status_interval_seconds,
             retry=retry,
         )
+        store = run_transcript_store(self.settings, self.kube, self.database, ref, control, writer)
         events = RunEvents(
             KubeEventSink(self.kube),
             InvolvedRun(ref.namespace, ref.name, ref.uid),

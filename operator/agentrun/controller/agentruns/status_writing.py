@@ -288,6 +288,11 @@ class StatusWriter:
             "(kubectl agentrun approve|deny)",
         )
 
+    async def store_unavailable(self, message: str) -> None:
+        """The transcript store cannot be reached: the run waits at its checkpoint, and says why.
+        The next ordinary write (progress, the end) replaces this condition."""
+        await self.write(StatusPatch(), Phase.RUNNING, "TranscriptStoreUnavailable", message)
+
     async def pending(self, reason: str, message: str) -> None:
         await self.write(self._left_queue(status_patches.pending()), Phase.PENDING, reason, message)
 

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agentrun.api.status import TranscriptRef
 from agentrun.api.stops import Outcome
@@ -27,12 +27,14 @@ from agentrun.api.transcripts import (
     DATA_KEY,
     MAX_PART_BYTES,
     StorageKind,
+    StoredChunk,
     Transcript,
     TranscriptCorrupt,
     TranscriptError,
     chunk_name,
     chunk_object,
     compress,
+    decode_chunks,
     decode_objects,
     name_prefix,
     object_kind,
@@ -121,6 +123,20 @@ class RunIdentity:
     uid: str
 
 
+class ChunkBackend(Protocol):
+    """Where a run's chunks go when not in Secrets or ConfigMaps (the PostgreSQL store:
+    postgres_chunks.py). Same duties as the object path below: a create is idempotent (our own earlier
+    attempt is fine, different bytes are a `TranscriptConflict`) and a read raises `TranscriptCorrupt`
+    on a hole among the `known` chunks the run's status counts."""
+
+    @property
+    def kind(self) -> str: ...
+
+    async def create(self, chunk: StoredChunk) -> None: ...
+
+    async def read(self, known: int) -> list[StoredChunk]: ...
+
+
 class TranscriptStore:
     """Observer of Checkpoint and RunFinished events; persists before the loop goes on.
 
@@ -141,8 +157,10 @@ class TranscriptStore:
         retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        backend: ChunkBackend | None = None,
     ) -> None:
         self._kube = kube
+        self._backend = backend
         self._run = run
         self._storage: StorageKind = storage
         self._flush_after = flush_after_seconds
@@ -166,7 +184,7 @@ class TranscriptStore:
 
     @property
     def kind(self) -> str:
-        return object_kind(self._storage)
+        return self._backend.kind if self._backend is not None else object_kind(self._storage)
 
     def reference(self) -> TranscriptRef | None:
         """`status.transcript`: where the chunks are and how much they hold; None before any write."""
@@ -180,10 +198,13 @@ class TranscriptStore:
         ``counted``: how many chunks the run's status names (0 when it names none yet).
         """
         run = self._run
-        objects = await read_chunk_objects(
-            self._kube, run.namespace, self.prefix, run.uid, known=counted, storage=self._storage
-        )
-        transcript = decode_objects(objects)
+        if self._backend is not None:
+            transcript = decode_chunks(await self._backend.read(counted))
+        else:
+            objects = await read_chunk_objects(
+                self._kube, run.namespace, self.prefix, run.uid, known=counted, storage=self._storage
+            )
+            transcript = decode_objects(objects)
         self._position(transcript)
         return transcript
 
@@ -286,6 +307,10 @@ class TranscriptStore:
         )
 
     async def _create(self, index: int, part: int, parts: int, payload: bytes) -> None:
+        if self._backend is not None:
+            await self._backend.create(StoredChunk(index, part, parts, payload))
+            self.writes += 1
+            return
         body = self._body(index, part, parts, payload)
         name = body["metadata"]["name"]
         namespace = self._run.namespace

@@ -1,0 +1,118 @@
+"""The PostgreSQL transcript store's table: one row per chunk, holding what a chunk object's data holds.
+
+Why a database: with Secrets every transcript write is an etcd write, and etcd holds every chunk of every
+run kept; Argo and Tekton users moved exactly this kind of data to PostgreSQL. The record format is
+unchanged (`agentrun.api.transcripts`: the same compressed, split records), so one decoder reads both
+stores and a row's ``payload`` is byte for byte the data of the chunk object it replaces.
+
+Used by the operator (controller/agentruns/postgres_chunks.py writes and reads through it, the sweep
+deletes) and by ``kubectl agentrun transcript|trace``, which read the rows of one run uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from typing import Any
+
+import asyncpg
+
+from agentrun.api.transcripts import StoredChunk
+
+TABLE = "agentrun_transcript_chunks"
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    run_uid text NOT NULL,
+    idx int NOT NULL,
+    namespace text NOT NULL,
+    run_name text NOT NULL,
+    part int NOT NULL,
+    parts int NOT NULL,
+    payload bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_uid, idx)
+)
+"""
+
+# The database cannot be reached (down, restarting, network): worth waiting for, unlike a refused query.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
+
+
+class TranscriptDatabase:
+    """A connection pool to the store's database; connections are made as needed, so an outage at one
+    moment fails that moment's queries and the next ones reconnect."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(cls, dsn: str, *, max_size: int = 10, timeout: float = 10.0) -> TranscriptDatabase:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=0, max_size=max_size, timeout=timeout, command_timeout=timeout
+        )
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def ensure_schema(self) -> None:
+        await self._pool.execute(SCHEMA)
+
+    async def insert_chunk(
+        self, *, run_uid: str, namespace: str, run_name: str, chunk: StoredChunk
+    ) -> bytes | None:
+        """Inserts the chunk; None when inserted, else the payload of the row already at its index."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            status = await conn.execute(
+                f"INSERT INTO {TABLE} (run_uid, idx, namespace, run_name, part, parts, payload) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_uid, idx) DO NOTHING",
+                run_uid,
+                chunk.index,
+                namespace,
+                run_name,
+                chunk.part,
+                chunk.parts,
+                chunk.payload,
+            )
+            if status.endswith(" 1"):
+                return None
+            existing = await conn.fetchval(
+                f"SELECT payload FROM {TABLE} WHERE run_uid = $1 AND idx = $2", run_uid, chunk.index
+            )
+            return bytes(existing) if existing is not None else b""
+
+    async def read_chunks(self, run_uid: str) -> list[StoredChunk]:
+        rows = await self._pool.fetch(
+            f"SELECT idx, part, parts, payload FROM {TABLE} WHERE run_uid = $1 ORDER BY idx", run_uid
+        )
+        return [StoredChunk(r["idx"], r["part"], r["parts"], bytes(r["payload"])) for r in rows]
+
+    async def delete_run(self, run_uid: str) -> int:
+        status = await self._pool.execute(f"DELETE FROM {TABLE} WHERE run_uid = $1", run_uid)
+        return int(str(status).rsplit(" ", 1)[-1])
+
+    async def run_uids(self) -> set[str]:
+        return {r["run_uid"] for r in await self._pool.fetch(f"SELECT DISTINCT run_uid FROM {TABLE}")}
+
+    async def sweep(
+        self, existing: Collection[str], *, namespaces: Collection[str], older_than_seconds: float
+    ) -> int:
+        """Deletes the rows of runs not in `existing` (uids), in `namespaces` (empty: all), written more
+        than `older_than_seconds` ago: a run created since the listing keeps its rows."""
+        status = await self._pool.execute(
+            f"DELETE FROM {TABLE} WHERE NOT (run_uid = ANY($1::text[])) "
+            "AND (cardinality($2::text[]) = 0 OR namespace = ANY($2::text[])) "
+            "AND created_at < now() - make_interval(secs => $3)",
+            list(existing),
+            list(namespaces),
+            float(older_than_seconds),
+        )
+        return int(str(status).rsplit(" ", 1)[-1])

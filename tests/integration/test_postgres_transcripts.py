@@ -1,0 +1,219 @@
+"""The PostgreSQL transcript store: a real PostgreSQL server (tests/support/postgres.py), the real operator.
+
+Same guarantees as the Secret store (test_durable_runs.py): rows instead of Secrets, resume after SIGKILL
+without a repeated step, deletion removes the rows, and a database outage keeps the run waiting at its
+checkpoint (its status says so) instead of losing or repeating steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun.api.transcripts import UID_LABEL, StoredChunk, Transcript, decode_chunks
+from agentrun_sandbox.messages.api import FakeMessagesAPI
+from tests.integration.test_durable_runs import (
+    API_KEY,
+    WAIT,
+    Webhook,
+    assert_consistent,
+    durable_script,
+    steps_requested,
+    webhook_manifest,
+)
+from tests.support.clusters import TestCluster
+from tests.support.kube_requests import request, until, wait_finished
+from tests.support.operator_process import OperatorProcess
+from tests.support.postgres import PostgresServer, running_postgres
+
+SCRIPTS = [
+    durable_script("[pg:plain]"),
+    durable_script("[pg:flushed]", slow_step=2),
+    durable_script("[pg:outage]"),
+]
+OperatorFactory = Callable[..., Awaitable[OperatorProcess]]
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI(scripts=SCRIPTS, require_api_key=API_KEY)
+    async with api.running() as server:
+        yield server
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[Webhook]:
+    hook = Webhook()
+    await hook.start()
+    try:
+        yield hook
+    finally:
+        await hook.stop()
+
+
+@pytest.fixture
+async def postgres(tmp_path: Path) -> AsyncIterator[PostgresServer]:
+    async with running_postgres(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def start_operator(
+    cluster: TestCluster, model: FakeMessagesAPI, postgres: PostgresServer, tmp_path: Path
+) -> AsyncIterator[OperatorFactory]:
+    started: list[OperatorProcess] = []
+
+    async def start(env: dict[str, str] | None = None) -> OperatorProcess:
+        process = OperatorProcess(
+            kubeconfig=cluster.kubeconfig,
+            log_path=tmp_path / f"operator-{len(started)}.log",
+            env={
+                "ANTHROPIC_API_KEY": API_KEY,
+                "ANTHROPIC_BASE_URL": model.url,
+                "AGENTRUN_TRANSCRIPT_STORAGE": "postgres",
+                "AGENTRUN_DATABASE_URL": postgres.dsn,
+                **(env or {}),
+            },
+            args=cluster.operator_args(()),
+        )
+        await process.start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        await process.stop()
+
+
+async def rows_of(postgres: PostgresServer, uid: str) -> list[StoredChunk]:
+    rows = await postgres.query(
+        "SELECT idx, part, parts, payload FROM agentrun_transcript_chunks WHERE run_uid = $1 ORDER BY idx",
+        uid,
+    )
+    return [StoredChunk(r["idx"], r["part"], r["parts"], bytes(r["payload"])) for r in rows]
+
+
+async def transcript_of(postgres: PostgresServer, uid: str) -> Transcript:
+    return decode_chunks(await rows_of(postgres, uid))
+
+
+async def secrets_of(cluster: TestCluster, uid: str) -> list[dict[str, Any]]:
+    listed = await request(
+        cluster, "GET", cluster.path("secrets"), params={"labelSelector": f"{UID_LABEL}={uid}"}
+    )
+    return list(listed["items"])
+
+
+async def assert_succeeded_once_each(
+    cluster: TestCluster, postgres: PostgresServer, hook: Webhook, name: str, *, repeated: str | None = None
+) -> dict[str, Any]:
+    obj = await wait_finished(cluster, name, timeout=90)
+    status, uid = obj["status"], obj["metadata"]["uid"]
+    assert (status["phase"], status["result"]) == ("Succeeded", "all three recorded")
+    assert (status["iterations"], status["toolCalls"]) == (4, 3)
+    assert status["usage"]["inputTokens"] == 100 + 200 + 300 + 400
+    transcript = await transcript_of(postgres, uid)
+    assert_consistent(transcript)
+    assert [row.iteration for row in transcript.trace_rows] == [1, 2, 3, 4]
+    assert transcript.outcome is not None and transcript.outcome.result == "all three recorded"
+    assert status["transcript"]["kind"] == "postgres"
+    assert status["transcript"]["chunks"] == transcript.chunks
+    expected = {f"{uid}:toolu_w{i}": 1 for i in (1, 2, 3)}
+    if repeated is not None:
+        expected[f"{uid}:{repeated}"] = 2
+    assert dict(Counter(hook.keys)) == expected
+    return obj
+
+
+async def test_a_run_in_the_postgres_store_keeps_its_chunks_as_rows_and_deleting_it_removes_them(
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    postgres: PostgresServer,
+    start_operator: OperatorFactory,
+) -> None:
+    tag = "[pg:plain]"
+    await start_operator()
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "rows", tag, webhook))
+    obj = await assert_succeeded_once_each(cluster, postgres, webhook, "rows")
+    uid = obj["metadata"]["uid"]
+    assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+    assert await secrets_of(cluster, uid) == []
+    rows = await postgres.query(
+        "SELECT namespace, run_name FROM agentrun_transcript_chunks WHERE run_uid = $1", uid
+    )
+    assert {(r["namespace"], r["run_name"]) for r in rows} == {(cluster.namespace, "rows")}
+
+    await request(cluster, "DELETE", f"{cluster.runs_path}/rows")
+
+    async def rows_gone() -> bool:
+        return await rows_of(postgres, uid) == []
+
+    await until(rows_gone, "the deleted run's rows to be deleted", timeout=WAIT)
+
+
+async def test_killed_before_a_model_call_the_run_resumes_from_its_rows_and_nothing_runs_twice(
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    postgres: PostgresServer,
+    start_operator: OperatorFactory,
+) -> None:
+    tag = "[pg:flushed]"
+    flush_always = {"AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "0"}
+    operator = await start_operator(flush_always)
+    await request(
+        cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "pg-killed", tag, webhook)
+    )
+    await until(lambda: steps_requested(model, tag)[2] == 1, "the third model request", timeout=WAIT)
+    await operator.stop(kill=True)
+    await start_operator(flush_always)
+    await assert_succeeded_once_each(cluster, postgres, webhook, "pg-killed")
+    # Only the request in flight at the kill is sent again.
+    assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 2, 3: 1})
+
+
+def store_unavailable(run: dict[str, Any]) -> bool:
+    conditions = (run.get("status") or {}).get("conditions") or []
+    return any(c.get("reason") == "TranscriptStoreUnavailable" for c in conditions)
+
+
+async def test_a_database_outage_keeps_the_run_at_its_checkpoint_and_says_so_until_it_is_back(
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    postgres: PostgresServer,
+    start_operator: OperatorFactory,
+) -> None:
+    tag = "[pg:outage]"
+    webhook.hold = {"toolu_w2"}
+    # The second tool result is deferred: the next write is the third answer's, which asks for toolu_w3.
+    await start_operator({"AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "600"})
+    await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "outage", tag, webhook))
+    await asyncio.wait_for(webhook.held.wait(), WAIT)
+    await postgres.stop()
+    webhook.release.set()
+
+    async def waiting() -> dict[str, Any] | None:
+        run: dict[str, Any] = await request(cluster, "GET", f"{cluster.runs_path}/outage")
+        return run if store_unavailable(run) else None
+
+    run = await until(waiting, "the status to say the transcript store is unavailable", timeout=WAIT)
+    message = next(
+        c["message"] for c in run["status"]["conditions"] if c["reason"] == "TranscriptStoreUnavailable"
+    )
+    assert "transcript database is unreachable" in message
+    assert run["status"]["phase"] == "Running"
+    await asyncio.sleep(3)  # blocked at the checkpoint: the tool it asked for does not run meanwhile
+    assert [key.rpartition(":")[2] for key in webhook.keys] == ["toolu_w1", "toolu_w2"]
+    assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1})
+
+    await postgres.start()
+    done = await assert_succeeded_once_each(cluster, postgres, webhook, "outage")
+    assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+    assert not store_unavailable(done)
