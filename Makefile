@@ -122,8 +122,16 @@ $(VENV)/.bench-installed: $(STAMP) pyproject.toml
 	touch $@
 
 # BENCH_ARGS="--quick" or "--only loop" for a partial run (see python -m bench --help).
+# BENCH_KUBECONFIG=PATH adds issue #32's figures on that real API server, merged into bench/RESULTS.md:
+# 1000 runs on 1 and 4 replicas, transcripts in Secrets and in PostgreSQL (about 15 minutes more).
+BENCH_REAL = --only scale,replicas --kubeconfig $(BENCH_KUBECONFIG) --scale-sizes 1000 --scale-repeats 1 \
+	--replica-counts 1,4 --replica-repeats 1 --merge
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	@if [ -n "$(BENCH_KUBECONFIG)" ]; then \
+	  $(BIN)/python -m bench $(BENCH_REAL) --transcript-store secret && \
+	  $(BIN)/python -m bench $(BENCH_REAL) --transcript-store postgres; \
+	fi
 
 # One scenario at a time: some install cluster-wide objects (the CRDs, admission policies, the chart's
 # ClusterRoles) that two scenarios at once would share. K=path::test runs one scenario.

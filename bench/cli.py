@@ -9,9 +9,10 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import (
     checkpoint_cost,
@@ -22,6 +23,7 @@ from bench import (
     real_server,
     replica_scale,
 )
+from bench.cluster import operator_settings
 from bench.figures import Section
 from bench.machine import describe
 from bench.reporting import markdown, merge, table
@@ -158,6 +160,23 @@ def _parser() -> argparse.ArgumentParser:
         "titles say 'real API server'",
     )
     parser.add_argument(
+        "--transcript-store",
+        choices=("secret", "postgres"),
+        default="secret",
+        help="where the operators of the scale and replica benchmarks keep transcripts: Secrets (the "
+        "default) or a real PostgreSQL server the benchmark starts (Debian's postgresql); the sections' "
+        "titles name a PostgreSQL store",
+    )
+    parser.add_argument(
+        "--operator-setting",
+        action="append",
+        type=_setting,
+        default=[],
+        metavar="AGENTRUN_NAME=VALUE",
+        help="an operator setting every operator process of the run gets (repeatable), e.g. "
+        "AGENTRUN_MODEL_CLIENT=sdk to compare",
+    )
+    parser.add_argument(
         "--replica-quota",
         action="store_true",
         help="the replica benchmark with a namespace AgentRunQuota no run reaches (ledger write load)",
@@ -188,6 +207,13 @@ def _rescale(text: str) -> tuple[float, float]:
     if times[0] >= times[1]:
         raise argparse.ArgumentTypeError(f"UP must come before DOWN, got {text!r}")
     return times
+
+
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("AGENTRUN_"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not AGENTRUN_NAME=VALUE")
+    return name, value
 
 
 def _positive(text: str) -> int:
@@ -328,6 +354,26 @@ async def run(
     return sections
 
 
+async def _with_store(
+    store: str, workdir: Path, measured: Coroutine[Any, Any, list[Section]]
+) -> list[Section]:
+    """The benchmarks with their operators keeping transcripts in ``store``; a PostgreSQL server is
+    started for them (and stopped after), the same real server the tests start."""
+    if store == "secret":
+        return await measured
+    from tests.support.postgres import running_postgres  # only for this store
+
+    async with running_postgres(workdir / "postgres") as database:
+        with operator_settings(
+            {"AGENTRUN_TRANSCRIPT_STORAGE": "postgres", "AGENTRUN_DATABASE_URL": database.dsn}
+        ):
+            sections = await measured
+    for section in sections:
+        if section.key in ("scale", "replicas"):
+            section.title += ", transcripts in PostgreSQL"
+    return sections
+
+
 def _method(doc: str | None) -> str:
     """A benchmark module's docstring minus its first line: how the figure is measured."""
     text = (doc or "").strip()
@@ -382,7 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     machine = describe(ROOT)
     started = time.monotonic()
-    sections = asyncio.run(run(selected, plan, workdir, args.seed, args.kubeconfig))
+    with operator_settings(dict(args.operator_setting)):
+        sections = asyncio.run(
+            _with_store(
+                args.transcript_store, workdir, run(selected, plan, workdir, args.seed, args.kubeconfig)
+            )
+        )
     command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     load = os.getloadavg()
     if args.merge and results.exists():
