@@ -123,5 +123,21 @@ install_promtool() {
     log "installed $(promtool --version 2>&1 | head -n1)"
 }
 
+# The PostgreSQL transcript store's tests and benchmarks start a real server (tests/support/postgres.py).
+install_postgres() {
+    if compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+        return 0
+    fi
+    log "PostgreSQL not found; installing the Debian package postgresql"
+    if ! apt_install postgresql >/dev/null; then
+        die "PostgreSQL is missing and cannot be installed here: it needs apt-get and root (or" \
+            "passwordless sudo). Install it yourself, e.g. 'sudo apt-get install postgresql'."
+    fi
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null ||
+        die "the postgresql package did not provide /usr/lib/postgresql/*/bin/initdb"
+    log "installed PostgreSQL"
+}
+
 install_helm
 install_promtool
+install_postgres

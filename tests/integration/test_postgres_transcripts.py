@@ -8,6 +8,7 @@ checkpoint (its status says so) instead of losing or repeating steps.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.integration.test_durable_runs import (
     steps_requested,
     webhook_manifest,
 )
+from tests.integration.test_plugin import plugin
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
@@ -148,6 +150,14 @@ async def test_a_run_in_the_postgres_store_keeps_its_chunks_as_rows_and_deleting
         "SELECT namespace, run_name FROM agentrun_transcript_chunks WHERE run_uid = $1", uid
     )
     assert {(r["namespace"], r["run_name"]) for r in rows} == {(cluster.namespace, "rows")}
+    # The plugin reads the rows with the DSN it is given, and without one says where to give it.
+    missing = await plugin(cluster, "transcript", "rows")
+    assert missing.code == 1 and "--database-url or AGENTRUN_DATABASE_URL" in missing.err, missing
+    shown = await plugin(cluster, "transcript", "rows", "--database-url", postgres.dsn)
+    assert shown.code == 0 and "all three recorded" in shown.out, shown
+    traced = await plugin(cluster, "trace", "rows", "-o", "json", "--database-url", postgres.dsn)
+    assert traced.code == 0, traced
+    assert [row["iteration"] for row in json.loads(traced.out)] == [1, 2, 3, 4]
 
     await request(cluster, "DELETE", f"{cluster.runs_path}/rows")
 

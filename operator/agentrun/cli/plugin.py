@@ -3,7 +3,8 @@ show a run's tree of child runs; show a namespace's AgentRunQuotas; say which op
 namespaces.
 
 kubectl finds the `kubectl-agentrun` executable on PATH. It acts as the kubeconfig user, with that
-user's RBAC: reading transcripts needs `get`/`list` on the chunk Secrets (or ConfigMaps), deciding
+user's RBAC: reading transcripts needs `get`/`list` on the chunk Secrets (or ConfigMaps; for runs in the
+PostgreSQL store, the database's DSN: plugin_rows.py), deciding
 and cancelling need `patch` on agentruns, `tree` needs `get`/`list` on agentruns, `operators` needs `list` on
 leases (coordination.k8s.io) where the operator keeps them, `quota` needs
 `list` on agentrunquotas. Nothing here talks to the operator directly; everything goes through the
@@ -23,6 +24,7 @@ from typing import Any, NoReturn
 
 from agentrun.api import INSTALL_CRDS, LABEL_PARENT_UID, LABEL_REPLICA_GROUP
 from agentrun.api.transcripts import (
+    POSTGRES_KIND,
     StorageKind,
     Transcript,
     TranscriptError,
@@ -42,6 +44,7 @@ from agentrun.cli.plugin_rendering import (
     run_tree,
     tree_json,
 )
+from agentrun.cli.plugin_rows import read_rows_transcript
 from agentrun.cli.plugin_session import NO_RUN_CRD, PluginError, Session, api_error, connect, get_run
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIStatusError
@@ -73,9 +76,16 @@ async def read_transcript(session: Session, name: str) -> Transcript:
     return (await read_run_transcript(session, name))[1]
 
 
-async def read_run_transcript(session: Session, name: str) -> tuple[dict[str, Any], Transcript]:
+async def read_run_transcript(
+    session: Session, name: str, *, database_url: str | None = None
+) -> tuple[dict[str, Any], Transcript]:
     run = await get_run(session, name)
     ref = (run.get("status") or {}).get("transcript") or {}
+    if ref.get("kind") == POSTGRES_KIND:
+        try:
+            return run, await read_rows_transcript(run["metadata"]["uid"], database_url)
+        except TranscriptError as exc:
+            raise PluginError(f"transcript of agentrun {session.namespace}/{name}: {exc}") from exc
     try:
         chunks = await list_chunk_objects(
             session.kube,
@@ -92,7 +102,7 @@ async def read_run_transcript(session: Session, name: str) -> tuple[dict[str, An
 
 
 async def cmd_transcript(session: Session, args: argparse.Namespace) -> str:
-    run, transcript = await read_run_transcript(session, args.name)
+    run, transcript = await read_run_transcript(session, args.name, database_url=args.database_url)
     if args.output == "json":
         return json.dumps(transcript.messages, indent=2, ensure_ascii=False) + "\n"
     if transcript.empty:
@@ -105,7 +115,7 @@ async def cmd_transcript(session: Session, args: argparse.Namespace) -> str:
 
 
 async def cmd_trace(session: Session, args: argparse.Namespace) -> str:
-    run, transcript = await read_run_transcript(session, args.name)
+    run, transcript = await read_run_transcript(session, args.name, database_url=args.database_url)
     if args.output == "json":
         return json.dumps([row.as_dict() for row in transcript.trace_rows], indent=2) + "\n"
     if not transcript.trace_rows:
@@ -235,6 +245,13 @@ def parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, parents=[common])
         command.add_argument("name", help="AgentRun name")
         command.add_argument("-o", "--output", choices=("text", "json"), default="text")
+        if name != "tree":
+            command.add_argument(
+                "--database-url",
+                default=None,
+                help="PostgreSQL DSN of the transcript store, for runs kept there "
+                "(default: AGENTRUN_DATABASE_URL)",
+            )
     cancel = sub.add_parser("cancel", help="set spec.cancel: the run stops within seconds", parents=[common])
     cancel.add_argument("name", help="AgentRun name")
     for name, help_text in (
