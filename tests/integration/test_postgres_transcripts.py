@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from agentrun.api.transcripts import UID_LABEL, StoredChunk, Transcript, decode_chunks
+from agentrun.api.transcripts import UID_LABEL, StoredChunk, Transcript, TranscriptCorrupt, decode_chunks
+from agentrun.controller.agentruns.postgres_chunks import PostgresChunks
+from agentrun.controller.agentruns.transcript_storing import RunIdentity, TranscriptConflict
+from agentrun.stores.postgres import TranscriptDatabase
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from tests.integration.test_durable_runs import (
     API_KEY,
@@ -70,7 +73,7 @@ async def start_operator(
 ) -> AsyncIterator[OperatorFactory]:
     started: list[OperatorProcess] = []
 
-    async def start(env: dict[str, str] | None = None) -> OperatorProcess:
+    async def start(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> OperatorProcess:
         process = OperatorProcess(
             kubeconfig=cluster.kubeconfig,
             log_path=tmp_path / f"operator-{len(started)}.log",
@@ -81,7 +84,7 @@ async def start_operator(
                 "AGENTRUN_DATABASE_URL": postgres.dsn,
                 **(env or {}),
             },
-            args=cluster.operator_args(()),
+            args=cluster.operator_args(args),
         )
         await process.start()
         started.append(process)
@@ -227,3 +230,57 @@ async def test_a_database_outage_keeps_the_run_at_its_checkpoint_and_says_so_unt
     done = await assert_succeeded_once_each(cluster, postgres, webhook, "outage")
     assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
     assert not store_unavailable(done)
+
+
+async def test_the_sweep_at_start_deletes_old_rows_of_runs_gone_from_the_served_namespaces_only(
+    cluster: TestCluster, postgres: PostgresServer, start_operator: OperatorFactory
+) -> None:
+    database = await TranscriptDatabase.connect(postgres.dsn)
+    try:
+        await database.ensure_schema()
+        for uid, namespace, age in (
+            ("gone-old", cluster.namespace, "1 hour"),
+            ("gone-young", cluster.namespace, "1 minute"),
+            ("elsewhere-old", "not-served-here", "1 hour"),
+        ):
+            await database.insert_chunk(
+                run_uid=uid, namespace=namespace, run_name=uid, chunk=StoredChunk(0, 0, 1, b"x")
+            )
+            await postgres.query(
+                "UPDATE agentrun_transcript_chunks SET created_at = now() - $2::text::interval WHERE run_uid = $1",
+                uid,
+                age,
+            )
+    finally:
+        await database.close()
+    await start_operator(args=("--namespace", cluster.namespace))
+
+    async def swept() -> bool:
+        rows = await postgres.query("SELECT run_uid FROM agentrun_transcript_chunks")
+        return "gone-old" not in {r["run_uid"] for r in rows}
+
+    await until(swept, "the sweep at start", timeout=WAIT)
+    rows = await postgres.query("SELECT run_uid FROM agentrun_transcript_chunks ORDER BY run_uid")
+    assert [r["run_uid"] for r in rows] == ["elsewhere-old", "gone-young"]
+
+
+async def test_a_chunk_written_again_is_accepted_with_its_bytes_refused_with_others_and_a_hole_refuses_resume(
+    postgres: PostgresServer,
+) -> None:
+    database = await TranscriptDatabase.connect(postgres.dsn)
+    try:
+        await database.ensure_schema()
+        chunks = PostgresChunks(database, RunIdentity("ns", "run", "uid-1"))
+        first = StoredChunk(0, 0, 1, b"first record")
+        await chunks.create(first)
+        await chunks.create(first)  # our own earlier attempt, retried: the same bytes
+        with pytest.raises(TranscriptConflict):
+            await chunks.create(StoredChunk(0, 0, 1, b"someone else's record"))
+        await chunks.create(StoredChunk(1, 0, 1, b"second"))
+        await chunks.create(StoredChunk(3, 0, 1, b"after a gap"))
+        assert [c.index for c in await chunks.read(known=2)] == [0, 1]  # chunks after a gap are not its
+        await postgres.query("DELETE FROM agentrun_transcript_chunks WHERE idx = 1")
+        with pytest.raises(TranscriptCorrupt, match="status counts 2 chunks"):
+            await chunks.read(known=2)
+    finally:
+        await database.close()
