@@ -247,7 +247,8 @@ async def test_the_sweep_at_start_deletes_old_rows_of_runs_gone_from_the_served_
                 run_uid=uid, namespace=namespace, run_name=uid, chunk=StoredChunk(0, 0, 1, b"x")
             )
             await postgres.query(
-                "UPDATE agentrun_transcript_chunks SET created_at = now() - $2::text::interval WHERE run_uid = $1",
+                "UPDATE agentrun_transcript_chunks SET created_at = now() - $2::text::interval "
+                "WHERE run_uid = $1",
                 uid,
                 age,
             )

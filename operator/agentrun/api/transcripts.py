@@ -8,6 +8,10 @@ Why chunks: status must stay small, a transcript can outgrow one object's 1 MiB 
 the whole history on every iteration would make each write cost more than the last. So every write
 is a new object holding only what is new since the previous write, gzip-compressed.
 
+The PostgreSQL store (agentrun/stores/postgres.py, ``AGENTRUN_TRANSCRIPT_STORAGE=postgres``) keeps the
+same chunks as rows: index, part, parts and the gzip bytes (`StoredChunk`), decoded by `decode_chunks`
+like the objects below.
+
 Object layout:
 
 * kind: Secret (default; type ``agentrun.dev/transcript``, tool output can be sensitive) or ConfigMap
