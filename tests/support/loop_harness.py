@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import anthropic
+from typing import Any, Literal
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.stops import Outcome
@@ -17,7 +15,7 @@ from agentrun.loop.events import Checkpoint, Event, RunFinished
 from agentrun.loop.protocols import Clock, Observer, ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
 from agentrun.loop.state import RunState
-from agentrun.model.anthropic_calling import AnthropicModel
+from agentrun.model.anthropic_calling import AnthropicModel, ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Script, Step
@@ -144,7 +142,9 @@ async def run_scripted(
     state: RunState | None = None,
     prompt_cache: bool = False,
     always_stream: bool = False,
+    client: Literal["direct", "sdk"] = "direct",
 ) -> LoopRun:
+    """`client`: how a request sent without streaming goes, as AGENTRUN_MODEL_CLIENT chooses."""
     raw_spec = {"task": f"{marker} do the thing", **(spec or {})}
     parsed = AgentRunSpec.model_validate(raw_spec)
     api = FakeMessagesAPI(
@@ -154,11 +154,12 @@ async def run_scripted(
     )
     recorder = Recorder()
     async with api.running() as server:
-        client = anthropic.AsyncAnthropic(api_key="sk-test", base_url=server.url, max_retries=0, timeout=30)
+        pool = ClientPool(timeout_seconds=30, shards=1, client=client)
+        model = pool.model(api_key="sk-test", base_url=server.url)
         try:
             outcome = await run_loop(
                 LoopConfig.from_spec(parsed, run_id="run-uid", retry=retry),
-                model=AnthropicModel(client, always_stream=always_stream),
+                model=AnthropicModel(model.client, always_stream=True) if always_stream else model,
                 tools={t.name: t for t in tools},
                 observer=Fanout(recorder, *observers),
                 clock=clock or SystemClock(),
@@ -167,5 +168,5 @@ async def run_scripted(
                 state=state,
             )
         finally:
-            await client.close()
+            await pool.close()
         return LoopRun(outcome, recorder, list(server.requests))

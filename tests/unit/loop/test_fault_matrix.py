@@ -1,4 +1,5 @@
-"""Model API fault matrix: every fault class through the real SDK against the fake Messages API.
+"""Model API fault matrix: every fault class against the fake Messages API, through the direct client,
+the real SDK, and the SDK streaming every request.
 
 Each case states the documented behaviour (docs/stop-reasons.md, "Model API errors and retries"): how many
 requests the server sees, how long the loop sleeps between them (virtual time), the final
@@ -9,6 +10,7 @@ budget. Backoff is 1, 2, 4 s for attempts 1..3 here (jitter pinned to the middle
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -161,9 +163,15 @@ CASES: dict[str, Case] = {
 }
 
 
-@pytest.mark.parametrize("always_stream", [False, True], ids=["as sent", "every request streamed"])
+#: How the request goes: without streaming through the direct client (the default) or the SDK
+#: (AGENTRUN_MODEL_CLIENT=sdk), or streamed through the SDK.
+PATHS = {"direct client": ("direct", False), "SDK": ("sdk", False), "every request streamed": ("sdk", True)}
+
+
+@pytest.mark.parametrize("path", PATHS.values(), ids=list(PATHS))
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
-async def test_model_api_fault(case: Case, always_stream: bool) -> None:
+async def test_model_api_fault(case: Case, path: tuple[Literal["direct", "sdk"], bool]) -> None:
+    client, always_stream = path
     registry = CollectorRegistry()
     metrics = MetricsObserver(Metrics(registry), namespace="default", started_monotonic=0.0)
     clock = FakeClock()
@@ -177,6 +185,7 @@ async def test_model_api_fault(case: Case, always_stream: bool) -> None:
         clock=clock,
         observers=[metrics],
         always_stream=always_stream,
+        client=client,
     )
 
     assert run.outcome.stop_reason is case.stop, run.outcome.message
