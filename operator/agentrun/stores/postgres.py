@@ -69,25 +69,29 @@ class TranscriptDatabase:
     async def insert_chunk(
         self, *, run_uid: str, namespace: str, run_name: str, chunk: StoredChunk
     ) -> bytes | None:
-        """Inserts the chunk; None when inserted, else the payload of the row already at its index."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            status = await conn.execute(
-                f"INSERT INTO {TABLE} (run_uid, idx, namespace, run_name, part, parts, payload) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_uid, idx) DO NOTHING",
-                run_uid,
-                chunk.index,
-                namespace,
-                run_name,
-                chunk.part,
-                chunk.parts,
-                chunk.payload,
-            )
-            if status.endswith(" 1"):
-                return None
-            existing = await conn.fetchval(
-                f"SELECT payload FROM {TABLE} WHERE run_uid = $1 AND idx = $2", run_uid, chunk.index
-            )
-            return bytes(existing) if existing is not None else b""
+        """Inserts the chunk; None when inserted, else the payload of the row already at its index.
+
+        No transaction around the two statements: the insert is atomic by itself, and a row is never
+        updated, so the one found after a conflict is the one that caused it (BEGIN and COMMIT would be
+        two more round trips on every iteration of every run).
+        """
+        status = await self._pool.execute(
+            f"INSERT INTO {TABLE} (run_uid, idx, namespace, run_name, part, parts, payload) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_uid, idx) DO NOTHING",
+            run_uid,
+            chunk.index,
+            namespace,
+            run_name,
+            chunk.part,
+            chunk.parts,
+            chunk.payload,
+        )
+        if status.endswith(" 1"):
+            return None
+        existing = await self._pool.fetchval(
+            f"SELECT payload FROM {TABLE} WHERE run_uid = $1 AND idx = $2", run_uid, chunk.index
+        )
+        return bytes(existing) if existing is not None else b""
 
     async def read_chunks(self, run_uid: str) -> list[StoredChunk]:
         rows = await self._pool.fetch(
@@ -98,9 +102,6 @@ class TranscriptDatabase:
     async def delete_run(self, run_uid: str) -> int:
         status = await self._pool.execute(f"DELETE FROM {TABLE} WHERE run_uid = $1", run_uid)
         return int(str(status).rsplit(" ", 1)[-1])
-
-    async def run_uids(self) -> set[str]:
-        return {r["run_uid"] for r in await self._pool.fetch(f"SELECT DISTINCT run_uid FROM {TABLE}")}
 
     async def sweep(
         self, existing: Collection[str], *, namespaces: Collection[str], older_than_seconds: float

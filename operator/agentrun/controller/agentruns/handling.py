@@ -63,7 +63,8 @@ class AgentRunHandler:
         deleted: Callable[[str], None] | None = None,
     ) -> None:
         self.executor = executor
-        # Told each deleted run's uid: the PostgreSQL transcript store removes its rows.
+        # Told the uid of each deleted run this replica owns: the PostgreSQL transcript store removes its
+        # rows (one replica is enough; the sweep covers a run whose owner was away).
         self._deleted = deleted
         self.kube = kube
         self.child_watch = child_watch
@@ -122,7 +123,7 @@ class AgentRunHandler:
             self.rebalancer.saw_deleted(uid)
             self.reaper.forget(uid)
             self._passed_on.discard(uid)
-            if self._deleted is not None and uid:
+            if owned and self._deleted is not None and uid:
                 self._deleted(uid)
             if owned and run.status.children is not None:
                 self._pass_on(delete_children, run.namespace, uid)
