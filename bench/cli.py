@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -355,19 +355,19 @@ async def run(
 
 
 async def _with_store(
-    store: str, workdir: Path, measured: Coroutine[Any, Any, list[Section]]
+    store: str, workdir: Path, measure: Callable[[], Coroutine[Any, Any, list[Section]]]
 ) -> list[Section]:
     """The benchmarks with their operators keeping transcripts in ``store``; a PostgreSQL server is
     started for them (and stopped after), the same real server the tests start."""
     if store == "secret":
-        return await measured
+        return await measure()
     from tests.support.postgres import running_postgres  # only for this store
 
     async with running_postgres(workdir / "postgres") as database:
         with operator_settings(
             {"AGENTRUN_TRANSCRIPT_STORAGE": "postgres", "AGENTRUN_DATABASE_URL": database.dsn}
         ):
-            sections = await measured
+            sections = await measure()
     for section in sections:
         if section.key in ("scale", "replicas"):
             section.title += ", transcripts in PostgreSQL"
@@ -431,7 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with operator_settings(dict(args.operator_setting)):
         sections = asyncio.run(
             _with_store(
-                args.transcript_store, workdir, run(selected, plan, workdir, args.seed, args.kubeconfig)
+                args.transcript_store,
+                workdir,
+                lambda: run(selected, plan, workdir, args.seed, args.kubeconfig),
             )
         )
     command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
