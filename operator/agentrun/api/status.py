@@ -111,6 +111,19 @@ class QuotaLimits(StatusModel):
     timeout_seconds: int | None = Field(default=None, description="The run's timeoutSeconds.")
 
 
+class QuotaWait(StatusModel):
+    """What holds a run Pending for quota: read by the other replicas to keep one line per namespace."""
+
+    quota: str = Field(description="The AgentRunQuota that is full; empty when runs ahead of it wait.")
+    limit: str = Field(
+        description=(
+            "The limit that is full (concurrentRuns, runs, tokens, costUSD, concurrentSandboxes, "
+            "sandboxCPU, sandboxMemory), or order: runs ahead of it in the namespace's line wait for "
+            "room it needs too."
+        )
+    )
+
+
 class AgentUsed(StatusModel):
     """The Agent a run (spec.agentRef) was resolved from, as it was then."""
 
@@ -236,6 +249,14 @@ class AgentRunStatus(StatusModel):
             "While Pending for a run slot (reason Queued): the run's place in the operator's queue, 1 = "
             "next. Slots go to namespaces in turn, and within a namespace by spec.priority, then age. "
             "Updated at most every AGENTRUN_STATUS_INTERVAL_SECONDS; cleared when the run starts."
+        ),
+    )
+    quota_wait: QuotaWait | None = Field(
+        default=None,
+        description=(
+            "While Pending for quota (reason QuotaExceeded): the quota and limit that hold the run back. "
+            "Every operator replica reads it, so the runs of a namespace are admitted in one order "
+            "across replicas. Cleared when the run leaves the quota's line."
         ),
     )
     conditions: list[Condition] = Field(

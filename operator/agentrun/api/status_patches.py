@@ -30,6 +30,7 @@ from agentrun.api.status import (
     PendingApproval,
     Phase,
     QuotaLimits,
+    QuotaWait,
     TemplateUsed,
     TranscriptRef,
     Usage,
@@ -151,6 +152,16 @@ def queued(position: int) -> StatusPatch:
 def left_queue() -> StatusPatch:
     """status.queuePosition removed: the run got its slot, ended, or waits for something else."""
     return StatusPatch(cleared=frozenset({"queue_position"}))
+
+
+def quota_waiting(wait: QuotaWait) -> StatusPatch:
+    """Pending for quota: status.quotaWait says which quota and limit (or the line) hold the run."""
+    return StatusPatch(AgentRunStatus(phase=Phase.PENDING, quota_wait=wait))
+
+
+def left_quota_line() -> StatusPatch:
+    """status.quotaWait removed: the run was admitted, ended, or waits for something else."""
+    return StatusPatch(cleared=frozenset({"quota_wait"}))
 
 
 def quota_limited(limits: QuotaLimits) -> StatusPatch:

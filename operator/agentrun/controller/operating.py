@@ -247,6 +247,7 @@ def _start_controllers(
         ownership=membership if membership is not None else Standalone(),
         handoff=membership,
         deleted=rows.deleted if rows is not None else None,
+        quota_line=quotas.gate.saw_elsewhere,
     )
     stack.push_async_callback(handler.close)
     # AgentSchedules: the owner of a schedule's uid creates its runs (controller/schedules/).

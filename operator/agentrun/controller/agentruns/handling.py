@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import pydantic
 
 from agentrun.api.spec import Approval
+from agentrun.api.status import Phase
 from agentrun.controller.agentruns.children import ChildWatch, cancel_children, delete_children
 from agentrun.controller.agentruns.phases import describe_validation_error
 from agentrun.controller.agentruns.run_control import RunControl, StopCause
@@ -28,6 +29,7 @@ from agentrun.controller.agentruns.run_objects import RunObject
 from agentrun.controller.agentruns.status_writing import mark_observed
 from agentrun.controller.agentruns.supervising import RunSupervisor
 from agentrun.controller.agentruns.ttl_reaping import TTLReaper
+from agentrun.controller.quotas.lines import Elsewhere
 from agentrun.controller.replicas.ownership import Held, Ownership, Standalone
 from agentrun.controller.replicas.rebalancing import FinishedRun, Handoff, Rebalancer
 from agentrun.kube.calling import KubeClient
@@ -61,8 +63,12 @@ class AgentRunHandler:
         ownership: Ownership | None = None,
         handoff: Handoff | None = None,
         deleted: Callable[[str], None] | None = None,
+        quota_line: Callable[[str, str, Elsewhere | None], None] | None = None,
     ) -> None:
         self.executor = executor
+        # Told of every run's wait for quota (None: it does not wait): one line per namespace across
+        # the replicas, whichever of them owns each run (controller/quotas/lines.py).
+        self._quota_line = quota_line
         # Told the uid of each deleted run this replica owns: the PostgreSQL transcript store removes its
         # rows (one replica is enough; the sweep covers a run whose owner was away).
         self._deleted = deleted
@@ -113,6 +119,8 @@ class AgentRunHandler:
         uid = run.uid
         if event_type != "DELETED" and not run.finished and uid:
             self.rebalancer.saw_unfinished(uid, run)
+        if self._quota_line is not None and uid:
+            self._quota_line(run.namespace, uid, _waiting_for_quota(event_type, run))
         owned = self.rebalancer.owns(uid)
         if owned or event_type == "DELETED" or run.deleting:
             # A run owned elsewhere is not started here; one being stopped is stopped either way. A
@@ -180,3 +188,13 @@ class AgentRunHandler:
         handing_over = self._replicated and not self.ownership.fenced
         await self.supervisor.close(self.rebalancer.grace if handing_over else 0.0)
         await self.reaper.close()
+
+
+def _waiting_for_quota(event_type: str | None, run: RunObject) -> Elsewhere | None:
+    """The run as a place in its namespace's quota line, if its status says it waits there."""
+    wait = run.status.quota_wait
+    if event_type == "DELETED" or run.finished or run.deleting or wait is None:
+        return None
+    if run.status.phase != Phase.PENDING:
+        return None
+    return Elsewhere(run.namespace, run.name, run.uid, run.created, run.priority, wait.limit)

@@ -27,7 +27,13 @@ from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import NO_PROGRESS, ResumePoint, find_resume_point
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.controller.agentruns.transcript_storing import TranscriptStore
-from agentrun.controller.quotas.admission import AdmissionGate, AdmittedSpec, Candidate, QuotaRefusal
+from agentrun.controller.quotas.admission import (
+    AdmissionGate,
+    AdmittedSpec,
+    Announce,
+    Candidate,
+    QuotaRefusal,
+)
 from agentrun.loop.approving import Approvals
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
@@ -249,7 +255,7 @@ async def admit_to_quotas(
     status: AgentRunStatus,
     started: bool,
     cancel: asyncio.Event,
-    announce: Callable[[str, str], Awaitable[None]],
+    announce: Announce,
     progress: Progress = NO_PROGRESS,
 ) -> AdmittedSpec | Ending:
     """Room in every AgentRunQuota of the namespace (controller/quotas/admission.py); Pending

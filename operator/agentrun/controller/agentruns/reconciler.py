@@ -295,7 +295,7 @@ class AgentRunReconciler:
             status=ref.status,
             started=point.state is not None,
             cancel=run.cancel,
-            announce=run.writer.pending,
+            announce=run.writer.quota_pending,
             progress=point.progress,
         )
         if isinstance(admission, AdmittedSpec) and admission.record and admission.limits is not None:

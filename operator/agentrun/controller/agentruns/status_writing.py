@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentrun.api import status_patches
-from agentrun.api.status import AgentRunStatus, PendingApproval, Phase, TranscriptRef
+from agentrun.api.status import AgentRunStatus, PendingApproval, Phase, QuotaWait, TranscriptRef
 from agentrun.api.status_patches import StatusPatch
 from agentrun.api.stops import Outcome
 from agentrun.api.times import now_rfc3339
@@ -92,6 +92,8 @@ class StatusWriter:
         self._clear_pending = bool(status.pending_approvals)
         # status.queuePosition is removed by the next write that is not a queue position.
         self._clear_queue_position = status.queue_position is not None
+        # status.quotaWait likewise, by the next write that is not a wait for quota.
+        self._clear_quota_wait = status.quota_wait is not None
         self._progress: Progress | None = None  # latest, so a wait for approval shows what was spent
         # A run resumed while its status already says Running for this generation (its replica died or
         # handed it over, or the operator restarted) writes nothing to say so again: that write would
@@ -142,7 +144,9 @@ class StatusWriter:
 
         Pending approvals or a queue position left in status must go, so such a run writes as a new one.
         """
-        return self._still_running and not (self._clear_pending or self._clear_queue_position)
+        return self._still_running and not (
+            self._clear_pending or self._clear_queue_position or self._clear_quota_wait
+        )
 
     def _resumed(self, progress: Progress) -> None:
         """Progress the status missed (its interval) goes out in the background, like any progress."""
@@ -296,13 +300,26 @@ class StatusWriter:
     async def pending(self, reason: str, message: str) -> None:
         await self.write(self._left_queue(status_patches.pending()), Phase.PENDING, reason, message)
 
+    async def quota_pending(self, reason: str, message: str, wait: QuotaWait) -> None:
+        """Pending for quota (quotas/admission.py), with what holds the run in status.quotaWait."""
+        self._clear_quota_wait = True
+        patch = self._left_queue(StatusPatch(), quota=False).merged(status_patches.quota_waiting(wait))
+        await self.write(patch, Phase.PENDING, reason, message)
+
     async def queued(self, position: int, message: str) -> None:
         """Pending for a run slot at ``position``; the queue phase decides how often (phases.queue)."""
+        patch = self._left_queue(StatusPatch(), queue=False).merged(status_patches.queued(position))
         self._clear_queue_position = True
-        await self.write(status_patches.queued(position), Phase.PENDING, "Queued", message)
+        await self.write(patch, Phase.PENDING, "Queued", message)
 
-    def _left_queue(self, patch: StatusPatch) -> StatusPatch:
-        return patch.merged(status_patches.left_queue()) if self._clear_queue_position else patch
+    def _left_queue(self, patch: StatusPatch, *, queue: bool = True, quota: bool = True) -> StatusPatch:
+        """``patch`` clearing the place in the operator's queue and in a quota's line it still shows."""
+        if queue and self._clear_queue_position:
+            patch = patch.merged(status_patches.left_queue())
+        if quota and self._clear_quota_wait:
+            patch = patch.merged(status_patches.left_quota_line())
+            self._clear_quota_wait = False
+        return patch
 
     async def write(self, patch: StatusPatch, phase: Phase, reason: str, message: str) -> None:
         async with self._lock:

@@ -1,17 +1,17 @@
 """Admission of runs by the quotas of their namespace, before the operator's run queue.
 
 A run is admitted when every quota of its namespace has room (the ledger says, quotas/ledger.py);
-until then it stays Pending with reason QuotaExceeded and a message naming the quota, the limit, when
-room is expected, and how many runs of the namespace wait ahead of it. The waiting runs of a
-namespace go in order (spec.priority, highest first, then creationTimestamp, then name): only the
-first asks the ledgers, so a small run cannot overtake a big one forever. A run without a sandbox
-does not wait behind runs held back by a sandbox limit alone: it does not compete for what they
-wait for. They look again on every
-change of a quota (watch events, our own writes), when the ledger said room comes, and when the
-run ahead of them leaves.
+until then it stays Pending with reason QuotaExceeded, status.quotaWait naming the quota and limit,
+and a message naming the quota, the limit, when room is expected, and how many runs of the namespace
+wait ahead of it. The waiting runs of a namespace go in one order over every replica (spec.priority,
+highest first, then creationTimestamp, then name; lines.py): runs ask the ledgers from the front of
+the line only, so a small run cannot overtake a big one forever. A run without a sandbox does not
+wait behind runs held back by a sandbox limit alone: it does not compete for what they wait for.
+They look again on every change of a quota (watch events, our own writes), when the ledger said room
+comes, and when a run ahead of them leaves the line.
 
 Why a look at the cached ledger before writing: a blocked run changes nothing, and most waits are
-blocked, so only a run that seems to fit writes. Admission writes each quota in name order; when a
+blocked, so only runs that seem to fit write. Admission writes each quota in name order; when a
 later quota turns out full (another process won the race), the earlier admissions are released,
 which leaves their window's run count one too high: usage is counted early, never late.
 """
@@ -20,23 +20,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from decimal import Decimal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
 from agentrun.api.spec import ResolvedRunSpec
-from agentrun.api.status import AgentRunStatus, QuotaLimits
+from agentrun.api.status import AgentRunStatus, QuotaLimits, QuotaWait
 from agentrun.controller.quotas import limits
+from agentrun.controller.quotas.lines import (
+    ORDER,
+    Announcements,
+    Candidate,
+    Elsewhere,
+    HeldBack,
+    Queue,
+    writers,
+)
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
 from agentrun.metrics.definitions import Metrics
-from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition, SandboxUse
-from agentrun.quotas.outcomes import SANDBOX_LIMITS
+from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition
 from agentrun.quotas.per_run import PerRunViolation
 
 logger = logging.getLogger(__name__)
@@ -45,26 +51,18 @@ REASON = "QuotaExceeded"
 #: After a failed listing of the namespace's quotas, a waiting run tries again this soon.
 LISTING_RETRY_SECONDS = 5.0
 
+__all__ = [
+    "AdmissionGate",
+    "AdmittedSpec",
+    "Announce",
+    "Announcements",
+    "Candidate",
+    "HeldBack",
+    "QuotaRefusal",
+]
 
-@dataclass(frozen=True)
-class Candidate:
-    """A run asking for admission, as the namespace's queue orders it."""
-
-    namespace: str
-    name: str
-    uid: str
-    created: str = ""
-    priority: int = 0
-    # The least the run's first request reserves (loop/reserving.py first_request_floor): admitted
-    # only with that much room, so it does not start just to be refused at once.
-    need_tokens: int = 0
-    need_cost_usd: Decimal = Decimal(0)
-    # The limits of its sandbox (spec.sandbox.resources.limits), counted by the sandbox limits while
-    # it is admitted; None for a run without a sandbox, which those limits do not hold back.
-    sandbox: SandboxUse | None = None
-
-    def order(self) -> tuple[int, str, str, str]:
-        return (-self.priority, self.created, self.name, self.uid)
+#: Says why a run waits: the condition's reason and message, and status.quotaWait.
+Announce = Callable[[str, str, QuotaWait], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -83,92 +81,6 @@ class AdmittedSpec:
     spec: ResolvedRunSpec
     limits: QuotaLimits | None = None  # what the quotas set (status.quotaLimits)
     record: bool = False  # ``limits`` are new: status.quotaLimits is to be written
-
-
-@dataclass(frozen=True)
-class HeldBack:
-    """What holds a waiting run back on one look, and when room may come (None: no time to promise)."""
-
-    message: str
-    #: (quota, limit) that is full, or ("", "order") for runs ahead of it in the namespace's line.
-    cause: tuple[str, str]
-    room_at: dt.datetime | None = None
-
-
-@dataclass
-class Announcements:
-    """What a waiting run last said about why it waits, and when.
-
-    A new reason (another quota or limit) is said at once, new numbers of the same reason (usage,
-    runs ahead) at most once per ``interval`` seconds: else every settled request of a namespace
-    would rewrite the status of every run waiting there.
-    """
-
-    interval: float
-    message: str | None = None
-    cause: tuple[str, str] | None = None
-    at: dt.datetime | None = None
-
-    def due(self, held: HeldBack, now: dt.datetime) -> bool:
-        """Whether ``held`` is to be said at ``now``: it says something new, and may say it now."""
-        if held.message == self.message:
-            return False
-        return held.cause != self.cause or self.at is None or (now - self.at).total_seconds() >= self.interval
-
-    def record(self, held: HeldBack, now: dt.datetime) -> None:
-        """``held`` was said at ``now``."""
-        self.message, self.cause, self.at = held.message, held.cause, now
-
-
-@dataclass
-class _Queue:
-    waiting: list[Candidate] = field(default_factory=list)
-    moved: asyncio.Event = field(default_factory=asyncio.Event)
-    #: Runs whose last look found a sandbox limit full (concurrentSandboxes, sandboxCPU, sandboxMemory).
-    sandbox_bound: set[str] = field(default_factory=set)
-
-    def enter(self, run: Candidate) -> None:
-        self.waiting.append(run)
-        self.waiting.sort(key=Candidate.order)
-
-    def leave(self, run: Candidate) -> None:
-        self.waiting = [r for r in self.waiting if r.uid != run.uid]
-        self.sandbox_bound.discard(run.uid)
-        self._moved()
-
-    def ahead_of(self, run: Candidate) -> int:
-        """How many runs wait ahead of ``run`` for room it needs too. A run without a sandbox is not
-        held back by the sandbox limits, so runs that only those hold back are not ahead of it."""
-        before = self.waiting[: self.waiting.index(run)]
-        if run.sandbox is not None:
-            return len(before)
-        return sum(1 for other in before if other.uid not in self.sandbox_bound)
-
-    def held_by(self, run: Candidate, limit: str) -> None:
-        """What held ``run`` back on its last look; runs behind it look again when that changes
-        between a sandbox limit and any other (they may pass it now, or must wait behind it)."""
-        bound = limit in SANDBOX_LIMITS
-        if bound == (run.uid in self.sandbox_bound):
-            return
-        if bound:
-            self.sandbox_bound.add(run.uid)
-        else:
-            self.sandbox_bound.discard(run.uid)
-        self._moved()
-
-    def reprioritise(self, uid: str, priority: int) -> Candidate | None:
-        """The run's new place after a change of spec.priority (the new Candidate), if it waits here."""
-        for index, run in enumerate(self.waiting):
-            if run.uid == uid:
-                self.waiting[index] = moved = dataclasses.replace(run, priority=priority)
-                self.waiting.sort(key=Candidate.order)
-                self._moved()
-                return moved
-        return None
-
-    def _moved(self) -> None:
-        moved, self.moved = self.moved, asyncio.Event()
-        moved.set()
 
 
 Write = Callable[[str, str, Callable[[Ledger, dt.datetime], Any]], Awaitable[Any]]
@@ -193,8 +105,9 @@ class AdmissionGate:
         self._clock = clock
         self._sleep = sleep
         self._announce_interval = announce_interval
-        self._queues: dict[str, _Queue] = {}
+        self._queues: dict[str, Queue] = {}
         self._verdicts: dict[str, tuple[Any, tuple[str, Blocked] | None]] = {}
+        self._writers: dict[str, tuple[Any, frozenset[str]]] = {}
 
     async def definitions(self, namespace: str) -> list[QuotaDefinition]:
         """The quotas of ``namespace`` (listed on first use; a failed listing is tried again)."""
@@ -213,7 +126,7 @@ class AdmissionGate:
         *,
         started: bool,
         cancel: asyncio.Event,
-        announce: Callable[[str, str], Awaitable[None]],
+        announce: Announce,
     ) -> AdmittedSpec | PerRunViolation | QuotaRefusal | None:
         """The admission phase: per-run maxima, then room in every quota; None when cancelled.
 
@@ -244,11 +157,11 @@ class AdmissionGate:
         self,
         run: Candidate,
         cancel: asyncio.Event,
-        announce: Callable[[str, str], Awaitable[None]],
+        announce: Announce,
     ) -> bool | QuotaRefusal:
         """True once every quota of the namespace admitted the run; False when cancelled while waiting;
         a refusal when it can never be admitted."""
-        queue = self._queues.setdefault(run.namespace, _Queue())
+        queue = self._queues.setdefault(run.namespace, Queue())
         queue.enter(run)
         said = Announcements(self._announce_interval)
         refused: set[str] = set()  # quotas that counted this run as refused: once per run and quota
@@ -259,7 +172,7 @@ class AdmissionGate:
                 if not objects or all(_admitted_in(obj, run.uid) for obj in objects):
                     return True  # no quota, or a resumed run admitted before: not counted again
                 run = next((r for r in queue.waiting if r.uid == run.uid), run)  # priority changes
-                looked = await self._look(run, queue.ahead_of(run), objects, refused)
+                looked = await self._look(run, queue, objects, refused)
                 if not isinstance(looked, HeldBack):
                     return looked
                 queue.held_by(run, looked.cause[1])
@@ -277,22 +190,28 @@ class AdmissionGate:
             return self._view.cached(namespace)
 
     async def _look(
-        self, run: Candidate, ahead: int, objects: list[dict[str, Any]], refused: set[str]
+        self, run: Candidate, queue: Queue, objects: list[dict[str, Any]], refused: set[str]
     ) -> Literal[True] | QuotaRefusal | HeldBack:
-        """One look at the quotas for a run with ``ahead`` runs before it in line: admitted
-        everywhere (True), refused for good, or what holds it back this time."""
+        """One look at the quotas for a run in ``queue``'s line: admitted everywhere (True), refused
+        for good, or what holds it back this time."""
+        line = [
+            other
+            for other in queue.line()
+            if isinstance(other, Candidate) or not any(_admitted_in(obj, other.uid) for obj in objects)
+        ]
+        ahead = queue.ahead_of(run, line)
+        blocked = self._first_blocked(run, objects)
         # Admitted somewhere already (a resumed run, a quota added since): it holds a place that runs
         # ahead of it may be waiting for, so it must not wait behind them.
-        first = ahead == 0 or any(_admitted_in(obj, run.uid) for obj in objects)
-        blocked = self._first_blocked(run, objects)
-        if blocked is None and first:
+        front = ahead == 0 or any(_admitted_in(obj, run.uid) for obj in objects)
+        if blocked is None and (front or run.uid in self._front(run.namespace, queue, line, objects)):
             blocked = await self._admit_everywhere(run, objects)
             if blocked is None:
                 return True
         if blocked is None:
             return HeldBack(
                 f"waiting for {_runs(ahead)} of namespace {run.namespace} ahead of it in quota order",
-                ("", "order"),
+                ("", ORDER),
             )
         quota, verdict = blocked
         if verdict.final or quota not in refused:
@@ -302,6 +221,27 @@ class AdmissionGate:
             return QuotaRefusal(quota, verdict.limit, verdict.message)
         message = verdict.message + (f"; {_runs(ahead)} of the namespace ahead of it" if ahead else "")
         return HeldBack(message, (quota, verdict.limit), verdict.room_at)
+
+    def _front(
+        self,
+        namespace: str,
+        queue: Queue,
+        line: Sequence[Candidate | Elsewhere],
+        objects: list[dict[str, Any]],
+    ) -> frozenset[str]:
+        """This replica's runs at the front of the line that the ledgers have room for (lines.py),
+        worked out once per version of the quotas and of the line (and second), not once per run."""
+        now = self._clock()
+        key = (
+            tuple((obj["metadata"]["name"], obj["metadata"].get("resourceVersion")) for obj in objects),
+            queue.version,
+            int(now.timestamp()),
+        )
+        known = self._writers.get(namespace)
+        if known is None or known[0] != key:
+            known = key, writers(line, objects, now)
+            self._writers[namespace] = known
+        return known[1]
 
     async def _count_refused(self, namespace: str, quota: str, limit: str) -> None:
         """A refused admission, in the metrics and in the quota's status.refused."""
@@ -313,12 +253,12 @@ class AdmissionGate:
         self,
         held: HeldBack,
         said: Announcements,
-        announce: Callable[[str, str], Awaitable[None]],
+        announce: Announce,
     ) -> dt.datetime | None:
         """Says why the run waits when ``said`` allows it now; returns when to look again."""
         now = self._clock()
         if said.due(held, now):
-            await announce(REASON, held.message)
+            await announce(REASON, held.message, QuotaWait(quota=held.cause[0], limit=held.cause[1]))
             said.record(held, now)
         elif held.message != said.message:
             # Newer numbers to show: look again once they may be written.
@@ -371,6 +311,13 @@ class AdmissionGate:
             assert isinstance(verdict, Admitted)
             done.append(name)
         return None
+
+    def saw_elsewhere(self, namespace: str, uid: str, run: Elsewhere | None) -> None:
+        """A run seen waiting for quota by its status (None: seen not waiting, finished or deleted)."""
+        queue = self._queues.get(namespace)
+        if queue is None and run is None:
+            return
+        self._queues.setdefault(namespace, Queue()).saw_elsewhere(run, uid)
 
     def reprioritise(self, namespace: str, uid: str, priority: int) -> None:
         """spec.priority changed: a run waiting for quota moves within its namespace's line."""

@@ -110,6 +110,9 @@ class QuotaWriter:
         return await future
 
     async def _drain(self) -> None:
+        # One turn of the event loop first: runs woken by the same quota change (a line admitted
+        # together, lines.py) reach apply() in that turn and share this write.
+        await asyncio.sleep(0)
         while self._pending:
             batch = [p for p in self._pending if not p.future.done()]  # a caller gone: not applied
             self._pending = []

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable
 from decimal import Decimal
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agentrun.controller.quotas.admission import Announcements, Candidate, HeldBack
+from agentrun.api.status import QuotaWait
+from agentrun.controller.quotas.admission import Announce, Announcements, Candidate, HeldBack
 from agentrun.controller.quotas.control import Quotas
+from agentrun.controller.quotas.lines import Elsewhere
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics
 from agentrun.quotas.ledger import SandboxUse
@@ -34,8 +35,8 @@ async def test_waiting_runs_are_admitted_by_priority_then_age_as_room_appears(
     quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test", announce_interval=0)
     said: dict[str, list[str]] = {}
 
-    def announcer(name: str) -> Callable[[str, str], Awaitable[None]]:
-        async def announce(reason: str, message: str) -> None:
+    def announcer(name: str) -> Announce:
+        async def announce(reason: str, message: str, wait: QuotaWait) -> None:
             said.setdefault(name, []).append(f"{reason}: {message}")
 
         return announce
@@ -76,7 +77,7 @@ async def test_a_run_cancelled_while_it_waits_leaves_the_line(
     quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     cancel = asyncio.Event()
 
-    async def announce(reason: str, message: str) -> None:
+    async def announce(reason: str, message: str, wait: QuotaWait) -> None:
         cancel.set()
 
     assert not await quotas.gate.admit(candidate("never", created="t"), cancel, announce)
@@ -91,7 +92,7 @@ async def test_without_the_quota_crd_runs_are_admitted_and_one_warning_says_why(
     ):
         quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
 
-        async def announce(reason: str, message: str) -> None:
+        async def announce(reason: str, message: str, wait: QuotaWait) -> None:
             raise AssertionError(f"a run without quotas waited: {reason}: {message}")
 
         with caplog.at_level(logging.WARNING, logger="agentrun.controller.quotas.watching"):
@@ -108,8 +109,8 @@ async def test_a_waiting_run_whose_priority_is_raised_goes_ahead_of_older_runs(
     quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
     in_line: set[str] = set()
 
-    def announcer(name: str) -> Callable[[str, str], Awaitable[None]]:
-        async def announce(reason: str, message: str) -> None:
+    def announcer(name: str) -> Announce:
+        async def announce(reason: str, message: str, wait: QuotaWait) -> None:
             in_line.add(name)
 
         return announce
@@ -144,8 +145,8 @@ async def test_a_run_without_a_sandbox_passes_runs_waiting_for_one_and_a_run_wit
     quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test", announce_interval=0)
     said: dict[str, str] = {}
 
-    def announcer(name: str) -> Callable[[str, str], Awaitable[None]]:
-        async def announce(reason: str, message: str) -> None:
+    def announcer(name: str) -> Announce:
+        async def announce(reason: str, message: str, wait: QuotaWait) -> None:
             said[name] = f"{reason}: {message}"
 
         return announce
@@ -203,7 +204,7 @@ async def test_a_waiting_run_shows_new_numbers_at_most_once_per_announce_interva
     )
     said: list[str] = []
 
-    async def announce(reason: str, message: str) -> None:
+    async def announce(reason: str, message: str, wait: QuotaWait) -> None:
         said.append(message)
 
     cancel = asyncio.Event()
@@ -243,3 +244,96 @@ def test_a_waiting_run_says_a_new_reason_at_once_and_new_numbers_once_per_interv
     assert said.due(fuller, start + dt.timedelta(seconds=10))
     in_line = HeldBack("waiting for 1 run of namespace default ahead of it in quota order", ("", "order"))
     assert said.due(in_line, start + dt.timedelta(seconds=1))
+
+
+async def test_runs_a_quota_has_room_for_are_admitted_together_not_one_write_each(
+    kube: KubeClient, make_quota: QuotaFactory
+) -> None:
+    await make_quota(hard={"concurrentRuns": 1})
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity="test")
+    holder = candidate("holder", created="2026-01-01T00:00:00Z")
+    assert await quotas.gate.admit(holder, asyncio.Event(), _silent)
+    said: set[str] = set()
+
+    def announcer(name: str) -> Announce:
+        async def announce(reason: str, message: str, wait: QuotaWait) -> None:
+            said.add(name)
+
+        return announce
+
+    runs = [candidate(f"r{i}", created=f"2026-01-01T00:00:0{i + 1}Z") for i in range(6)]
+    waiting = [
+        asyncio.create_task(quotas.gate.admit(run, asyncio.Event(), announcer(run.name))) for run in runs
+    ]
+    await until(lambda: len(said), "every run to say it waits", done=lambda n: n == len(runs))
+    writer = quotas._writers[("default", "team")]
+    before = writer.writes
+    raised = await kube.get_quota("default", "team")
+    raised["spec"]["hard"]["concurrentRuns"] = 7  # room for all six beside the holder
+    stored = await kube._custom.replace_namespaced_custom_object(
+        "agentrun.dev", "v1alpha1", "default", "agentrunquotas", "team", raised
+    )
+    quotas.view.update(stored)  # as the watch of AgentRunQuotas passes it on
+    assert all(await asyncio.wait_for(asyncio.gather(*waiting), 10))
+    status = (await kube.get_quota("default", "team"))["status"]
+    assert sorted(entry["uid"] for entry in status["admitted"]) == sorted(
+        [holder.uid] + [r.uid for r in runs]
+    )
+    # The six admissions went together (one write; two at most when a run woke a turn late), not
+    # six in turn.
+    assert writer.writes - before <= 2
+
+
+async def test_a_run_waiting_on_another_replica_is_admitted_before_a_younger_run_here(
+    kube: KubeClient, make_quota: QuotaFactory
+) -> None:
+    await make_quota(hard={"concurrentRuns": 1})
+    here = Quotas(kube, Metrics(CollectorRegistry()), identity="here")
+    there = Quotas(kube, Metrics(CollectorRegistry()), identity="there")
+    for quotas in (here, there):
+        await quotas.gate.definitions("default")  # both watch the quota (listed on first use)
+    holder = candidate("holder", created="2026-01-01T00:00:00Z")
+    assert await there.gate.admit(holder, asyncio.Event(), _silent)
+    here.view.update(await kube.get_quota("default", "team"))
+    old = candidate("old", created="2026-01-01T00:00:01Z")
+    young = candidate("young", created="2026-01-01T00:00:02Z")
+    said: dict[str, str] = {}
+
+    async def old_says(reason: str, message: str, wait: QuotaWait) -> None:
+        # What its status says, as the other replica's watch of AgentRuns passes it on.
+        said["old"] = message
+        here.gate.saw_elsewhere(
+            "default", old.uid, Elsewhere("default", "old", old.uid, old.created, 0, wait.limit)
+        )
+
+    async def young_says(reason: str, message: str, wait: QuotaWait) -> None:
+        said["young"] = message
+
+    old_admitted = asyncio.create_task(there.gate.admit(old, asyncio.Event(), old_says))
+    await until(lambda: said.get("old", ""), "the old run to wait", done=bool)
+    young_admitted = asyncio.create_task(here.gate.admit(young, asyncio.Event(), young_says))
+    await until(lambda: said.get("young", ""), "the young run to wait", done=bool)
+    assert "1 run of the namespace ahead of it" in said["young"]
+
+    # The holder ends on a third replica; this one's watch sees the room first: its young run must
+    # still let the old one, which waits on the other replica, go first.
+    third = Quotas(kube, Metrics(CollectorRegistry()), identity="third")
+    await third.gate.definitions("default")
+    await third.gate.release("default", holder.uid)
+    here.view.update(await kube.get_quota("default", "team"))
+    await asyncio.sleep(0.2)  # time for the young run to (wrongly) write, were it first in its own line
+    assert not young_admitted.done()
+    there.view.update(await kube.get_quota("default", "team"))
+    assert await asyncio.wait_for(old_admitted, 10)
+    await asyncio.sleep(0.2)
+    assert not young_admitted.done()
+    assert [e["uid"] for e in (await kube.get_quota("default", "team"))["status"]["admitted"]] == [old.uid]
+
+    here.gate.saw_elsewhere("default", old.uid, None)  # its status moved on: it runs
+    await there.gate.release("default", old.uid)
+    here.view.update(await kube.get_quota("default", "team"))
+    assert await asyncio.wait_for(young_admitted, 10)
+
+
+async def _silent(reason: str, message: str, wait: QuotaWait) -> None:
+    raise AssertionError(f"a run with room waited: {message}")
