@@ -127,6 +127,22 @@ class Observed:
     load: tuple[float, float]
     kill: Kill | None = None
     rescale: Rescale | None = None
+    quota_peak: QuotaPeak | None = None
+
+
+@dataclass(frozen=True)
+class QuotaPeak:
+    """The quota object at its largest while the runs went on (sampled once a second)."""
+
+    size: int
+    """Its JSON bytes."""
+    admitted: int
+    """Runs its status listed as admitted in that version."""
+    reservations: int
+    """Reservations in flight it listed in that version."""
+
+    def bigger(self, other: QuotaPeak | None) -> QuotaPeak:
+        return self if other is None or self.size >= other.size else other
 
 
 @dataclass(frozen=True)
@@ -219,6 +235,7 @@ class ReplicaRun:
     load: tuple[float, float]
     failover: Failover | None
     rescale: Rescale | None = None
+    quota_peak: QuotaPeak | None = None
 
     @property
     def cpu_ms_per_iteration(self) -> float:
@@ -354,6 +371,7 @@ def figures(observed: Observed) -> ReplicaRun:
         breakdown={kind: count / max(iterations, 1) for kind, count in kinds.most_common()},
         conflicts=sum(conflicts.values()),
         stored=dict(o.stored),
+        quota_peak=o.quota_peak,
         load=o.load,
         failover=(
             None if o.kill is None else failover(o.kill, uids, o.model_requests, o.finished_at, o.finished_by)

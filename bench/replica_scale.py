@@ -57,6 +57,7 @@ from bench.replica_figures import (
     Kill,
     Observed,
     OperatorRequest,
+    QuotaPeak,
     ReplicaRun,
     Rescale,
     attribute,
@@ -89,6 +90,12 @@ QUOTA = {
 }
 """With ``--replica-quota``: a quota no run reaches, so every model request is reserved and settled in its
 ledger (the write load of quotas across replicas, with none refused)."""
+#: How often the quota object's size is sampled while the runs go on, and what an empty ledger weighs
+#: (its spec, metadata and totals; what is left once every run released its place).
+QUOTA_SAMPLE_SECONDS = 1.0
+EMPTY_QUOTA_BYTES = 1800
+#: etcd's default limit on one request (--max-request-bytes): no object can be larger.
+REQUEST_LIMIT_BYTES = 1.5 * 2**20
 
 
 def settled_view(leases: list[dict[str, Any]], group: str, count: int, *, without: str | None = None) -> bool:
@@ -418,7 +425,13 @@ async def one_run(
         failover = (lease_seconds or DEFAULT_LEASE_SECONDS) + 30 if kill_at is not None else 0
         patience = 60 + runs * server.patience + failover
         deadline = time.monotonic() + patience
+        quota_peak: QuotaPeak | None = None
+        next_sample = time.monotonic()
         while len(server.finished_at()) < runs and time.monotonic() < deadline:
+            if quota and time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + QUOTA_SAMPLE_SECONDS
+                for obj in await server.list("agentrunquotas"):
+                    quota_peak = _quota_size(obj).bigger(quota_peak)
             if kill_at is not None and kill is None and time.monotonic() >= kill_at:
                 kill = await members[KILLED].kill(tuple(m.name for m in members))
                 progress(f"replicas: {label}: SIGKILLed {kill.replica}")
@@ -479,6 +492,7 @@ async def one_run(
             load=(load_0, load_1),
             kill=kill if kill is None else dataclasses.replace(kill, regrouped=survivors_settled),
             rescale=scaled,
+            quota_peak=quota_peak,
         )
     result = figures(observed)
     if result.unfinished:
@@ -505,6 +519,15 @@ async def _rescaled(
     await asyncio.gather(*(m.leave() for m in others))
     left = time.monotonic() - sigterm
     return Rescale(up_after, down_after, joined_after, left, await alone)
+
+
+def _quota_size(obj: dict[str, Any]) -> QuotaPeak:
+    status = obj.get("status") or {}
+    return QuotaPeak(
+        len(json.dumps(obj, separators=(",", ":"))),
+        len(status.get("admitted") or []),
+        len(status.get("reservations") or []),
+    )
 
 
 def _stored(objects: list[dict[str, Any]]) -> tuple[int, int]:
@@ -554,6 +577,22 @@ def report(
         "×",
     )
     fig("API conflicts (409) per iteration", [r.conflicts / max(r.iterations, 1) for r in results], "")
+    peaks = [r.quota_peak for r in results if r.quota_peak is not None]
+    if peaks:
+        fig(
+            "quota object at its largest",
+            [p.size / 1024 for p in peaks],
+            "KiB",
+            note=", ".join(f"{p.admitted} runs admitted, {p.reservations} reservations" for p in peaks),
+        )
+        per_entry = [(p.size - EMPTY_QUOTA_BYTES) / max(p.admitted, 1) for p in peaks if p.admitted]
+        if per_entry:
+            fig(
+                "running runs one quota object can hold (1.5 MiB ÷ bytes per admitted run at the peak)",
+                [REQUEST_LIMIT_BYTES / size for size in per_entry],
+                "",
+                note="each admitted run's entry and its reservation in flight; sampled once a second",
+            )
     fig(f"bench process CPU ({server_side} + fake API)", [r.bench_cpu for r in results], "")
     fig(
         "host load average (1 min) at start",

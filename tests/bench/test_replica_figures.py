@@ -24,6 +24,7 @@ from bench.replica_figures import (
     ModelRequest,
     Observed,
     OperatorRequest,
+    QuotaPeak,
     Rescale,
     attribute,
     concurrent_runs,
@@ -395,3 +396,20 @@ def test_after_a_kill_membership_has_settled_when_the_survivors_show_their_view_
     assert not settled_view(leases, "bench-g", 2)
     lagging = [_lease("replica-0", survivors), _lease("replica-1", before), _lease("replica-2", before)]
     assert not settled_view(lagging, "bench-g", 2, without="replica-1")
+
+
+def test_a_repeat_with_a_quota_reports_its_largest_ledger_and_the_runs_one_object_holds() -> None:
+    peak = QuotaPeak(size=1800 + 500 * 100, admitted=500, reservations=300)
+    result = figures(_observed(quota_peak=QuotaPeak(3000, 10, 0).bigger(peak)))
+    section = Section("replicas", "t", "m")
+    report(section, [result], ideal=5.0, lease=30, server_side="proxy")
+    by_name = {f.name.split(": ", 1)[1]: f for f in section.figures}
+    assert by_name["quota object at its largest"].value == pytest.approx(51800 / 1024)
+    holds = by_name["running runs one quota object can hold (1.5 MiB ÷ bytes per admitted run at the peak)"]
+    assert holds.value == pytest.approx(1.5 * 2**20 / 100)
+
+
+def test_a_repeat_without_a_quota_reports_no_ledger_size() -> None:
+    section = Section("replicas", "t", "m")
+    report(section, [figures(_observed())], ideal=5.0, lease=30, server_side="proxy")
+    assert not [f for f in section.figures if "quota" in f.name]

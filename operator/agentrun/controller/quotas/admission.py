@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -36,8 +36,9 @@ from agentrun.controller.quotas.lines import (
     Candidate,
     Elsewhere,
     HeldBack,
+    Lineup,
     Queue,
-    writers,
+    admitted_uids,
 )
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
 from agentrun.controller.quotas.writing import QuotaGone, utc_now
@@ -107,7 +108,7 @@ class AdmissionGate:
         self._announce_interval = announce_interval
         self._queues: dict[str, Queue] = {}
         self._verdicts: dict[str, tuple[Any, tuple[str, Blocked] | None]] = {}
-        self._writers: dict[str, tuple[Any, frozenset[str]]] = {}
+        self._lineups: dict[str, tuple[Any, Lineup]] = {}
 
     async def definitions(self, namespace: str) -> list[QuotaDefinition]:
         """The quotas of ``namespace`` (listed on first use; a failed listing is tried again)."""
@@ -194,17 +195,13 @@ class AdmissionGate:
     ) -> Literal[True] | QuotaRefusal | HeldBack:
         """One look at the quotas for a run in ``queue``'s line: admitted everywhere (True), refused
         for good, or what holds it back this time."""
-        line = [
-            other
-            for other in queue.line()
-            if isinstance(other, Candidate) or not any(_admitted_in(obj, other.uid) for obj in objects)
-        ]
-        ahead = queue.ahead_of(run, line)
+        lineup = self._lineup(run.namespace, queue, objects)
+        ahead = lineup.ahead_of(run)
         blocked = self._first_blocked(run, objects)
         # Admitted somewhere already (a resumed run, a quota added since): it holds a place that runs
         # ahead of it may be waiting for, so it must not wait behind them.
         front = ahead == 0 or any(_admitted_in(obj, run.uid) for obj in objects)
-        if blocked is None and (front or run.uid in self._front(run.namespace, queue, line, objects)):
+        if blocked is None and (front or run.uid in lineup.front):
             blocked = await self._admit_everywhere(run, objects)
             if blocked is None:
                 return True
@@ -222,25 +219,19 @@ class AdmissionGate:
         message = verdict.message + (f"; {_runs(ahead)} of the namespace ahead of it" if ahead else "")
         return HeldBack(message, (quota, verdict.limit), verdict.room_at)
 
-    def _front(
-        self,
-        namespace: str,
-        queue: Queue,
-        line: Sequence[Candidate | Elsewhere],
-        objects: list[dict[str, Any]],
-    ) -> frozenset[str]:
-        """This replica's runs at the front of the line that the ledgers have room for (lines.py),
-        worked out once per version of the quotas and of the line (and second), not once per run."""
+    def _lineup(self, namespace: str, queue: Queue, objects: list[dict[str, Any]]) -> Lineup:
+        """The namespace's line and who in it may write (lines.py), worked out once per version of the
+        quotas and of the line (and second), not once per waiting run."""
         now = self._clock()
         key = (
             tuple((obj["metadata"]["name"], obj["metadata"].get("resourceVersion")) for obj in objects),
             queue.version,
             int(now.timestamp()),
         )
-        known = self._writers.get(namespace)
+        known = self._lineups.get(namespace)
         if known is None or known[0] != key:
-            known = key, writers(line, objects, now)
-            self._writers[namespace] = known
+            known = key, Lineup.of(queue, objects, now)
+            self._lineups[namespace] = known
         return known[1]
 
     async def _count_refused(self, namespace: str, quota: str, limit: str) -> None:
@@ -379,5 +370,4 @@ def _runs(count: int) -> str:
 
 
 def _admitted_in(obj: Mapping[str, Any], uid: str) -> bool:
-    admitted = (obj.get("status") or {}).get("admitted") or []
-    return any(isinstance(entry, Mapping) and entry.get("uid") == uid for entry in admitted)
+    return uid in admitted_uids(obj)

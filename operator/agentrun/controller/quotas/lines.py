@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -136,22 +136,16 @@ class Queue:
             self.elsewhere[uid] = run
             self.version += 1
 
-    def line(self) -> list[Candidate | Elsewhere]:
-        """Every run known to wait in the namespace, in admission order, each once (this replica's
-        own entry wins over what its status last said)."""
+    def line(self, admitted: Collection[str] = ()) -> list[Candidate | Elsewhere]:
+        """Every run known to wait in the namespace, in admission order, each once: this replica's own
+        entry wins over what its status last said, and a run the ledgers list as ``admitted`` waits
+        no more whatever its status says still."""
         here = {run.uid for run in self.waiting}
-        others = [run for uid, run in self.elsewhere.items() if uid not in here]
+        others = [run for uid, run in self.elsewhere.items() if uid not in here and uid not in admitted]
         return sorted([*self.waiting, *others], key=lambda run: run.order())
 
-    def ahead_of(self, run: Candidate, line: Sequence[Candidate | Elsewhere]) -> int:
-        """How many runs wait ahead of ``run`` for room it needs too. A run without a sandbox is not
-        held back by the sandbox limits, so runs that only those hold back are not ahead of it."""
-        before = [other for other in line if other.order() < run.order()]
-        if run.sandbox is not None:
-            return len(before)
-        return sum(1 for other in before if not self._sandbox_bound(other))
-
-    def _sandbox_bound(self, run: Candidate | Elsewhere) -> bool:
+    def only_sandbox_holds(self, run: Candidate | Elsewhere) -> bool:
+        """Whether only a sandbox limit holds ``run`` back (as its last look, or its status, said)."""
         return run.sandbox_bound if isinstance(run, Elsewhere) else run.uid in self.sandbox_bound
 
     def held_by(self, run: Candidate, limit: str) -> None:
@@ -180,6 +174,41 @@ class Queue:
         self.version += 1
         moved, self.moved = self.moved, asyncio.Event()
         moved.set()
+
+
+@dataclass(frozen=True)
+class Lineup:
+    """The namespace's line as of one version of it and of the quotas: worked out once per change, not
+    once per waiting run (each of which looks at every change)."""
+
+    #: uid → (runs ahead of it, runs ahead of it that not only a sandbox limit holds back).
+    places: Mapping[str, tuple[int, int]]
+    #: This replica's runs that may write their admission now (``writers``).
+    front: frozenset[str]
+
+    @classmethod
+    def of(cls, queue: Queue, objects: Sequence[Mapping[str, Any]], now: dt.datetime) -> Lineup:
+        admitted = {uid for obj in objects for uid in admitted_uids(obj)}
+        line = queue.line(admitted)
+        places: dict[str, tuple[int, int]] = {}
+        unbound = 0
+        for index, run in enumerate(line):
+            places[run.uid] = (index, unbound)
+            if not queue.only_sandbox_holds(run):
+                unbound += 1
+        return cls(places, writers(line, objects, now))
+
+    def ahead_of(self, run: Candidate) -> int:
+        """How many runs wait ahead of ``run`` for room it needs too. A run without a sandbox is not
+        held back by the sandbox limits, so runs that only those hold back are not ahead of it."""
+        before, unbound = self.places.get(run.uid, (0, 0))
+        return before if run.sandbox is not None else unbound
+
+
+def admitted_uids(obj: Mapping[str, Any]) -> list[str]:
+    """The runs a quota object's status lists as admitted."""
+    admitted = (obj.get("status") or {}).get("admitted") or []
+    return [str(entry.get("uid")) for entry in admitted if isinstance(entry, Mapping)]
 
 
 def writers(
