@@ -82,10 +82,15 @@ class Settings(BaseModel):
     transcript_storage: Literal["secret", "configmap", "postgres"] = Field(
         default="secret", description="Where transcripts are kept: Secrets, ConfigMaps or PostgreSQL."
     )
+    quota_ledger: Literal["status", "postgres"] = Field(
+        default="status",
+        description="Where AgentRunQuota ledgers are kept: in each quota's status, or in PostgreSQL "
+        "(AGENTRUN_DATABASE_URL; the status then holds a copy of the totals).",
+    )
     database_url: SecretStr | None = Field(
         default=None,
-        description="PostgreSQL DSN (postgresql://user:password@host:port/db) of the transcript store; "
-        "required when AGENTRUN_TRANSCRIPT_STORAGE=postgres.",
+        description="PostgreSQL DSN (postgresql://user:password@host:port/db) of the transcript store and "
+        "the quota ledgers; required when either is postgres.",
     )
     transcript_flush_seconds: float = Field(
         default=3.0,
@@ -235,6 +240,10 @@ class Settings(BaseModel):
             raise ValueError(
                 "AGENTRUN_TRANSCRIPT_STORAGE=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)"
             )
+        if self.quota_ledger == "postgres" and (
+            self.database_url is None or not self.database_url.get_secret_value().strip()
+        ):
+            raise ValueError("AGENTRUN_QUOTA_LEDGER=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)")
         return self
 
     @model_validator(mode="after")

@@ -496,6 +496,15 @@ def test_creating_configmaps_is_granted_only_when_transcripts_are_in_configmaps(
         assert grants(role) == NAMESPACED_NEEDS | CONFIGMAP_NEEDS
 
 
+def test_patching_quota_status_is_granted_only_when_the_ledgers_are_in_postgres(renderer: Renderer) -> None:
+    quota_status = ("agentrun.dev", "agentrunquotas/status")
+    assert grants(one(renderer.render(), "ClusterRole"))[quota_status] == {"update"}
+    ledgers = {"operator": {"quotaLedger": "postgres"}, "database": {"existingSecret": "db"}}
+    assert grants(one(renderer.render(ledgers), "ClusterRole"))[quota_status] == {"update", "patch"}
+    for role in run_roles(renderer.render({**NAMESPACES_SCOPE, **ledgers})):
+        assert grants(role)[quota_status] == {"update", "patch"}
+
+
 def test_service_account_is_created_with_its_token_mounted(renderer: Renderer) -> None:
     manifests = renderer.render()
     account = one(manifests, "ServiceAccount")

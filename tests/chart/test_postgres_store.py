@@ -1,4 +1,5 @@
-"""The chart's PostgreSQL transcript store: operator.transcriptStorage postgres, its DSN from a Secret."""
+"""The chart's PostgreSQL database: operator.transcriptStorage and operator.quotaLedger postgres, its DSN
+from a Secret."""
 
 from __future__ import annotations
 
@@ -30,10 +31,35 @@ def test_other_stores_get_no_database_url(renderer: Renderer) -> None:
 def test_the_postgres_store_without_a_secret_is_refused_saying_which_value_to_set(renderer: Renderer) -> None:
     proc = renderer.template({"operator": {"transcriptStorage": "postgres"}}, check=False)
     assert proc.returncode != 0
-    assert "operator.transcriptStorage postgres needs database.existingSecret" in proc.stderr
+    assert (
+        "operator.transcriptStorage or operator.quotaLedger postgres needs database.existingSecret"
+        in proc.stderr
+    )
 
 
 def test_a_store_the_operator_does_not_know_is_refused_by_the_values_schema(renderer: Renderer) -> None:
     proc = renderer.template({"operator": {"transcriptStorage": "mysql"}}, check=False)
     assert proc.returncode != 0
     assert "transcriptStorage" in proc.stderr
+
+
+def test_quota_ledgers_in_postgres_get_the_dsn_and_stay_in_the_status_by_default(renderer: Renderer) -> None:
+    env = env_of(
+        renderer.render({"operator": {"quotaLedger": "postgres"}, "database": {"existingSecret": "db"}})
+    )
+    assert env["AGENTRUN_QUOTA_LEDGER"]["value"] == "postgres"
+    assert env["AGENTRUN_TRANSCRIPT_STORAGE"]["value"] == "secret"
+    assert env["AGENTRUN_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "db", "key": "url"}
+    default = env_of(renderer.render({}))
+    assert default["AGENTRUN_QUOTA_LEDGER"]["value"] == "status" and "AGENTRUN_DATABASE_URL" not in default
+
+
+def test_quota_ledgers_in_postgres_without_a_secret_or_in_an_unknown_place_are_refused(
+    renderer: Renderer,
+) -> None:
+    proc = renderer.template({"operator": {"quotaLedger": "postgres"}}, check=False)
+    assert (
+        proc.returncode != 0 and "operator.quotaLedger postgres needs database.existingSecret" in proc.stderr
+    )
+    proc = renderer.template({"operator": {"quotaLedger": "etcd"}}, check=False)
+    assert proc.returncode != 0 and "quotaLedger" in proc.stderr

@@ -370,6 +370,15 @@ def is_operator_request(record: RequestRecord) -> bool:
     return record.impersonate_user is not None or (record.user_agent or "").startswith(OPERATOR_AGENTS)
 
 
+#: Chart values that turn on what some integration tests run the operator with and the chart grants only
+#: when asked (the quota ledgers in PostgreSQL patch the quotas' status). The self-contained coverage
+#: test (test_rbac_coverage.py) holds the default values to exactly what they need.
+OPTIONAL_FEATURES: Mapping[str, Any] = {
+    "operator": {"quotaLedger": "postgres"},
+    "database": {"existingSecret": "agentrun-database"},
+}
+
+
 @dataclass
 class SessionRecord:
     """The operator's authorization questions over every emulator of a test session, deduplicated.
@@ -402,7 +411,10 @@ class SessionRecord:
         if not self.questions:
             return []
         namespaces = sorted({q.namespace for q, _ in self.questions if q.namespace}) or ["default"]
-        policies = {"cluster": chart_policy("cluster"), "namespaces": chart_policy("namespaces", namespaces)}
+        policies = {
+            "cluster": chart_policy("cluster", values=OPTIONAL_FEATURES),
+            "namespaces": chart_policy("namespaces", namespaces, values=OPTIONAL_FEATURES),
+        }
         refused = set()
         for (question, ran_in), example in self.questions.items():
             if question.resource == "leases" and question.namespace:

@@ -104,13 +104,14 @@ RBAC rules for the namespaced resources the operator works with. Used by the Clu
   resources: ["agentruns/status"]
   verbs: ["patch"]
 # AgentRunQuotas are read and watched; only their status (the ledger of use) is written, each change
-# a read and a replace with the resourceVersion read, so concurrent writers never lose an update.
+# a read and a replace with the resourceVersion read, so concurrent writers never lose an update. With
+# the ledgers in PostgreSQL (operator.quotaLedger) the status is a copy of the totals, merge-patched.
 - apiGroups: ["agentrun.dev"]
   resources: ["agentrunquotas"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["agentrun.dev"]
   resources: ["agentrunquotas/status"]
-  verbs: ["update"]
+  verbs: {{ if eq .Values.operator.quotaLedger "postgres" }}["update", "patch"]{{ else }}["update"]{{ end }}
 # Agents are read (a run with spec.agentRef records its Agent's spec once) and watched (runs waiting
 # for their Agent start when it is created); only their status (the validation verdict) is written,
 # as merge patches.

@@ -343,6 +343,20 @@ class QuotaRefusals(StatusModel):
     requests: int = Field(default=0, description="Model requests that could not be reserved.")
 
 
+class QuotaLedgerCopy(StatusModel):
+    """Set when the ledger is kept in PostgreSQL (AGENTRUN_QUOTA_LEDGER=postgres): this status is then a
+    copy of its totals, without the lists of admitted runs and reservations."""
+
+    store: str = Field(description="Where the ledger is kept: postgres.")
+    version: int = Field(description="The ledger's change this copy shows (they are counted from 1).")
+    admitted: int = Field(
+        default=0, description="Runs admitted and not finished (their list is in the ledger)."
+    )
+    reservations: int = Field(
+        default=0, description="Reservations outstanding (their list is in the ledger)."
+    )
+
+
 class AgentRunQuotaStatus(StatusModel):
     """The quota's ledger, written by the operator only."""
 
@@ -379,4 +393,8 @@ class AgentRunQuotaStatus(StatusModel):
     )
     refused: QuotaRefusals = Field(
         default_factory=QuotaRefusals, description="Refusals since the quota was created."
+    )
+    ledger: QuotaLedgerCopy | None = Field(
+        default=None,
+        description="Where the ledger is kept, when not here: this status is then a copy of its totals.",
     )

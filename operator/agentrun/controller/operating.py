@@ -24,6 +24,7 @@ from agentrun.controller.agents.templates import TemplateEvents
 from agentrun.controller.collector import young_generation_threshold
 from agentrun.controller.kopf_registry import build_registry
 from agentrun.controller.quotas.control import Quotas
+from agentrun.controller.quotas.database_writing import open_quota_ledgers
 from agentrun.controller.replicas.detached import DetachedMembership
 from agentrun.controller.replicas.faults import install_loop_stall
 from agentrun.controller.replicas.ownership import Standalone
@@ -38,6 +39,7 @@ from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
 from agentrun.stores.postgres import TranscriptDatabase
+from agentrun.stores.quota_ledgers import QuotaLedgerDatabase
 from agentrun.tracing.observing import configure_tracer_provider, tracer_of
 
 if TYPE_CHECKING:
@@ -129,12 +131,16 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
         database = await open_transcript_database(settings)
         if database is not None:
             stack.push_async_callback(database.close)
+        # AGENTRUN_QUOTA_LEDGER=postgres: likewise, before any run is admitted.
+        ledgers = await open_quota_ledgers(settings)
+        if ledgers is not None:
+            stack.push_async_callback(ledgers.close)
         clients = ClientPool(timeout_seconds=settings.model_timeout_seconds, client=settings.model_client)
         stack.push_async_callback(clients.close)
         provider = configure_tracer_provider(os.environ) if settings.otel_enabled else None
         if provider is not None:
             stack.callback(provider.shutdown)
-        quotas, reconciler = _reconciler(settings, kube, metrics, clients, provider, database)
+        quotas, reconciler = _reconciler(settings, kube, metrics, clients, provider, database, ledgers)
         # Kopf raises it once it serves the resources: GET /readyz on the metrics port.
         ready = asyncio.Event()
         await _serve_metrics(stack, settings, registry, ready)
@@ -177,6 +183,7 @@ def _reconciler(
     clients: ClientPool,
     provider: TracerProvider | None,
     database: TranscriptDatabase | None,
+    ledgers: QuotaLedgerDatabase | None,
 ) -> tuple[Quotas, AgentRunReconciler]:
     """The reconciler of AgentRuns, with the quotas that admit their runs and their model requests."""
     quotas = Quotas(
@@ -185,6 +192,7 @@ def _reconciler(
         identity=settings.replica_name,
         retry=KubeRetryPolicy.from_settings(settings),
         announce_interval=settings.status_interval_seconds,
+        ledgers=ledgers,
     )
     reconciler = AgentRunReconciler(
         settings=settings,
@@ -262,6 +270,9 @@ def _start_controllers(
     stack.push_async_callback(schedules.close)  # closed first: the schedules, then the Agents, then the runs
     # Ledger entries of runs that finished or were deleted without releasing them (controller/quotas/).
     background.start(quotas.keep_collecting(lambda: set(reconciler.runs), handler.ownership.owns))
+    if quotas.ledgers is not None:  # every replica's ledger changes, told by PostgreSQL (quotas/control.py)
+        stack.push_async_callback(quotas.mirror.close)
+        background.start(quotas.keep_listening())
     if membership is not None:
         background.start(membership.run())
     # SandboxTemplates: runs waiting for theirs are woken, and the Agents naming one keep their pools in step.

@@ -222,6 +222,10 @@ class KubeClient:
             )
         )
 
+    async def patch_quota_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge patch on the AgentRunQuota's status: the copy of a ledger kept in PostgreSQL."""
+        await self._patch_status(QUOTA_PLURAL, namespace, name, status)
+
     # Leases (replica membership) ----------------------------------------------------------------
 
     async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:

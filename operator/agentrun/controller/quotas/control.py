@@ -11,12 +11,16 @@ from typing import Any, TypeVar
 from agentrun.controller.quotas import collecting
 from agentrun.controller.quotas.admission import AdmissionGate
 from agentrun.controller.quotas.allowance import RunAllowance, new_holder
+from agentrun.controller.quotas.database_writing import DatabaseQuotaWriter
+from agentrun.controller.quotas.mirroring import LedgerMirror
 from agentrun.controller.quotas.watching import QuotaView
 from agentrun.controller.quotas.writing import QuotaGone, QuotaWriter, utc_now
 from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy
 from agentrun.metrics.definitions import Metrics
 from agentrun.quotas.ledger import Ledger
+from agentrun.stores.postgres import UNAVAILABLE
+from agentrun.stores.quota_ledgers import LedgerRow, QuotaLedgerDatabase
 
 T = TypeVar("T")
 
@@ -34,10 +38,12 @@ class Quotas:
         announce_interval: float = 10.0,
         clock: Callable[[], dt.datetime] = utc_now,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        ledgers: QuotaLedgerDatabase | None = None,
     ) -> None:
         """``identity``: this process (Settings.replica_name), the start of its reservations' holders.
         ``clock``: the time the ledgers are written and read at; ``sleep``: how admission waits to look
-        again (both real but in tests)."""
+        again (both real but in tests). ``ledgers``: the ledgers are rows in PostgreSQL
+        (AGENTRUN_QUOTA_LEDGER=postgres), the quotas' status a copy of their totals (mirroring.py)."""
         self.kube = kube
         self.metrics = metrics
         self.retry = retry
@@ -52,12 +58,71 @@ class Quotas:
         #: Whether this replica looks after a quota (by uid), known once collecting starts; None: nobody.
         self._owns: Callable[[str], bool] | None = None
         self._first_writes: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.ledgers = ledgers
+        self.mirror = LedgerMirror(kube, lambda uid: self._owns is None or self._owns(uid))
+        self._reading: set[asyncio.Task[None]] = set()
+        if ledgers is not None:
+            self.view.keep_ledgers(ledgers.read)
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event of an AgentRunQuota (Kopf's handler, controller/kopf_registry.py)."""
         self.view.observe(event_type, body)
         if event_type != "DELETED" and not body.get("status"):
             self._record_first(body)
+        uid = str((body.get("metadata") or {}).get("uid") or "")
+        if event_type == "DELETED" and self.ledgers is not None and uid:
+            self.mirror.forget(uid)
+            if self._owns is None or self._owns(uid):
+                self._in_background(self.ledgers.delete(uid), f"quota-ledger-delete:{uid}")
+
+    def _saw_row(self, row: LedgerRow) -> None:
+        """A ledger row written here or read after a change elsewhere: the view, then its copy."""
+        self.view.saw_row(row)
+        self.mirror.saw(row)
+
+    async def keep_listening(self, retry_seconds: float = 5.0) -> None:
+        """With the ledgers in PostgreSQL: every change any replica commits is read again here at once,
+        as the watch of a quota's status did; after a lost connection every ledger is read again."""
+        assert self.ledgers is not None
+        while True:
+            lost = asyncio.Event()
+            try:
+                connection = await self.ledgers.listen(self._changed_elsewhere)
+                connection.add_termination_listener(lambda _conn, lost=lost: lost.set())
+                for row in await self.ledgers.read(self.view.uids()):
+                    self._saw_row(row)
+            except UNAVAILABLE as exc:
+                logger.warning(
+                    "cannot listen for quota ledger changes (%s); retrying in %gs", exc, retry_seconds
+                )
+                await asyncio.sleep(retry_seconds)
+                continue
+            try:
+                await lost.wait()
+            finally:
+                connection.terminate()
+            logger.warning("lost the connection listening for quota ledger changes; reconnecting")
+
+    def _changed_elsewhere(self, uid: str) -> None:
+        assert self.ledgers is not None
+        ledgers = self.ledgers
+
+        async def read() -> None:
+            for row in await ledgers.read([uid]):
+                self._saw_row(row)
+
+        self._in_background(read(), f"quota-ledger-read:{uid}")
+
+    def _in_background(self, work: Awaitable[None], name: str) -> None:
+        async def doing() -> None:
+            try:
+                await work
+            except Exception as exc:  # the next change reads it again; the listener's reconnect rereads all
+                logger.info("%s failed: %s", name, exc)
+
+        task = asyncio.create_task(doing(), name=name)
+        self._reading.add(task)
+        task.add_done_callback(self._reading.discard)
 
     def _record_first(self, body: Mapping[str, Any]) -> None:
         """A quota nobody has written a status for gets its empty ledger from the replica that looks
@@ -84,7 +149,20 @@ class Quotas:
 
     async def write(self, namespace: str, name: str, change: Callable[[Ledger, dt.datetime], T]) -> T:
         writer = self._writers.get((namespace, name))
-        if writer is None:
+        if writer is None and self.ledgers is not None:
+            writer = DatabaseQuotaWriter(
+                self.kube,
+                self.ledgers,
+                namespace,
+                name,
+                latest=lambda: self.view.get(namespace, name),
+                written=self.view.update,
+                stored=self._saw_row,
+                retry=self.retry,
+                clock=self.clock,
+            )
+            self._writers[(namespace, name)] = writer
+        elif writer is None:
             writer = QuotaWriter(
                 self.kube,
                 namespace,

@@ -16,7 +16,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentrun.api import INSTALL_CRDS
@@ -26,6 +26,8 @@ from agentrun.kube.calling import KubeClient
 from agentrun.kube.errors import APIError, APIForbiddenError, APINotFoundError
 from agentrun.quotas.definitions import QuotaSpecError
 from agentrun.quotas.ledger import QuotaDefinition
+from agentrun.stores.postgres import UNAVAILABLE
+from agentrun.stores.quota_ledgers import LedgerRow
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ RELIST_SECONDS = 60.0
 RECHECK_SECONDS = 30.0
 
 Listener = Callable[[str, str, Mapping[str, Any] | None], None]
+#: Reads the ledger rows of quotas by uid (AGENTRUN_QUOTA_LEDGER=postgres).
+LoadLedgers = Callable[[list[str]], Awaitable[list[LedgerRow]]]
 
 
 def recheck_after(room_at: dt.datetime | None, now: dt.datetime) -> float:
@@ -61,6 +65,29 @@ class QuotaView:
         self._warned = False
         #: Told (namespace, name, object or None when deleted) of every change.
         self.listeners: list[Listener] = []
+        # With the ledgers in PostgreSQL: each quota's row (by namespace and name), whose status stands
+        # in for the object's (a copy of its totals); and how rows are read at a namespace's listing.
+        self._rows: dict[tuple[str, str], LedgerRow] = {}
+        self._load_rows: LoadLedgers | None = None
+
+    def keep_ledgers(self, load: LoadLedgers) -> None:
+        """The ledgers are rows in PostgreSQL, read with ``load``: a quota shows its row's status."""
+        self._load_rows = load
+
+    def saw_row(self, row: LedgerRow) -> None:
+        """A ledger row as read or written; an older version than known is ignored."""
+        key = (row.namespace, row.name)
+        known = self._rows.get(key)
+        if known is not None and known.uid == row.uid and known.version >= row.version:
+            return
+        self._rows[key] = row
+        obj = self.get(row.namespace, row.name)
+        if obj is not None:
+            self._notify(row.namespace, row.name, obj)
+
+    def uids(self) -> list[str]:
+        """The uids of every quota known."""
+        return [str(o["metadata"].get("uid")) for objects in self._objects.values() for o in objects.values()]
 
     # What runs ask ------------------------------------------------------------------------------
 
@@ -75,10 +102,21 @@ class QuotaView:
 
     def cached(self, namespace: str) -> list[dict[str, Any]]:
         objects = self._objects.get(namespace) or {}
-        return [objects[name] for name in sorted(objects)]
+        return [self._with_row(objects[name]) for name in sorted(objects)]
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return (self._objects.get(namespace) or {}).get(name)
+        obj = (self._objects.get(namespace) or {}).get(name)
+        return None if obj is None else self._with_row(obj)
+
+    def _with_row(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The quota with its ledger row's status, when the ledgers are in PostgreSQL and it has one."""
+        if self._load_rows is None:
+            return obj
+        metadata = obj["metadata"]
+        row = self._rows.get((metadata.get("namespace") or "", metadata.get("name") or ""))
+        if row is None or row.uid != metadata.get("uid"):
+            return obj
+        return {**obj, "status": row.status}
 
     def namespaces(self) -> list[str]:
         return sorted(ns for ns, objects in self._objects.items() if objects)
@@ -92,6 +130,7 @@ class QuotaView:
         if not namespace or not name:
             return
         if event_type == "DELETED":
+            self._rows.pop((namespace, name), None)
             if (self._objects.get(namespace) or {}).pop(name, None) is not None:
                 self._notify(namespace, name, None)
             return
@@ -112,7 +151,7 @@ class QuotaView:
                 self._notify(namespace, name, None)
             return
         objects[name] = dict(obj)
-        self._notify(namespace, name, obj)
+        self._notify(namespace, name, self._with_row(objects[name]))
 
     def _notify(self, namespace: str, name: str, obj: Mapping[str, Any] | None) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -148,12 +187,19 @@ class QuotaView:
         except APIError as exc:
             # Not known: the run waits and asks again rather than pass a quota unseen.
             raise QuotaListingFailed(f"cannot list the AgentRunQuotas of {namespace}: {exc}") from exc
-        self._listed[namespace] = None
         for item in items:
             item.setdefault("apiVersion", "agentrun.dev/v1alpha1")
             item.setdefault("kind", "AgentRunQuota")
             item.setdefault("metadata", {}).setdefault("namespace", namespace)
             self.update(item)
+        if self._load_rows is not None and items:
+            try:
+                rows = await self._load_rows([str(item["metadata"].get("uid")) for item in items])
+            except UNAVAILABLE as exc:
+                raise QuotaListingFailed(f"cannot read the quota ledgers of {namespace}: {exc}") from exc
+            for row in rows:
+                self.saw_row(row)
+        self._listed[namespace] = None
 
 
 class QuotaListingFailed(Exception):

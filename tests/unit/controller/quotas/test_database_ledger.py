@@ -1,0 +1,131 @@
+"""Quota ledgers in PostgreSQL (AGENTRUN_QUOTA_LEDGER=postgres): a real server, the emulator, two
+"replicas" (two Quotas over one database) admitting into one quota at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agentrun.api.status import QuotaWait
+from agentrun.controller.quotas.control import Quotas
+from agentrun.controller.quotas.lines import Candidate
+from agentrun.kube.calling import KubeClient
+from agentrun.metrics.definitions import Metrics
+from agentrun.stores.quota_ledgers import TABLE, QuotaLedgerDatabase
+from tests.support.postgres import PostgresServer, running_postgres
+from tests.support.waiting import until
+from tests.unit.controller.quotas.conftest import QuotaFactory
+
+
+@pytest.fixture
+async def postgres(tmp_path: Path) -> AsyncIterator[PostgresServer]:
+    async with running_postgres(tmp_path) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def replica(kube: KubeClient, dsn: str, name: str) -> AsyncIterator[Quotas]:
+    ledgers = await QuotaLedgerDatabase.connect(dsn)
+    await ledgers.ensure_schema()
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity=name, ledgers=ledgers)
+    listening = asyncio.create_task(quotas.keep_listening())
+    try:
+        yield quotas
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
+        await quotas.mirror.close()
+        await ledgers.close()
+
+
+def run(name: str, second: int) -> Candidate:
+    return Candidate("default", name, f"uid-{name}", f"2026-11-28T00:00:{second:02d}Z")
+
+
+async def waits(reason: str, message: str, wait: QuotaWait) -> None:
+    pass
+
+
+async def test_two_replicas_admitting_at_once_never_pass_the_limit_and_never_conflict(
+    kube: KubeClient, make_quota: QuotaFactory, postgres: PostgresServer
+) -> None:
+    await make_quota(hard={"concurrentRuns": 3})
+    async with replica(kube, postgres.dsn, "a") as a, replica(kube, postgres.dsn, "b") as b:
+        runs = [run(f"r{i}", i) for i in range(8)]
+        admitting = [
+            asyncio.create_task((a if i % 2 else b).gate.admit(r, asyncio.Event(), waits))
+            for i, r in enumerate(runs)
+        ]
+        await until(lambda: sum(t.done() for t in admitting), "three admissions", done=lambda n: n == 3)
+        await asyncio.sleep(0.3)  # time for a fourth to (wrongly) get in
+        assert sum(t.done() for t in admitting) == 3
+        [row] = await postgres.query(f"SELECT status FROM {TABLE}")
+        assert '"concurrentRuns":3' in row["status"]
+
+        # Each replica's view has the other's admissions from PostgreSQL's notifications, not the watch.
+        for quotas in (a, b):
+            seen = await until(
+                lambda quotas=quotas: len(
+                    (quotas.view.get("default", "team") or {})["status"].get("admitted") or []
+                ),
+                "both views to list the three admitted runs",
+                done=lambda n: n == 3,
+            )
+            assert seen == 3
+        # The quota's status is a copy of the totals, without the lists, written by one replica.
+        copied = await until(
+            lambda: kube.get_quota("default", "team"),
+            "the copy of the ledger in the quota's status",
+            done=lambda q: (q.get("status") or {}).get("summary", {}).get("concurrentRuns") == "3/3",
+        )
+        status = copied["status"]
+        assert "admitted" not in status and "reservations" not in status
+        assert status["ledger"]["store"] == "postgres" and status["ledger"]["admitted"] == 3
+
+        # Each run admitted ends in turn: every run gets in, never more than three at once.
+        released: set[str] = set()
+        while len(released) < len(runs):
+            running = [r for r, t in zip(runs, admitting, strict=True) if t.done() and r.uid not in released]
+            assert 0 < len(running) <= 3
+            await a.gate.release("default", running[0].uid)
+            released.add(running[0].uid)
+            expected = min(3, len(runs) - len(released))
+            await until(
+                lambda: sum(t.done() for t in admitting) - len(released),
+                "the next run to be admitted",
+                done=lambda n, expected=expected: n == expected,
+            )
+        assert all(t.result() is True for t in admitting)
+        # Every change went into the row once: the row's version counts the writers' changes.
+        writers = [q._writers[("default", "team")] for q in (a, b)]
+        [row] = await postgres.query(f"SELECT version FROM {TABLE}")
+        assert row["version"] == sum(w.writes for w in writers)
+
+
+async def test_an_existing_status_ledger_moves_into_its_row_and_the_status_keeps_its_totals(
+    kube: KubeClient, make_quota: QuotaFactory, postgres: PostgresServer
+) -> None:
+    await make_quota(hard={"concurrentRuns": 2})
+    before = Quotas(kube, Metrics(CollectorRegistry()), identity="before")
+    assert await before.gate.admit(run("old", 1), asyncio.Event(), waits)  # in the status, as before
+    async with replica(kube, postgres.dsn, "after") as after:
+        # Admitted before the move: counted, so one more fits and a third waits.
+        assert await after.gate.admit(run("new", 2), asyncio.Event(), waits)
+        third = asyncio.create_task(after.gate.admit(run("third", 3), asyncio.Event(), waits))
+        await asyncio.sleep(0.3)
+        assert not third.done()
+        [row] = await postgres.query(f"SELECT status FROM {TABLE}")
+        assert "uid-old" in row["status"] and "uid-new" in row["status"]
+        await after.gate.release("default", "uid-old")
+        assert await asyncio.wait_for(third, 10)
+
+
+def _status(obj: dict[str, Any] | None) -> dict[str, Any]:
+    return dict((obj or {}).get("status") or {})
