@@ -129,3 +129,33 @@ async def test_an_existing_status_ledger_moves_into_its_row_and_the_status_keeps
 
 def _status(obj: dict[str, Any] | None) -> dict[str, Any]:
     return dict((obj or {}).get("status") or {})
+
+
+async def test_an_admission_waits_out_a_database_outage_and_is_stored_once_it_is_back(
+    kube: KubeClient, make_quota: QuotaFactory, postgres: PostgresServer
+) -> None:
+    await make_quota(hard={"concurrentRuns": 5})
+    async with replica(kube, postgres.dsn, "a") as a:
+        await a.gate.definitions("default")
+        await postgres.stop()
+        admitting = asyncio.create_task(a.gate.admit(run("patient", 1), asyncio.Event(), waits))
+        await asyncio.sleep(1.0)  # the writer meets the outage and waits (OUTAGE_RETRY_SECONDS)
+        assert not admitting.done()
+        await postgres.start()
+        assert await asyncio.wait_for(admitting, 30)
+        [row] = await postgres.query(f"SELECT status FROM {TABLE}")
+        assert "uid-patient" in row["status"]
+
+
+async def test_deleting_a_quota_deletes_its_ledger_row(
+    kube: KubeClient, make_quota: QuotaFactory, postgres: PostgresServer
+) -> None:
+    quota = await make_quota(hard={"concurrentRuns": 5})
+    async with replica(kube, postgres.dsn, "a") as a:
+        assert await a.gate.admit(run("one", 1), asyncio.Event(), waits)
+        assert len(await postgres.query(f"SELECT 1 FROM {TABLE}")) == 1
+        a.observe("DELETED", quota)  # the watch event of the deletion
+        await until(
+            lambda: postgres.query(f"SELECT 1 FROM {TABLE}"), "the row to go", done=lambda rows: not rows
+        )
+        assert a.view.get("default", "team") is None
