@@ -102,8 +102,8 @@ class QuotaLedgerDatabase:
                 version,
                 json.dumps(changed, separators=(",", ":")),
             )
-            # Delivered at the commit, to every replica listening (this one too).
-            await connection.execute("SELECT pg_notify($1, $2)", CHANNEL, uid)
+            # Delivered at the commit, to every replica listening (this one too): "<uid> <version>".
+            await connection.execute("SELECT pg_notify($1, $2)", CHANNEL, f"{uid} {version}")
             return LedgerRow(uid, namespace, name, version, changed), True
 
     async def read(self, uids: Collection[str]) -> list[LedgerRow]:
@@ -120,9 +120,14 @@ class QuotaLedgerDatabase:
     async def delete(self, uid: str) -> None:
         await self._pool.execute(f"DELETE FROM {TABLE} WHERE quota_uid = $1", uid)
 
-    async def listen(self, changed: Callable[[str], None]) -> Any:
-        """A connection that calls ``changed(uid)`` for every committed change; the caller closes it
-        (and listens again after it was lost: changes meanwhile were not told)."""
+    async def listen(self, changed: Callable[[str, int], None]) -> Any:
+        """A connection that calls ``changed(uid, version)`` for every committed change; the caller closes
+        it (and listens again after it was lost: changes meanwhile were not told)."""
+
+        def notified(_connection: Any, _pid: int, _channel: str, payload: str) -> None:
+            uid, _, version = payload.partition(" ")
+            changed(uid, int(version) if version.isdigit() else 0)
+
         connection = await asyncpg.connect(self._dsn)
-        await connection.add_listener(CHANNEL, lambda _conn, _pid, _channel, payload: changed(payload))
+        await connection.add_listener(CHANNEL, notified)
         return connection

@@ -61,6 +61,8 @@ class Quotas:
         self.ledgers = ledgers
         self.mirror = LedgerMirror(kube, lambda uid: self._owns is None or self._owns(uid))
         self._reading: set[asyncio.Task[None]] = set()
+        #: Quotas whose row is being read after a notification; True: read it once more after.
+        self._reads: dict[str, bool] = {}
         if ledgers is not None:
             self.view.keep_ledgers(ledgers.read)
 
@@ -103,13 +105,28 @@ class Quotas:
                 connection.terminate()
             logger.warning("lost the connection listening for quota ledger changes; reconnecting")
 
-    def _changed_elsewhere(self, uid: str) -> None:
+    def _changed_elsewhere(self, uid: str, version: int) -> None:
+        """A change committed (by any replica): read unless this version is known already (our own
+        writes are), and one read at a time per quota, again if more changes came meanwhile."""
+        if self.view.row_version(uid) >= version:
+            return
+        if uid in self._reads:
+            self._reads[uid] = True
+            return
+        self._reads[uid] = False
         assert self.ledgers is not None
         ledgers = self.ledgers
 
         async def read() -> None:
-            for row in await ledgers.read([uid]):
-                self._saw_row(row)
+            try:
+                while True:
+                    for row in await ledgers.read([uid]):
+                        self._saw_row(row)
+                    if not self._reads.get(uid):
+                        return
+                    self._reads[uid] = False
+            finally:
+                self._reads.pop(uid, None)
 
         self._in_background(read(), f"quota-ledger-read:{uid}")
 

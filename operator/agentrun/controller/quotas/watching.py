@@ -85,6 +85,10 @@ class QuotaView:
         if obj is not None:
             self._notify(row.namespace, row.name, obj)
 
+    def row_version(self, uid: str) -> int:
+        """The version of the quota's ledger row known here (-1: none)."""
+        return max((row.version for row in self._rows.values() if row.uid == uid), default=-1)
+
     def uids(self) -> list[str]:
         """The uids of every quota known."""
         return [str(o["metadata"].get("uid")) for objects in self._objects.values() for o in objects.values()]
