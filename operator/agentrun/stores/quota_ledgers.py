@@ -74,11 +74,13 @@ class QuotaLedgerDatabase:
         name: str,
         *,
         seed: Mapping[str, Any] | None,
-        apply: Callable[[Status | None], Status | None],
+        apply: Callable[[int, Callable[[], Status | None]], Status | None],
     ) -> tuple[LedgerRow, bool]:
-        """The row after ``apply`` (given the stored status, None when empty; returning None: unchanged),
-        and whether it changed. A quota without a row gets one holding ``seed`` first (the ledger its
-        status held before the ledgers moved here), and the row stays locked until the commit."""
+        """The row after ``apply`` and whether it changed. ``apply(version, stored)`` gets the stored
+        version and a reader of the stored status (None when empty; parsed only if called: a writer
+        that knows that version already need not), and returns the new status (None: unchanged). A
+        quota without a row gets one holding ``seed`` first (the ledger its status held before the
+        ledgers moved here); the row stays locked until the commit."""
         async with self._pool.acquire() as connection, connection.transaction():
             await connection.execute(
                 f"INSERT INTO {TABLE} (quota_uid, namespace, name, version, status) "
@@ -91,11 +93,18 @@ class QuotaLedgerDatabase:
             row = await connection.fetchrow(
                 f"SELECT version, status FROM {TABLE} WHERE quota_uid = $1 FOR UPDATE", uid
             )
-            current: Status = json.loads(row["status"])
-            changed = apply(current or None)
+            version = int(row["version"])
+            parsed: list[Status] = []
+
+            def stored() -> Status | None:
+                if not parsed:
+                    parsed.append(json.loads(row["status"]))
+                return parsed[0] or None
+
+            changed = apply(version, stored)
             if changed is None:
-                return LedgerRow(uid, namespace, name, int(row["version"]), current), False
-            version = int(row["version"]) + 1
+                return LedgerRow(uid, namespace, name, version, stored() or {}), False
+            version += 1
             await connection.execute(
                 f"UPDATE {TABLE} SET version = $2, status = $3, updated_at = now() WHERE quota_uid = $1",
                 uid,

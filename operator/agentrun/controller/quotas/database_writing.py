@@ -12,6 +12,7 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentrun.controller.quotas.writing import QuotaWriter, _Pending, _unchanged, utc_now
@@ -52,6 +53,17 @@ async def open_quota_ledgers(settings: Settings) -> QuotaLedgerDatabase | None:
         return ledgers
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """The ledger as this writer last stored it (the row's ``version``), kept to skip reading and
+    loading the row again when nobody else changed it: both take time in proportion to the runs."""
+
+    version: int
+    definition: QuotaDefinition
+    ledger: Ledger
+    status: Status
+
+
 class DatabaseQuotaWriter(QuotaWriter):
     """The one writer of one quota's ledger row in this process (batches as QuotaWriter's)."""
 
@@ -75,6 +87,7 @@ class DatabaseQuotaWriter(QuotaWriter):
         self._database = database
         self._stored = stored
         self._sleep = sleep
+        self._kept: _Kept | None = None
 
     async def _write(self, batch: list[_Pending[Any]]) -> list[tuple[bool, Any]]:
         what = f"writing the ledger of AgentRunQuota {self.namespace}/{self.name}"
@@ -82,11 +95,21 @@ class DatabaseQuotaWriter(QuotaWriter):
         definition = QuotaDefinition.from_object(quota)
         metadata = quota.get("metadata") or {}
         outcomes: list[tuple[bool, Any]] = []
+        # Usable once: a transaction tried again (after an outage) must not find the batch applied.
+        unused = [self._kept] if self._kept is not None else []
+        self._kept = None
+        changed_ledger: list[Ledger] = []
 
-        def apply(stored: Status | None) -> Status | None:
+        def apply(version: int, stored: Callable[[], Status | None]) -> Status | None:
             # Called once per transaction; a transaction tried again after an outage calls it again.
             now = self._clock()
-            ledger = Ledger.load(definition, stored, now)
+            before: Status | None
+            kept = unused.pop() if unused else None
+            if kept is not None and kept.version == version and kept.definition == definition:
+                ledger, before = kept.ledger, kept.status  # nobody changed it since this writer did
+            else:
+                before = stored()
+                ledger = Ledger.load(definition, before, now)
             outcomes.clear()
             for pending in batch:
                 try:
@@ -94,7 +117,8 @@ class DatabaseQuotaWriter(QuotaWriter):
                 except Exception as exc:  # that caller's problem alone
                     outcomes.append((False, exc))
             status = ledger.status(now, metadata.get("generation"))
-            return None if _unchanged(stored, status) else status
+            changed_ledger[:] = [ledger]
+            return None if _unchanged(before, status) else status
 
         seed = {k: v for k, v in (quota.get("status") or {}).items() if k != "ledger"}
         row, changed = await self._reaching(
@@ -104,6 +128,8 @@ class DatabaseQuotaWriter(QuotaWriter):
         )
         if changed:
             self.writes += 1
+        if changed_ledger:  # what it holds now is the row's version: the next batch starts from it
+            self._kept = _Kept(row.version, definition, changed_ledger[0], row.status)
         self._stored(row)
         return outcomes
 
