@@ -224,7 +224,9 @@ class AdmissionGate:
         quotas and of the line (and second), not once per waiting run."""
         now = self._clock()
         key = (
-            tuple((obj["metadata"]["name"], obj["metadata"].get("resourceVersion")) for obj in objects),
+            # Not the objects' resourceVersions: a ledger kept in PostgreSQL changes without them.
+            self._view.changes(namespace),
+            tuple(obj["metadata"]["name"] for obj in objects),
             queue.version,
             int(now.timestamp()),
         )
@@ -265,7 +267,9 @@ class AdmissionGate:
         now = self._clock()
         fresh = not any(_admitted_in(obj, run.uid) for obj in objects)
         key = (
-            tuple((obj["metadata"]["name"], obj["metadata"].get("resourceVersion")) for obj in objects),
+            # Not the objects' resourceVersions: a ledger kept in PostgreSQL changes without them.
+            self._view.changes(run.namespace),
+            tuple(obj["metadata"]["name"] for obj in objects),
             int(now.timestamp()),
             run.need_tokens,
             run.need_cost_usd,

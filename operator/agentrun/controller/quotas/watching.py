@@ -68,6 +68,7 @@ class QuotaView:
         # With the ledgers in PostgreSQL: each quota's row (by namespace and name), whose status stands
         # in for the object's (a copy of its totals); and how rows are read at a namespace's listing.
         self._rows: dict[tuple[str, str], LedgerRow] = {}
+        self._changes: dict[str, int] = {}
         self._load_rows: LoadLedgers | None = None
 
     def keep_ledgers(self, load: LoadLedgers) -> None:
@@ -157,7 +158,13 @@ class QuotaView:
         objects[name] = dict(obj)
         self._notify(namespace, name, self._with_row(objects[name]))
 
+    def changes(self, namespace: str) -> int:
+        """Counts the changes seen of the namespace's quotas (objects and ledger rows alike): what a
+        decision worked out from them is valid for."""
+        return self._changes.get(namespace, 0)
+
     def _notify(self, namespace: str, name: str, obj: Mapping[str, Any] | None) -> None:
+        self._changes[namespace] = self._changes.get(namespace, 0) + 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         for listener in self.listeners:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,10 @@ async def postgres(tmp_path: Path) -> AsyncIterator[PostgresServer]:
 
 
 @contextlib.asynccontextmanager
-async def replica(kube: KubeClient, dsn: str, name: str) -> AsyncIterator[Quotas]:
+async def replica(kube: KubeClient, dsn: str, name: str, **options: Any) -> AsyncIterator[Quotas]:
     ledgers = await QuotaLedgerDatabase.connect(dsn)
     await ledgers.ensure_schema()
-    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity=name, ledgers=ledgers)
+    quotas = Quotas(kube, Metrics(CollectorRegistry()), identity=name, ledgers=ledgers, **options)
     listening = asyncio.create_task(quotas.keep_listening())
     try:
         yield quotas
@@ -159,3 +160,30 @@ async def test_deleting_a_quota_deletes_its_ledger_row(
             lambda: postgres.query(f"SELECT 1 FROM {TABLE}"), "the row to go", done=lambda rows: not rows
         )
         assert a.view.get("default", "team") is None
+
+
+async def test_a_waiting_run_sees_room_a_ledger_change_made_without_a_new_quota_object(
+    kube: KubeClient, make_quota: QuotaFactory, postgres: PostgresServer
+) -> None:
+    """The quota object's resourceVersion does not change with its row: a look worked out before the
+    release must not be taken for the answer after it (the run would wait for a timer; here, none)."""
+    await make_quota(hard={"concurrentRuns": 1})
+
+    async def never(seconds: float) -> None:
+        await asyncio.Event().wait()
+
+    async with replica(kube, postgres.dsn, "a", sleep=never) as a:
+        holder = run("holder", 1)
+        assert await a.gate.admit(holder, asyncio.Event(), waits)
+        said = asyncio.Event()
+
+        async def announce(reason: str, message: str, wait: QuotaWait) -> None:
+            said.set()
+
+        # Looks are worked out once per change and second: the next run's first look (the quota full)
+        # and the release come early in one second, after the holder's admission in an earlier one.
+        await asyncio.sleep(1.05 - time.time() % 1.0)
+        waiting = asyncio.create_task(a.gate.admit(run("next", 2), asyncio.Event(), announce))
+        await asyncio.wait_for(said.wait(), 10)
+        await a.gate.release("default", holder.uid)
+        assert await asyncio.wait_for(waiting, 10)
