@@ -77,6 +77,10 @@ class LedgerMirror:
             self._tasks[row.uid] = task
             task.add_done_callback(lambda _: self._tasks.pop(row.uid, None))
 
+    def pending(self) -> list[str]:
+        """The quotas with a version seen and not copied yet."""
+        return sorted(self._newest)
+
     def forget(self, uid: str) -> None:
         """The quota was deleted."""
         self._newest.pop(uid, None)
