@@ -89,12 +89,15 @@ def _limits(per_run_tokens: int, per_run_cost: Decimal) -> list[dict[str, Any]]:
 
     A reservation is an upper bound (the request's bytes + maxTokens), several times what a request
     really uses, so the window limits are sized in runs' worth of real usage: room for a few
-    reservations at once, and used up about half-way through the namespace's 40 runs.
+    reservations at once, and used up about half-way through the namespace's 40 runs. A kill charges
+    every reservation in flight in full, at the dearest input rate for dollars: with six runs admitted
+    at once (a line's front is admitted together) three kills could spend a dollar limit of 24 runs'
+    worth before any run finished, so the dollar-only namespace runs four at a time.
     """
     return [
         {"concurrentRuns": 3},
         {"concurrentRuns": 6, "tokens": per_run_tokens * 24},
-        {"concurrentRuns": 6, "costUSD": float(per_run_cost * 24)},
+        {"concurrentRuns": 4, "costUSD": float(per_run_cost * 24)},
         {"concurrentRuns": 5, "runs": 15},
         {"concurrentRuns": 4, "tokens": per_run_tokens * 30, "costUSD": float(per_run_cost * 26)},
     ]
