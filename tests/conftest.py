@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import pytest
 
 from tests.support import leaks
 from tests.support.clusters import reachable, real_server_session
+from tests.support.postgres import PostgresServer, running_postgres
 
 LAST = "test_no_secret_appears_in_anything_the_operators_left_behind"
 DESELECTED = pytest.StashKey[list[tuple[str, str]]]()
@@ -195,3 +196,10 @@ def real_kubeconfig(pytestconfig: pytest.Config) -> Iterator[Path | None]:
     kubeconfig = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(":")[0]).expanduser()
     with real_server_session(kubeconfig) as prepared:
         yield prepared
+
+
+@pytest.fixture
+async def postgres(tmp_path: Path) -> AsyncIterator[PostgresServer]:
+    """A real PostgreSQL server of the test's own (tests/support/postgres.py)."""
+    async with running_postgres(tmp_path) as server:
+        yield server

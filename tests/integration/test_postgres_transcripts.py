@@ -34,7 +34,7 @@ from tests.integration.test_plugin import plugin
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
-from tests.support.postgres import PostgresServer, running_postgres
+from tests.support.postgres import PostgresServer
 
 SCRIPTS = [
     durable_script("[pg:plain]"),
@@ -59,12 +59,6 @@ async def webhook() -> AsyncIterator[Webhook]:
         yield hook
     finally:
         await hook.stop()
-
-
-@pytest.fixture
-async def postgres(tmp_path: Path) -> AsyncIterator[PostgresServer]:
-    async with running_postgres(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

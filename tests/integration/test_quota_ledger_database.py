@@ -17,7 +17,7 @@ from tests.integration.test_quotas import ANSWER_TOKENS, API_KEY, SCRIPTS, WAIT,
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
-from tests.support.postgres import PostgresServer, running_postgres
+from tests.support.postgres import PostgresServer
 from tests.support.quotas import create_quota, install_quota_crd, quota_status
 
 
@@ -25,12 +25,6 @@ from tests.support.quotas import create_quota, install_quota_crd, quota_status
 async def model() -> AsyncIterator[FakeMessagesAPI]:
     api = FakeMessagesAPI(scripts=SCRIPTS, require_api_key=API_KEY)
     async with api.running() as server:
-        yield server
-
-
-@pytest.fixture
-async def postgres(tmp_path: Path) -> AsyncIterator[PostgresServer]:
-    async with running_postgres(tmp_path) as server:
         yield server
 
 

@@ -38,6 +38,7 @@ from agentrun.controller.quotas.lines import (
     HeldBack,
     Lineup,
     Queue,
+    admit_in,
     admitted_uids,
 )
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
@@ -351,14 +352,7 @@ class AdmissionGate:
 
 def _admit(run: Candidate, ledger: Ledger, now: dt.datetime) -> Admitted | Blocked:
     """The run's admission by one quota: the same question when judging a listing and when writing."""
-    return ledger.admit(
-        run.uid,
-        run.name,
-        now,
-        need_tokens=run.need_tokens,
-        need_cost_usd=run.need_cost_usd,
-        sandbox=run.sandbox,
-    )
+    return admit_in(ledger, run, now)
 
 
 def _earliest(when: dt.datetime | None, other: dt.datetime) -> dt.datetime:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from agentrun.quotas.ledger import Admitted, Ledger, QuotaDefinition, SandboxUse
+from agentrun.quotas.ledger import Admitted, Blocked, Ledger, QuotaDefinition, SandboxUse
 from agentrun.quotas.outcomes import SANDBOX_LIMITS
 
 #: status.quotaWait.limit of a run that waits for runs ahead of it, not for a full limit.
@@ -245,14 +245,19 @@ def writers(
 def _first_full(run: Candidate, ledgers: Sequence[Ledger], now: dt.datetime) -> str | None:
     """The first limit that holds ``run`` back, counting it in every ledger that admits it."""
     for ledger in ledgers:
-        verdict = ledger.admit(
-            run.uid,
-            run.name,
-            now,
-            need_tokens=run.need_tokens,
-            need_cost_usd=run.need_cost_usd,
-            sandbox=run.sandbox,
-        )
+        verdict = admit_in(ledger, run, now)
         if not isinstance(verdict, Admitted):
             return verdict.limit
     return None
+
+
+def admit_in(ledger: Ledger, run: Candidate, now: dt.datetime) -> Admitted | Blocked:
+    """``run`` admitted by ``ledger`` (a working copy), or what holds it back."""
+    return ledger.admit(
+        run.uid,
+        run.name,
+        now,
+        need_tokens=run.need_tokens,
+        need_cost_usd=run.need_cost_usd,
+        sandbox=run.sandbox,
+    )

@@ -7,10 +7,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from agentrun.api.status import QuotaWait
@@ -19,15 +17,9 @@ from agentrun.controller.quotas.lines import Candidate
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics
 from agentrun.stores.quota_ledgers import TABLE, QuotaLedgerDatabase
-from tests.support.postgres import PostgresServer, running_postgres
+from tests.support.postgres import PostgresServer
 from tests.support.waiting import until
 from tests.unit.controller.quotas.conftest import QuotaFactory
-
-
-@pytest.fixture
-async def postgres(tmp_path: Path) -> AsyncIterator[PostgresServer]:
-    async with running_postgres(tmp_path) as server:
-        yield server
 
 
 @contextlib.asynccontextmanager
