@@ -15,7 +15,7 @@ import logging
 
 from agentrun.kube.calling import KubeClient
 from agentrun.settings import Settings
-from agentrun.stores.postgres import UNAVAILABLE, TranscriptDatabase
+from agentrun.stores.postgres import TranscriptDatabase, with_tables
 
 logger = logging.getLogger(__name__)
 
@@ -32,23 +32,9 @@ async def open_transcript_database(settings: Settings) -> TranscriptDatabase | N
     if settings.transcript_storage != "postgres" or settings.database_url is None:
         return None
     database = await TranscriptDatabase.connect(settings.database_url.get_secret_value())
-    while True:
-        try:
-            await database.ensure_schema()
-        except UNAVAILABLE as exc:
-            logger.warning(
-                "the transcript database is unreachable (%s: %s); retrying in %gs",
-                type(exc).__name__,
-                exc,
-                CONNECT_WAIT_SECONDS,
-            )
-            await asyncio.sleep(CONNECT_WAIT_SECONDS)
-            continue
-        except BaseException:
-            await database.close()
-            raise
-        logger.info("transcripts are stored in PostgreSQL")
-        return database
+    database = await with_tables(database, "transcript", retry_seconds=CONNECT_WAIT_SECONDS)
+    logger.info("transcripts are stored in PostgreSQL")
+    return database
 
 
 class TranscriptRows:

@@ -12,12 +12,15 @@ deletes) and by ``kubectl agentrun transcript|trace``, which read the rows of on
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
 from agentrun.api.transcripts import StoredChunk
+
+logger = logging.getLogger(__name__)
 
 TABLE = "agentrun_transcript_chunks"
 SCHEMA = f"""
@@ -44,6 +47,37 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
 )
+
+
+class _Tables(Protocol):
+    async def ensure_schema(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+Tables = TypeVar("Tables", bound=_Tables)
+
+
+async def with_tables(database: Tables, what: str, *, retry_seconds: float) -> Tables:
+    """``database`` once its tables exist. A database not reachable at start is waited for (logged):
+    what it holds is needed before any run goes on; on any other failure it is closed."""
+    while True:
+        try:
+            await database.ensure_schema()
+        except UNAVAILABLE as exc:
+            logger.warning(
+                "the %s database is unreachable (%s: %s); retrying in %gs",
+                what,
+                type(exc).__name__,
+                exc,
+                retry_seconds,
+            )
+            await asyncio.sleep(retry_seconds)
+            continue
+        except BaseException:
+            await database.close()
+            raise
+        return database
 
 
 class TranscriptDatabase:

@@ -193,8 +193,6 @@ class AgentRunHandler:
 def _waiting_for_quota(event_type: str | None, run: RunObject) -> Elsewhere | None:
     """The run as a place in its namespace's quota line, if its status says it waits there."""
     wait = run.status.quota_wait
-    if event_type == "DELETED" or run.finished or run.deleting or wait is None:
-        return None
-    if run.status.phase != Phase.PENDING:
+    if event_type == "DELETED" or run.deleting or wait is None or run.status.phase != Phase.PENDING:
         return None
     return Elsewhere(run.namespace, run.name, run.uid, run.created, run.priority, wait.limit)

@@ -38,7 +38,7 @@ from agentrun.controller.quotas.lines import (
     HeldBack,
     Lineup,
     Queue,
-    admit_in,
+    admit,
     admitted_uids,
 )
 from agentrun.controller.quotas.watching import QuotaListingFailed, QuotaView, recheck_after
@@ -282,7 +282,7 @@ class AdmissionGate:
                 return known[1]
         found: tuple[str, Blocked] | None = None
         for obj in objects:
-            verdict = _admit(run, Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now), now)
+            verdict = admit(run, Ledger.load(QuotaDefinition.from_object(obj), obj.get("status"), now), now)
             if isinstance(verdict, Blocked):
                 found = obj["metadata"]["name"], verdict
                 break
@@ -297,7 +297,7 @@ class AdmissionGate:
         for obj in objects:
             name = obj["metadata"]["name"]
             try:
-                verdict = await self._write(run.namespace, name, partial(_admit, run))
+                verdict = await self._write(run.namespace, name, partial(admit, run))
             except QuotaGone:
                 continue
             if isinstance(verdict, Blocked):
@@ -348,11 +348,6 @@ class AdmissionGate:
             for task in waits:
                 task.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
-
-
-def _admit(run: Candidate, ledger: Ledger, now: dt.datetime) -> Admitted | Blocked:
-    """The run's admission by one quota: the same question when judging a listing and when writing."""
-    return admit_in(ledger, run, now)
 
 
 def _earliest(when: dt.datetime | None, other: dt.datetime) -> dt.datetime:

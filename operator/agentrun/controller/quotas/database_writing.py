@@ -20,7 +20,7 @@ from agentrun.kube.calling import KubeClient
 from agentrun.kube.retrying import DEFAULT_RETRY_POLICY, KubeRetryPolicy
 from agentrun.quotas.ledger import Ledger, QuotaDefinition
 from agentrun.settings import Settings
-from agentrun.stores.postgres import UNAVAILABLE
+from agentrun.stores.postgres import UNAVAILABLE, with_tables
 from agentrun.stores.quota_ledgers import LedgerRow, QuotaLedgerDatabase, Status
 
 logger = logging.getLogger(__name__)
@@ -37,20 +37,9 @@ async def open_quota_ledgers(settings: Settings) -> QuotaLedgerDatabase | None:
     if settings.quota_ledger != "postgres" or settings.database_url is None:
         return None
     ledgers = await QuotaLedgerDatabase.connect(settings.database_url.get_secret_value())
-    while True:
-        try:
-            await ledgers.ensure_schema()
-        except UNAVAILABLE as exc:
-            logger.warning(
-                "the quota ledger database is unreachable (%s); retrying in %gs", exc, OUTAGE_RETRY_SECONDS
-            )
-            await asyncio.sleep(OUTAGE_RETRY_SECONDS)
-            continue
-        except BaseException:
-            await ledgers.close()
-            raise
-        logger.info("quota ledgers are kept in PostgreSQL")
-        return ledgers
+    ledgers = await with_tables(ledgers, "quota ledger", retry_seconds=OUTAGE_RETRY_SECONDS)
+    logger.info("quota ledgers are kept in PostgreSQL")
+    return ledgers
 
 
 @dataclass(frozen=True)

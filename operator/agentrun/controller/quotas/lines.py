@@ -245,14 +245,15 @@ def writers(
 def _first_full(run: Candidate, ledgers: Sequence[Ledger], now: dt.datetime) -> str | None:
     """The first limit that holds ``run`` back, counting it in every ledger that admits it."""
     for ledger in ledgers:
-        verdict = admit_in(ledger, run, now)
+        verdict = admit(run, ledger, now)
         if not isinstance(verdict, Admitted):
             return verdict.limit
     return None
 
 
-def admit_in(ledger: Ledger, run: Candidate, now: dt.datetime) -> Admitted | Blocked:
-    """``run`` admitted by ``ledger`` (a working copy), or what holds it back."""
+def admit(run: Candidate, ledger: Ledger, now: dt.datetime) -> Admitted | Blocked:
+    """``run`` admitted by ``ledger``, or what holds it back: the same question when judging the line,
+    a listing, and when writing."""
     return ledger.admit(
         run.uid,
         run.name,
