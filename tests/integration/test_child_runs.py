@@ -28,7 +28,7 @@ from agentrun_sandbox.messages.script import (
 )
 from tests.support.builders import agentrun
 from tests.support.clusters import RUNS_API, TestCluster
-from tests.support.kube_requests import request, until, wait_finished
+from tests.support.kube_requests import cancel_run, request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
 
 API_KEY = "sk-ant-children-test-0123456789"
@@ -267,13 +267,7 @@ async def test_cancelling_the_parent_cancels_its_children(
         await until(
             lambda: bool(model.requests_for("[cancel:child-a]")), "the child's model request", timeout=WAIT
         )
-        await request(
-            cluster,
-            "PATCH",
-            f"{cluster.runs_path}/cancel",
-            json={"spec": {"cancel": True}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
+        await cancel_run(cluster, "cancel")
         done = await wait_finished(cluster, "cancel", timeout=WAIT)
         assert done["status"]["phase"] == "Cancelled"
         [child] = await children_of(cluster, uid)

@@ -30,7 +30,7 @@ from agentrun_sandbox.messages.script import (
 )
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
-from tests.support.kube_requests import request, until, wait_finished
+from tests.support.kube_requests import cancel_run, request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
 from tests.support.ports import free_port
 from tests.support.recording_proxy import RecordingProxy, recording_proxy
@@ -342,13 +342,7 @@ async def test_cancel_stops_a_run_waiting_for_the_model_and_keeps_its_transcript
     await start_operator()
     await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "stop-me", tag, webhook))
     await until(lambda: steps_requested(model, tag)[1] == 1, "the second model request", timeout=WAIT)
-    await request(
-        cluster,
-        "PATCH",
-        f"{cluster.runs_path}/stop-me",
-        json={"spec": {"cancel": True}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
+    await cancel_run(cluster, "stop-me")
     obj = await wait_finished(cluster, "stop-me", timeout=20)
     status = obj["status"]
     assert (status["phase"], status["stopReason"]) == ("Cancelled", "Cancelled")

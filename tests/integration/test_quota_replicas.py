@@ -11,7 +11,6 @@ knows it has runs on both.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,13 @@ from typing import Any
 import pytest
 
 from agentrun.controller.replicas.ring import owner
-from agentrun.stores.quota_ledgers import TABLE
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, SlowResponse, text_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
-from tests.support.kube_requests import request, until, wait_finished
+from tests.support.kube_requests import cancel_run, request, until, wait_finished
 from tests.support.postgres import PostgresServer, running_postgres
-from tests.support.quotas import create_quota, install_quota_crd, quota_status
+from tests.support.quotas import create_quota, install_quota_crd, ledger_row, quota_status
 from tests.support.replicas import ReplicaGroup, replica_group
 
 pytestmark = pytest.mark.slow
@@ -60,20 +58,9 @@ def admitted_in_status(cluster: TestCluster) -> Admitted:
 
 def admitted_in_row(postgres: PostgresServer) -> Admitted:
     async def admitted() -> list[str]:
-        rows = await postgres.query(f"SELECT status FROM {TABLE}")
-        return [entry["uid"] for entry in json.loads(rows[0]["status"]).get("admitted") or []] if rows else []
+        return [entry["uid"] for entry in (await ledger_row(postgres)).get("admitted") or []]
 
     return admitted
-
-
-async def cancel(cluster: TestCluster, name: str) -> None:
-    await request(
-        cluster,
-        "PATCH",
-        f"{cluster.runs_path}/{name}",
-        json={"spec": {"cancel": True}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
 
 
 @pytest.mark.parametrize("ledger", ["status", "postgres"])
@@ -92,14 +79,18 @@ async def test_runs_owned_by_different_replicas_are_admitted_in_one_namespace_or
             admitted = admitted_in_row(postgres)
         model = await stack.enter_async_context(FakeMessagesAPI(scripts=[held]).running())
         group = await stack.enter_async_context(replica_group(cluster, model, tmp_path, env))
-        await in_one_order(cluster, model, group, admitted)
+        owners = await in_one_order(cluster, model, group, admitted)
+        # Each run was executed (here: admitted, then cancelled) by the replica that owns it: both took
+        # part, and neither admitted a run the other owned.
+        for name, replica in owners.items():
+            assert f"/{name}] finished" in group.replicas[replica].process.logs(), (name, replica)
 
 
 async def in_one_order(
     cluster: TestCluster, model: FakeMessagesAPI, group: ReplicaGroup, admitted: Admitted
-) -> None:
+) -> dict[str, str]:
     """Runs waiting behind a run that holds the quota, owned by both replicas, admitted one at a time
-    in the namespace's order."""
+    in the namespace's order; the waiting runs' names and the replica that owns each."""
     for name in REPLICAS:
         await group.start(name)
     await group.wait_for_members(len(REPLICAS))
@@ -142,13 +133,11 @@ async def in_one_order(
     # replica owns it: never a run of the other replica that came later.
     current = "line-00"
     for following in waiting:
-        await cancel(cluster, current)
+        await cancel_run(cluster, current)
         await wait_finished(cluster, current, timeout=WAIT)
         got = await until(admitted, f"{following} to be admitted", WAIT, done=bool)
         assert got == [uids[following]], (following, got, uids)
         current = following
-    await cancel(cluster, current)
+    await cancel_run(cluster, current)
     await wait_finished(cluster, current, timeout=WAIT)
-    # Each run was executed (here: admitted, then cancelled) by the replica that owns it: both took part.
-    for name, replica in owners.items():
-        assert f"/{name}] finished" in group.replicas[replica].process.logs(), (name, replica)
+    return owners

@@ -26,9 +26,10 @@ from agentrun_sandbox.messages.script import (
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.commands import run_command
-from tests.support.kube_requests import request, until, wait_finished
+from tests.support.kube_requests import cancel_run, request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
-from tests.support.quotas import create_quota, install_quota_crd, quota_status
+from tests.support.postgres import PostgresServer
+from tests.support.quotas import create_quota, install_quota_crd, ledger_row, quota_status
 
 BIN = Path(sys.executable).parent
 API_KEY = "sk-ant-quotas-test-0123456789"
@@ -74,6 +75,21 @@ async def operator(
         yield process
 
 
+@pytest.fixture
+async def operator_with_ledgers_in_postgres(
+    cluster: TestCluster, model: FakeMessagesAPI, postgres: PostgresServer, tmp_path: Path
+) -> AsyncIterator[OperatorProcess]:
+    await install_quota_crd(cluster)
+    env = {
+        "ANTHROPIC_API_KEY": API_KEY,
+        "ANTHROPIC_BASE_URL": model.url,
+        "AGENTRUN_QUOTA_LEDGER": "postgres",
+        "AGENTRUN_DATABASE_URL": postgres.dsn,
+    }
+    async with cluster.operator(tmp_path / "operator.log", env) as process:
+        yield process
+
+
 def run(cluster: TestCluster, name: str, tag: str, **spec: Any) -> dict[str, Any]:
     return agentrun(name, f"{tag} go", namespace=cluster.namespace, model=MODEL, **spec)
 
@@ -85,10 +101,9 @@ async def phase_of(cluster: TestCluster, name: str) -> tuple[str | None, str | N
     return status.get("phase"), reasons.get("Succeeded"), status.get("message") or ""
 
 
-async def test_a_run_held_back_by_concurrent_runs_starts_by_itself_when_the_other_finishes(
-    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
-) -> None:
-    await create_quota(cluster, "team", hard={"concurrentRuns": 1})
+async def second_waits_behind_first(cluster: TestCluster, model: FakeMessagesAPI) -> None:
+    """Run "first" holds the quota's one place with a model request that does not answer; run
+    "second", created then, waits Pending with reason QuotaExceeded."""
     await request(cluster, "POST", cluster.runs_path, json=run(cluster, "first", "[quota:held]"))
     await until(lambda: len(model.requests_for("[quota:held]")) == 1, "the first run's request", WAIT)
     await request(cluster, "POST", cluster.runs_path, json=run(cluster, "second", "[quota:answer]"))
@@ -97,19 +112,20 @@ async def test_a_run_held_back_by_concurrent_runs_starts_by_itself_when_the_othe
         return (await phase_of(cluster, "second"))[:2] == ("Pending", "QuotaExceeded")
 
     await until(second_held_back, "the second run to wait for the quota", WAIT)
+
+
+async def test_a_run_held_back_by_concurrent_runs_starts_by_itself_when_the_other_finishes(
+    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+) -> None:
+    await create_quota(cluster, "team", hard={"concurrentRuns": 1})
+    await second_waits_behind_first(cluster, model)
     message = (await phase_of(cluster, "second"))[2]
     assert f"{cluster.namespace}/team" in message and "concurrentRuns" in message, message
     assert (await quota_status(cluster, "team"))["used"]["concurrentRuns"] == 1
     assert model.requests_for("[quota:answer]") == []
 
     # The first run ends (cancelled): its place is free, and the second starts without a nudge.
-    await request(
-        cluster,
-        "PATCH",
-        f"{cluster.runs_path}/first",
-        json={"spec": {"cancel": True}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
+    await cancel_run(cluster, "first")
     assert (await wait_finished(cluster, "first", timeout=WAIT))["status"]["phase"] == "Cancelled"
     second = (await wait_finished(cluster, "second", timeout=WAIT))["status"]
     assert (second["phase"], second["result"]) == ("Succeeded", "done")
@@ -248,3 +264,52 @@ async def test_a_new_quota_gets_its_status_from_the_operator_before_any_run(
     )
     assert code == 0, err
     assert "no usage recorded yet" not in out, out
+
+
+async def test_a_ledger_in_postgres_admits_in_turn_counts_usage_and_copies_its_totals_to_the_status(
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    postgres: PostgresServer,
+    operator_with_ledgers_in_postgres: OperatorProcess,
+) -> None:
+    """AGENTRUN_QUOTA_LEDGER=postgres: admission, reservations and their settling kept in the quota's
+    row (a real PostgreSQL server), the quota's status a copy of the totals."""
+    await create_quota(cluster, "team", hard={"concurrentRuns": 1, "tokens": 100000})
+    await second_waits_behind_first(cluster, model)
+    first_uid = (await cluster.get_run("first") or {})["metadata"]["uid"]
+    row = await ledger_row(postgres)
+    assert [entry["uid"] for entry in row["admitted"]] == [first_uid]
+    assert len(row["reservations"]) == 1  # the first run's request in flight
+
+    # The quota's status: the totals, the lists' lengths, and no lists.
+    status = await until(
+        lambda: quota_status(cluster, "team"),
+        "the copy of the ledger in the quota's status",
+        WAIT,
+        done=lambda s: (s.get("ledger") or {}).get("reservations") == 1,
+    )
+    assert status["used"]["concurrentRuns"] == 1 and status["summary"]["concurrentRuns"] == "1/1"
+    assert "admitted" not in status and "reservations" not in status
+    assert status["ledger"]["store"] == "postgres" and status["ledger"]["admitted"] == 1
+
+    await cancel_run(cluster, "first")
+    assert (await wait_finished(cluster, "first", timeout=WAIT))["status"]["phase"] == "Cancelled"
+    second = (await wait_finished(cluster, "second", timeout=WAIT))["status"]
+    assert (second["phase"], second["result"]) == ("Succeeded", "done")
+
+    settled = await until(
+        lambda: quota_status(cluster, "team"),
+        "both runs released, the answer's tokens counted",
+        WAIT,
+        done=lambda s: (
+            s.get("used", {}).get("runs") == 2
+            and s["used"].get("concurrentRuns") == 0
+            and (s.get("ledger") or {}).get("reservations") == 0
+        ),
+    )
+    # The cancelled request is charged in full (its outcome unknown); the answer as the API reported it.
+    assert settled["used"]["tokens"] >= ANSWER_TOKENS and settled["used"]["runs"] == 2
+    assert settled["refused"]["runs"] == 1
+    row = await ledger_row(postgres)
+    assert row["admitted"] == [] and row["reservations"] == []
+    assert settled["used"] == row["used"]

@@ -17,6 +17,17 @@ async def request(cluster: TestCluster, method: str, path: str, **kwargs: Any) -
     return await cluster.request(method, path, **kwargs)
 
 
+async def cancel_run(cluster: TestCluster, name: str) -> None:
+    """Sets spec.cancel on the run ``name`` in the test namespace, as `kubectl agentrun cancel` does."""
+    await request(
+        cluster,
+        "PATCH",
+        f"{cluster.runs_path}/{name}",
+        json={"spec": {"cancel": True}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+
+
 async def wait_finished(cluster: TestCluster, name: str, timeout: float = 45.0) -> dict[str, Any]:
     """The run in the test namespace once its phase is final."""
     run: dict[str, Any] = await until(

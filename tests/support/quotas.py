@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from agentrun.stores.quota_ledgers import TABLE
 from tests.support.clusters import ROOT, RUNS_API, TestCluster
 from tests.support.crds import install_crd
+from tests.support.postgres import PostgresServer
 
 QUOTA_CRD = ROOT / "crds" / "agentrunquotas.agentrun.dev.yaml"
 
@@ -35,4 +38,11 @@ async def create_quota(cluster: TestCluster, name: str, **spec: Any) -> None:
 async def quota_status(cluster: TestCluster, name: str) -> dict[str, Any]:
     found = await cluster.request("GET", quotas_path(cluster, name))
     status: dict[str, Any] = found.get("status") or {}
+    return status
+
+
+async def ledger_row(postgres: PostgresServer) -> dict[str, Any]:
+    """The status the one quota ledger row holds (AGENTRUN_QUOTA_LEDGER=postgres); empty without a row."""
+    rows = await postgres.query(f"SELECT status FROM {TABLE}")
+    status: dict[str, Any] = json.loads(rows[0]["status"]) if rows else {}
     return status
