@@ -234,16 +234,14 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _database_given(self) -> Settings:
-        if self.transcript_storage == "postgres" and (
-            self.database_url is None or not self.database_url.get_secret_value().strip()
+        if self.database_url is not None and self.database_url.get_secret_value().strip():
+            return self
+        for variable, value in (
+            ("AGENTRUN_TRANSCRIPT_STORAGE", self.transcript_storage),
+            ("AGENTRUN_QUOTA_LEDGER", self.quota_ledger),
         ):
-            raise ValueError(
-                "AGENTRUN_TRANSCRIPT_STORAGE=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)"
-            )
-        if self.quota_ledger == "postgres" and (
-            self.database_url is None or not self.database_url.get_secret_value().strip()
-        ):
-            raise ValueError("AGENTRUN_QUOTA_LEDGER=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)")
+            if value == "postgres":
+                raise ValueError(f"{variable}=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)")
         return self
 
     @model_validator(mode="after")

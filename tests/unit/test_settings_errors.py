@@ -49,3 +49,20 @@ def test_the_postgres_store_without_a_database_url_is_refused_naming_both_variab
     settings = Settings.from_env({"AGENTRUN_TRANSCRIPT_STORAGE": "postgres", "AGENTRUN_DATABASE_URL": secret})
     assert settings.database_url is not None and settings.database_url.get_secret_value() == secret
     assert "hunter2" not in repr(settings) and "hunter2" not in str(settings.model_dump())
+
+
+def test_quota_ledgers_in_postgres_without_a_database_url_or_in_an_unknown_place_are_refused() -> None:
+    with pytest.raises(pydantic.ValidationError) as caught:
+        Settings.from_env({"AGENTRUN_QUOTA_LEDGER": "postgres"})
+    assert describe_settings_error(caught.value) == (
+        "AGENTRUN_QUOTA_LEDGER=postgres needs AGENTRUN_DATABASE_URL (a PostgreSQL DSN)"
+    )
+    with pytest.raises(pydantic.ValidationError) as caught:
+        Settings.from_env({"AGENTRUN_QUOTA_LEDGER": "etcd"})
+    assert describe_settings_error(caught.value) == (
+        "AGENTRUN_QUOTA_LEDGER: Input should be 'status' or 'postgres'"
+    )
+    settings = Settings.from_env(
+        {"AGENTRUN_QUOTA_LEDGER": "postgres", "AGENTRUN_DATABASE_URL": "postgresql://db/x"}
+    )
+    assert settings.quota_ledger == "postgres" and settings.transcript_storage == "secret"
