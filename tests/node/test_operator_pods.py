@@ -14,6 +14,7 @@ import secrets
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +33,8 @@ from tests.support.node import (
     release_values,
     restarts,
 )
+from tests.support.postgres import running_postgres
+from tests.support.quotas import create_quota, ledger_row, quota_status
 
 API_KEY = "sk-ant-node-secret-0123456789"
 #: The chart's default terminationGracePeriodSeconds: old pods must be gone well inside it.
@@ -240,6 +243,71 @@ async def test_a_pod_deleted_mid_run_is_replaced_and_its_runs_resume_without_ask
 
 def _counts(requests: list[RecordedRequest]) -> Counter[tuple[str, int]]:
     return Counter((r.body["metadata"]["user_id"], r.step or 0) for r in requests)
+
+
+def most_runs_at_once(requests: list[RecordedRequest]) -> int:
+    """How many runs were between their first and last model request at the same moment."""
+    spans: dict[str, list[float]] = {}
+    for r in requests:
+        span = spans.setdefault(r.body["metadata"]["user_id"], [r.arrived_at, r.arrived_at])
+        span[0], span[1] = min(span[0], r.arrived_at), max(span[1], r.arrived_at)
+    edges = sorted([(a, 1) for a, _ in spans.values()] + [(b, -1) for _, b in spans.values()])
+    at_once = most = 0
+    for _, step in edges:
+        at_once += step
+        most = max(most, at_once)
+    return most
+
+
+@pytest.mark.timeout(480)
+async def test_a_pod_killed_with_both_stores_in_postgresql_resumes_from_the_rows_and_the_quota_holds(
+    cluster: TestCluster, release: Release, model: FakeMessagesAPI, tmp_path: Path
+) -> None:
+    """The chart's database option as users run it: the DSN in a Secret, a PostgreSQL server the pod
+    reaches over the network with a password, both stores kept there (operator.transcriptStorage and
+    operator.quotaLedger: postgres), and a pod killed without grace mid-run."""
+    password = secrets.token_hex(8)
+    async with running_postgres(tmp_path, remote_address=HOST_ADDRESS, password=password) as postgres:
+        await cluster.request(
+            "POST",
+            cluster.path("secrets"),
+            json={"metadata": {"name": "agentrun-database"}, "stringData": {"url": postgres.remote_dsn}},
+        )
+        release.values["operator"].update({"transcriptStorage": "postgres", "quotaLedger": "postgres"})
+        release.values["database"] = {"existingSecret": "agentrun-database"}
+        await create_quota(cluster, "two-at-once", hard={"concurrentRuns": 2})
+        await release.install()
+        [old] = await release.wait_ready(1)
+        names = await create_runs(cluster, "db", "[node:steps]", 4)
+        await wait_mid_run(model, "[node:steps]")
+        code, out = await cluster.kubectl(
+            "delete", "pod", "-n", cluster.namespace, old["metadata"]["name"], "--force", "--grace-period=0"
+        )
+        assert code == 0, out
+
+        found = await wait_all_finished(cluster, names, 300)
+        for name, run in found.items():
+            assert (run["status"]["phase"], run["status"]["iterations"]) == ("Succeeded", 9), (
+                name,
+                run["status"],
+            )
+            assert run["status"]["transcript"]["kind"] == "postgres", (name, run["status"])
+        requests = model.requests_for("[node:steps]")
+        repeats = repeated_steps(requests)
+        assert all(len(steps) == 1 for steps in repeats.values()), repeats
+        assert most_runs_at_once(requests) <= 2, "the quota of two runs at once was passed"
+        uids = {run["metadata"]["uid"] for run in found.values()}
+        rows = await postgres.query("SELECT DISTINCT run_uid FROM agentrun_transcript_chunks")
+        assert {r["run_uid"] for r in rows} == uids
+        listed = await cluster.request("GET", cluster.path("secrets"))
+        assert not [s for s in listed["items"] if s["metadata"]["name"].startswith(tuple(names))], listed
+
+        async def released() -> bool:
+            row, status = await ledger_row(postgres), await quota_status(cluster, "two-at-once")
+            return bool(row) and row["admitted"] == [] and status.get("ledger", {}).get("store") == "postgres"
+
+        await until(released, "the quota's ledger row to hold no admitted run, mirrored in its status", 60)
+        assert restarts((await release.wait_ready(1))[0]) == 0, await release.logs()
 
 
 @pytest.mark.timeout(1200)

@@ -52,10 +52,23 @@ async def _run(*argv: str) -> None:
 class PostgresServer:
     directory: Path
     port: int
+    #: Besides 127.0.0.1 (trusted), an address where pods reach this host: a password is asked there.
+    remote_address: str | None = None
+    password: str | None = None
 
     @property
     def dsn(self) -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def remote_dsn(self) -> str:
+        """The DSN a pod is given: the remote address, with the password."""
+        assert self.remote_address is not None and self.password is not None
+        return f"postgresql://{USER}:{self.password}@{self.remote_address}:{self.port}/postgres"
+
+    @property
+    def listen_addresses(self) -> str:
+        return ",".join(a for a in ("127.0.0.1", self.remote_address) if a)
 
     @property
     def data(self) -> Path:
@@ -63,11 +76,14 @@ class PostgresServer:
 
     async def start(self) -> None:
         """Starts the server and returns once a real connection works."""
+        options = (
+            f"-p {self.port} -k {self.directory} -c listen_addresses={self.listen_addresses} -c fsync=off"
+        )
         await _run(
             str(postgres_bin() / "pg_ctl"),
             "-D", str(self.data),
             "-l", str(self.directory / "server.log"),
-            "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-o", options,
             "-w",
             "start",
         )  # fmt: skip
@@ -99,9 +115,12 @@ class PostgresServer:
 
 
 @asynccontextmanager
-async def running_postgres(workdir: Path) -> AsyncIterator[PostgresServer]:
+async def running_postgres(
+    workdir: Path, *, remote_address: str | None = None, password: str | None = None
+) -> AsyncIterator[PostgresServer]:
     """A fresh server in `workdir`/postgres-<port> (as root, a directory of its own under the system's
-    temporary directory), removed afterwards; trust authentication as user `agentrun`."""
+    temporary directory), removed afterwards; trust authentication as user `agentrun` on 127.0.0.1, and
+    with `remote_address` also listening there, where the user's `password` is asked (scram-sha-256)."""
     port = free_port()
     if os.geteuid() == 0:
         # As `postgres`, the server must reach its directory: pytest's base directory is root's alone.
@@ -110,7 +129,7 @@ async def running_postgres(workdir: Path) -> AsyncIterator[PostgresServer]:
     else:
         directory = Path(workdir) / f"postgres-{port}"
         directory.mkdir(parents=True)
-    server = PostgresServer(directory, port)
+    server = PostgresServer(directory, port, remote_address, password)
     await _run(
         str(postgres_bin() / "initdb"),
         "-D",
@@ -123,8 +142,14 @@ async def running_postgres(workdir: Path) -> AsyncIterator[PostgresServer]:
         "UTF8",
         "--no-sync",
     )
+    if remote_address is not None:
+        assert password is not None, "a server reachable from elsewhere asks a password there"
+        with (server.data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all {USER} 0.0.0.0/0 scram-sha-256\n")
     await server.start()
     try:
+        if password is not None:
+            await server.query(f"ALTER USER {USER} PASSWORD '{password}'")
         yield server
     finally:
         with contextlib.suppress(RuntimeError):  # already stopped: an outage test that did not start it

@@ -14,8 +14,10 @@ import platform
 import time
 from collections.abc import Callable
 from importlib import metadata
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.metrics import MetricWrapperBase
 
 from agentrun import __version__
 from agentrun.api.stops import StopReason
@@ -48,6 +50,9 @@ def outcome_of(succeeded: bool) -> str:
     return "succeeded" if succeeded else "failed"
 
 
+Metric = TypeVar("Metric", bound=MetricWrapperBase)
+
+
 class Metrics(QuotaMetrics):
     """Every metric of the operator, registered on an injected registry (tests use their own)."""
 
@@ -55,6 +60,7 @@ class Metrics(QuotaMetrics):
         self.registry = registry
         self._wall_clock = wall_clock
         self._running_since: dict[str, float] = {}
+        self._series: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self._init_run_metrics(registry)
         self._init_model_metrics(registry)
         self._init_tool_metrics(registry)
@@ -63,6 +69,16 @@ class Metrics(QuotaMetrics):
         self._init_child_metrics(registry)
         self._init_schedule_metrics(registry)
         self._init_process_metrics(registry)
+
+    def series(self, metric: Metric, *labels: str) -> Metric:
+        """``metric.labels(*labels)``, looked up once: the per-iteration metrics are read several times in
+        every iteration of every run, and prometheus_client converts, checks and locks on each lookup
+        (issue #32). Only for metrics whose series are never removed (a removed one would be kept here)."""
+        key = (id(metric), labels)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = metric.labels(*labels)
+        return found  # type: ignore[return-value]
 
     # Runs ------------------------------------------------------------------------------------------
 

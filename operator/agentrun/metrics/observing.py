@@ -60,7 +60,7 @@ class MetricsObserver:
             return
         delta = progress.cost_usd - self._cost_seen
         if delta > 0:
-            self._m.cost.labels(self._namespace).inc(float(delta))
+            self._m.series(self._m.cost, self._namespace).inc(float(delta))
             self._cost_seen = progress.cost_usd
 
     def approval_requested(self) -> None:
@@ -81,8 +81,8 @@ class MetricsObserver:
                 # A resumed run was already counted up to its checkpoint by an earlier process.
                 self._cost_seen = progress.cost_usd or Decimal(0)
             case ModelRequestFinished(model=model, duration_seconds=seconds, outcome=outcome, usage=usage):
-                m.model_requests.labels(model, outcome).inc()
-                m.model_duration.labels(model).observe(seconds)
+                m.series(m.model_requests, model, outcome).inc()
+                m.series(m.model_duration, model).observe(seconds)
                 for kind, value in (
                     ("input", usage.input_tokens),
                     ("output", usage.output_tokens),
@@ -90,13 +90,13 @@ class MetricsObserver:
                     ("cache_write", usage.cache_creation_input_tokens),
                 ):
                     if value:
-                        m.tokens.labels(ns, model, kind).inc(value)
+                        m.series(m.tokens, ns, model, kind).inc(value)
                 prompt = (
                     usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
                 )
                 if prompt:
-                    m.prompt_tokens.labels(ns, model).inc(prompt)
-                    m.prompt_cached_tokens.labels(ns, model).inc(usage.cache_read_input_tokens)
+                    m.series(m.prompt_tokens, ns, model).inc(prompt)
+                    m.series(m.prompt_cached_tokens, ns, model).inc(usage.cache_read_input_tokens)
             case UsageAdopted(cost_usd=adopted):
                 # Child runs' spend: their own observers counted it; the parent's cost only carries it.
                 self._cost_seen += adopted or Decimal(0)
@@ -106,8 +106,8 @@ class MetricsObserver:
                 m.model_retries.labels(retry_class).inc()
             case ToolCallFinished(trace=trace):
                 tool = self._tool(trace.name)
-                m.tool_calls.labels(tool, "ok" if trace.ok else (trace.error_code or "error")).inc()
-                m.tool_duration.labels(tool).observe(trace.duration_seconds)
+                m.series(m.tool_calls, tool, "ok" if trace.ok else (trace.error_code or "error")).inc()
+                m.series(m.tool_duration, tool).observe(trace.duration_seconds)
             case ApprovalRequested():
                 self.approval_requested()
             case ApprovalDecided(approved=approved, timed_out=timed_out):
