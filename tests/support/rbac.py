@@ -362,12 +362,17 @@ async def installed_chart(
 
 #: User agents of the operator's own clients: Kopf, and the operator's Kubernetes client.
 OPERATOR_AGENTS = ("kopf/", "agentrun-operator/")
+#: The web console (agentrun/console): its requests are people's, impersonated or with their own tokens.
+CONSOLE_AGENT = "agentrun-console/"
 
 
 def is_operator_request(record: RequestRecord) -> bool:
     """Operator traffic in tests where operator and test clients share a token: Kopf, the
     operator's Kubernetes client, and the Kubernetes tools (the only ones impersonating)."""
-    return record.impersonate_user is not None or (record.user_agent or "").startswith(OPERATOR_AGENTS)
+    agent = record.user_agent or ""
+    if agent.startswith(CONSOLE_AGENT):
+        return False
+    return record.impersonate_user is not None or agent.startswith(OPERATOR_AGENTS)
 
 
 #: Chart values that turn on what some integration tests run the operator with and the chart grants only

@@ -1,4 +1,4 @@
-"""`agentrun`: operator, run, crd."""
+"""`agentrun`: operator, run, crd, console."""
 
 from __future__ import annotations
 
@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
         help="print all five CRDs as one multi-document stream: `agentrun crd --all | kubectl apply -f -`",
     )
 
+    from agentrun.cli.console_command import add_parser as add_console_parser
+
+    add_console_parser(sub)
+
     # The offline demo needs the emulators, which are not part of the operator (sandbox/ in the repository).
     sub.add_parser("demo", help="moved: `make demo` in a clone of the repository")
     return parser
@@ -107,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_main(args.file, args.output, args.namespace)
     if args.command == "operator":
         return _operator(args)
+    if args.command == "console":
+        from agentrun.cli.console_command import main as console_main
+
+        return console_main(args)
     raise AssertionError(args.command)  # pragma: no cover
 
 

@@ -1,0 +1,212 @@
+"""The pages: the runs list (paged from the API server), one run, and decisions on its approvals.
+
+Every read and write is the person's (`Console.api` with the session's identity): what RBAC refuses
+them is shown as the API server words it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from agentrun.api import API_VERSION, LABEL_AGENT
+from agentrun.api.transcripts import (
+    POSTGRES_KIND,
+    Transcript,
+    TranscriptError,
+    chunk_selector,
+    decode_objects,
+    object_kind,
+    storage_of,
+)
+from agentrun.console import run_views, views
+from agentrun.console.identities import Identity
+from agentrun.console.serving import form_value, see_other, session_of
+from agentrun.kube.errors import APIConflictError, APIError, APIInvalidError, APIStatusError
+
+if TYPE_CHECKING:
+    from agentrun.console.serving import Console
+    from agentrun.console.sessions import Session
+
+JSON_PATCH = "application/json-patch+json"
+CONFLICT_RETRIES = 5
+FILTERS = ("namespace", "phase", "stopReason", "agent")
+
+
+def runs_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/{API_VERSION}" + (f"/namespaces/{namespace}" if namespace else "") + "/agentruns"
+    return f"{base}/{name}" if name else base
+
+
+def matches(run: Mapping[str, Any], filters: Mapping[str, str]) -> bool:
+    """The filters the API server cannot apply to a custom resource's status (phase, stop reason)."""
+    status = run.get("status") or {}
+    if filters.get("phase") and (status.get("phase") or "Pending") != filters["phase"]:
+        return False
+    return not (filters.get("stopReason") and status.get("stopReason") != filters["stopReason"])
+
+
+def list_params(filters: Mapping[str, str]) -> dict[str, str]:
+    return {"labelSelector": f"{LABEL_AGENT}={filters['agent']}"} if filters.get("agent") else {}
+
+
+class RunPages:
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def page(self, body: str, title: str, session: Session) -> web.Response:
+        text = views.page(title, body, who=session.identity.label, csrf=session.csrf)
+        return web.Response(text=text, content_type="text/html")
+
+    async def runs(self, request: web.Request) -> web.Response:
+        console, session, query = self.console, session_of(request), request.query
+        filters = {
+            k: query.get(k, console.config.namespace if k == "namespace" else "").strip() for k in FILTERS
+        }
+        params = {**list_params(filters), "limit": str(console.config.page_size)}
+        if query.get("continue"):
+            params["continue"] = query["continue"]
+        namespace = filters["namespace"]
+        where = f"agentruns in namespace {namespace}" if namespace else "agentruns in all namespaces"
+        try:
+            listing = await console.api.request(session.identity, "GET", runs_path(namespace), params=params)
+        except APIError as exc:
+            return console.api_problem(exc, f"cannot list {where}", session)
+        items = [r for r in listing.get("items") or [] if matches(r, filters)]
+        items.sort(key=lambda r: (r.get("metadata") or {}).get("creationTimestamp", ""), reverse=True)
+        meta = listing.get("metadata") or {}
+        body = views.runs(
+            items,
+            filters=filters,
+            next_page=meta.get("continue") or None,
+            resource_version=str(meta.get("resourceVersion", "")),
+            live_query=urlencode({k: v for k, v in filters.items() if v}),
+        )
+        return self.page(body, "Runs", session)
+
+    async def run(self, request: web.Request) -> web.Response:
+        console, session = self.console, session_of(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            obj = await console.api.request(session.identity, "GET", runs_path(namespace, name))
+        except APIError as exc:
+            return console.api_problem(exc, f"cannot read agentrun {namespace}/{name}", session)
+        stored, note = await read_transcript(console, session.identity, obj)
+        return self.page(run_views.run_page_body(obj, stored, session.csrf, note=note), name, session)
+
+    async def decide(self, request: web.Request) -> web.StreamResponse:
+        console, session = self.console, session_of(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        form = await request.post()
+        decision = form_value(form, "decision")
+        if decision not in ("approve", "deny"):
+            return console.problem(400, "the decision must be approve or deny", session)
+        call, reason = form_value(form, "toolUseId"), form_value(form, "reason")
+        try:
+            await record_decision(console, session.identity, namespace, name, call, decision, reason)
+        except DecisionRefused as exc:
+            return console.problem(exc.status, str(exc), session)
+        except APIError as exc:
+            return console.api_problem(exc, f"cannot decide on agentrun {namespace}/{name}", session)
+        return see_other(views.run_link(namespace, name))
+
+
+def add_routes(app: web.Application, console: Console) -> None:
+    pages = RunPages(console)
+    app.router.add_get("/", pages.runs)
+    app.router.add_get("/runs/{namespace}/{name}", pages.run)
+    app.router.add_post("/runs/{namespace}/{name}/decisions", pages.decide)
+
+
+async def read_transcript(
+    console: Console, identity: Identity, run: Mapping[str, Any]
+) -> tuple[Transcript, str | None]:
+    """The run's stored transcript as this person may read it, or a note saying why it is not shown."""
+    meta, status = run.get("metadata") or {}, run.get("status") or {}
+    ref = status.get("transcript") or {}
+    if ref.get("kind") == POSTGRES_KIND:
+        return Transcript(), (
+            "This run's transcript is kept in PostgreSQL: read it with "
+            f"`kubectl agentrun transcript {meta.get('name')} --database-url ...`."
+        )
+    storage = storage_of(ref.get("kind"))
+    params = {"labelSelector": chunk_selector(uid=str(meta.get("uid", "")))}
+    path = f"/api/v1/namespaces/{meta.get('namespace')}/{'secrets' if storage == 'secret' else 'configmaps'}"
+    try:
+        listing = await console.api.request(identity, "GET", path, params=params)
+    except APIStatusError as exc:
+        return Transcript(), f"You may not read this run's transcript ({object_kind(storage)}s): {exc}"
+    kind = object_kind(storage)
+    try:
+        return decode_objects([{**item, "kind": kind} for item in listing.get("items") or []]), None
+    except TranscriptError as exc:
+        return Transcript(), f"The stored transcript cannot be read: {exc}"
+
+
+class DecisionRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def record_decision(
+    console: Console,
+    identity: Identity,
+    namespace: str,
+    name: str,
+    tool_use_id: str,
+    decision: str,
+    reason: str,
+) -> None:
+    """Appends the decision to spec.approvals as this person, guarded by resourceVersion (two deciders
+    never clobber each other); ``by`` is the name the API server gives them, which the chart's admission
+    policy checks."""
+    by = identity.label if (identity.bearer or identity.user) else None
+    by = by or await _who(console, identity)
+    for _ in range(CONFLICT_RETRIES):
+        run = await console.api.request(identity, "GET", runs_path(namespace, name))
+        pending = {p.get("toolUseId") for p in (run.get("status") or {}).get("pendingApprovals") or []}
+        if tool_use_id not in pending:
+            raise DecisionRefused(
+                409, f"{tool_use_id or 'that call'} is not waiting for a decision (any more)"
+            )
+        entry = {
+            "toolUseId": tool_use_id,
+            "decision": decision,
+            "by": by,
+            **({"reason": reason} if reason else {}),
+        }
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
+            {
+                "op": "add",
+                "path": "/spec/approvals",
+                "value": [*((run.get("spec") or {}).get("approvals") or []), entry],
+            },
+        ]
+        try:
+            await console.api.request(
+                identity, "PATCH", runs_path(namespace, name), body=patch, content_type=JSON_PATCH
+            )
+            return
+        except (APIConflictError, APIInvalidError) as exc:
+            again = await console.api.request(identity, "GET", runs_path(namespace, name))
+            if again["metadata"]["resourceVersion"] == run["metadata"]["resourceVersion"]:
+                raise DecisionRefused(
+                    exc.status or 422, f"the API server refused the decision: {exc}"
+                ) from exc
+    raise DecisionRefused(409, f"agentrun {namespace}/{name} kept changing; try again")
+
+
+async def _who(console: Console, identity: Identity) -> str:
+    from agentrun.console.serving import who_is
+
+    name = await who_is(console.api, identity)
+    if name is None:
+        raise DecisionRefused(
+            400, "the API server's SelfSubjectReview names nobody: cannot record who decided"
+        )
+    return name

@@ -1,0 +1,201 @@
+"""One run's page: summary, conditions, approvals waiting, the trace and the transcript.
+
+The sections the live stream replaces have ids (``summary``, ``approvals``, ``trace``, ``transcript``);
+each is rendered by one function here, for the first page and for every update alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentrun.api.traces import TraceRow
+from agentrun.api.transcripts import Transcript
+from agentrun.console.views import cost_of, definitions, esc, run_link
+
+#: Tool inputs and results longer than this are shown folded (their size is always shown).
+FOLD_CHARS = 2000
+
+
+def size(text: str) -> str:
+    n = len(text.encode())
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def summary(run: Mapping[str, Any]) -> str:
+    meta, status, spec = run.get("metadata") or {}, run.get("status") or {}, run.get("spec") or {}
+    usage = status.get("usage") or {}
+    limits = spec.get("limits") or {}
+    children = status.get("children") or {}
+    pairs = [
+        ("Phase", status.get("phase") or "Pending"),
+        ("Stop reason", status.get("stopReason")),
+        ("Message", status.get("message")),
+        ("Iterations", f"{status.get('iterations', 0)} of at most {limits.get('maxIterations', '–')}"),
+        ("Tool calls", status.get("toolCalls", 0)),
+        ("Input tokens", usage.get("inputTokens", 0)),
+        ("Output tokens", usage.get("outputTokens", 0)),
+        (
+            "Cache read / write",
+            f"{usage.get('cacheReadInputTokens', 0)} / {usage.get('cacheCreationInputTokens', 0)}",
+        ),
+        ("Cost", cost_of(status)),
+        ("Budget", limits.get("maxCostUSD") and f"${limits['maxCostUSD']}"),
+        ("Started", status.get("startTime")),
+        ("Finished", status.get("completionTime")),
+        ("Result", status.get("result")),
+        ("Children", children and f"{children.get('total', 0)} ({children.get('active', 0)} active)"),
+        ("Created", meta.get("creationTimestamp")),
+    ]
+    conditions = "".join(
+        f"<tr><td>{esc(c.get('type'))}</td><td>{esc(c.get('status'))}</td><td>{esc(c.get('reason'))}</td>"
+        f"<td>{esc(c.get('message'))}</td><td>{esc(c.get('lastTransitionTime'))}</td></tr>"
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping)
+    )
+    table = (
+        '<table class="conditions"><caption>Conditions</caption><thead><tr><th scope="col">Type</th>'
+        '<th scope="col">Status</th><th scope="col">Reason</th><th scope="col">Message</th>'
+        f'<th scope="col">Since</th></tr></thead><tbody>{conditions}</tbody></table>'
+        if conditions
+        else ""
+    )
+    return (
+        f'<section id="summary" aria-label="Summary"><dl class="summary">{definitions(pairs)}</dl>'
+        f"{table}</section>"
+    )
+
+
+def approvals(run: Mapping[str, Any], csrf: str) -> str:
+    """The calls waiting for a decision, each with approve and deny (the server's RBAC and admission
+    policy judge whether this person may decide)."""
+    meta, status = run.get("metadata") or {}, run.get("status") or {}
+    pending = [p for p in status.get("pendingApprovals") or [] if isinstance(p, Mapping)]
+    if not pending:
+        return '<section id="approvals" aria-label="Approvals"></section>'
+    action = esc(run_link(str(meta.get("namespace", "")), str(meta.get("name", ""))) + "/decisions")
+    forms = []
+    for call in pending:
+        tool_input = json.dumps(call.get("input") or {}, indent=2, ensure_ascii=False)
+        forms.append(
+            f'<form method="post" action="{action}" class="approval">'
+            f"<h3>{esc(call.get('toolName'))} <code>{esc(call.get('toolUseId'))}</code></h3>"
+            f"<p>Waiting since {esc(call.get('since'))}</p><pre>{esc(tool_input)}</pre>"
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+            f'<input type="hidden" name="toolUseId" value="{esc(call.get("toolUseId"))}">'
+            '<label>Reason <input name="reason" maxlength="500"></label>'
+            '<button type="submit" name="decision" value="approve">Approve</button>'
+            '<button type="submit" name="decision" value="deny" class="deny">Deny</button></form>'
+        )
+    return (
+        '<section id="approvals" aria-label="Approvals"><h2>Waiting for approval</h2>'
+        f"{''.join(forms)}</section>"
+    )
+
+
+def trace(rows: Sequence[TraceRow]) -> str:
+    """One line per model request, as a timeline of iterations."""
+    if not rows:
+        return '<section id="trace" aria-label="Trace"></section>'
+    lines = []
+    for row in rows:
+        u = row.usage
+        calls = ", ".join(
+            f"{c.name} {'ok' if c.ok else (c.error_code or 'error')} {c.duration_seconds * 1000:.0f} ms"
+            for c in row.tool_calls
+        )
+        lines.append(
+            f'<tr><td class="num">{row.iteration}</td><td>{esc(row.stop_reason)}</td>'
+            f"<td>{esc(row.model)}</td>"
+            f'<td class="num">{u.input_tokens}</td><td class="num">{u.output_tokens}</td>'
+            f'<td class="num">{u.cache_read_input_tokens}</td><td>{esc(calls or "–")}</td></tr>'
+        )
+    return (
+        '<section id="trace" aria-label="Trace"><h2>Trace</h2><table class="trace"><thead><tr>'
+        '<th scope="col">Iteration</th><th scope="col">Stop reason</th><th scope="col">Model</th>'
+        '<th scope="col">In</th><th scope="col">Out</th><th scope="col">Cache read</th>'
+        f'<th scope="col">Tools</th></tr></thead><tbody>{"".join(lines)}</tbody></table></section>'
+    )
+
+
+def _folded(text: str, label: str) -> str:
+    if len(text) <= FOLD_CHARS:
+        return f"<pre>{esc(text)}</pre>"
+    return f"<details><summary>{esc(label)} ({size(text)})</summary><pre>{esc(text)}</pre></details>"
+
+
+def _result_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(b.get("text", "")) if isinstance(b, Mapping) else str(b) for b in content)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _block(block: Mapping[str, Any], names: dict[str, str]) -> str:
+    kind = block.get("type")
+    if kind == "text":
+        return f'<div class="text">{_folded(str(block.get("text", "")), "text")}</div>'
+    if kind == "tool_use":
+        names[str(block.get("id", ""))] = str(block.get("name", ""))
+        text = json.dumps(block.get("input", {}), indent=2, ensure_ascii=False)
+        return (
+            f'<div class="call"><p>→ call <strong>{esc(block.get("name"))}</strong> '
+            f'<code>{esc(block.get("id"))}</code> <span class="size">input {size(text)}</span></p>'
+            f"{_folded(text, 'input')}</div>"
+        )
+    if kind == "tool_result":
+        text = _result_text(block.get("content"))
+        label = "error" if block.get("is_error") else "result"
+        tool_id = str(block.get("tool_use_id", ""))
+        return (
+            f'<div class="result {label}"><p>← {label} of <strong>{esc(names.get(tool_id, "?"))}</strong> '
+            f'<code>{esc(tool_id)}</code> <span class="size">{size(text)}</span></p>'
+            f"{_folded(text, label)}</div>"
+        )
+    if kind in ("thinking", "redacted_thinking"):
+        text = str(block.get("thinking", "")) if kind == "thinking" else "(redacted)"
+        return (
+            f'<details class="thinking"><summary>thinking ({size(text)})</summary>'
+            f"<pre>{esc(text)}</pre></details>"
+        )
+    return f'<div class="other"><p>[{esc(kind)}]</p></div>'
+
+
+def transcript(stored: Transcript, *, note: str | None = None) -> str:
+    """The conversation as stored: each turn numbered; compaction summaries marked."""
+    if note is not None:
+        return (
+            '<section id="transcript" aria-label="Transcript"><h2>Transcript</h2>'
+            f'<p class="note">{esc(note)}</p></section>'
+        )
+    names: dict[str, str] = {}
+    turns = []
+    compactions = len((stored.state.get("context") or {}).get("log") or [])
+    for number, message in enumerate(stored.messages, start=1):
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+        rendered = "".join(_block(b, names) for b in blocks if isinstance(b, Mapping))
+        role = str(message.get("role", "?"))
+        turns.append(
+            f'<article class="turn {esc(role)}" id="turn-{number}"><h3>[{number}] {esc(role)}</h3>'
+            f"{rendered}</article>"
+        )
+    marker = f'<p class="compacted">Context compacted {compactions} time(s).</p>' if compactions else ""
+    empty = "" if turns else "<p>No turn stored yet.</p>"
+    return (
+        f'<section id="transcript" aria-label="Transcript"><h2>Transcript</h2>{marker}{empty}'
+        f"{''.join(turns)}</section>"
+    )
+
+
+def run_page_body(run: Mapping[str, Any], stored: Transcript, csrf: str, *, note: str | None = None) -> str:
+    meta = run.get("metadata") or {}
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    live = esc(run_link(namespace, name).replace("/runs/", "/live/runs/", 1))
+    return (
+        f'<div id="run" data-live="{live}" data-resource-version="{esc(meta.get("resourceVersion", ""))}">'
+        f"<h1>{esc(name)} <small>{esc(namespace)}</small></h1>"
+        f"{summary(run)}{approvals(run, csrf)}{trace(stored.trace_rows)}{transcript(stored, note=note)}</div>"
+    )

@@ -1,0 +1,88 @@
+"""The console's HTML: what comes from the API server is text, never markup."""
+
+from __future__ import annotations
+
+from agentrun.api.transcripts import Transcript
+from agentrun.console import run_views, views
+from agentrun.console.identities import Identity
+
+HOSTILE = '<script>alert("x")</script>'
+
+
+def hostile_run() -> dict[str, object]:
+    return {
+        "metadata": {
+            "name": "r",
+            "namespace": "ns",
+            "uid": "u1",
+            "creationTimestamp": "2026-11-28T00:00:00Z",
+        },
+        "spec": {"agentRef": {"name": HOSTILE}},
+        "status": {
+            "phase": "AwaitingApproval",
+            "message": HOSTILE,
+            "stopReason": HOSTILE,
+            "pendingApprovals": [
+                {"toolUseId": "t1", "toolName": HOSTILE, "input": {"x": HOSTILE}, "since": "now"}
+            ],
+        },
+    }
+
+
+def test_text_from_a_run_is_escaped_in_every_view() -> None:
+    run = hostile_run()
+    stored = Transcript(
+        messages=[
+            {"role": "user", "content": HOSTILE},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": HOSTILE, "input": {}}],
+            },
+        ],
+        records=1,
+    )
+    rendered = views.run_row(run) + run_views.run_page_body(run, stored, "csrf-token")
+    assert "<script>" not in rendered
+    assert "&lt;script&gt;" in rendered
+
+
+def test_every_decision_form_carries_the_sessions_csrf_token() -> None:
+    rendered = run_views.approvals(hostile_run(), "the-token")
+    assert rendered.count('name="csrf" value="the-token"') == 1
+    assert 'value="approve"' in rendered and 'value="deny"' in rendered
+
+
+def test_large_tool_results_are_folded_with_their_size_and_errors_marked() -> None:
+    big = "x" * (run_views.FOLD_CHARS + 1)
+    stored = Transcript(
+        messages=[
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "fetch", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": big},
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "boom", "is_error": True},
+                ],
+            },
+        ],
+        records=1,
+    )
+    rendered = run_views.transcript(stored)
+    assert "<details><summary>result (2.0 KiB)</summary>" in rendered
+    assert "← error of <strong>fetch</strong>" in rendered
+
+
+def test_an_identity_never_shows_its_token() -> None:
+    identity = Identity("alice", bearer="secret-token-123")
+    assert "secret-token-123" not in repr(identity) and "secret-token-123" not in str(identity)
+    assert identity.headers("Bearer console") == [("Authorization", "Bearer secret-token-123")]
+    impersonated = Identity("bob", user="bob", groups=("a", "b")).headers("Bearer console")
+    assert impersonated == [
+        ("Authorization", "Bearer console"),
+        ("Impersonate-User", "bob"),
+        ("Impersonate-Group", "a"),
+        ("Impersonate-Group", "b"),
+    ]
