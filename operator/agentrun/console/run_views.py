@@ -23,6 +23,14 @@ def size(text: str) -> str:
     return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
 
 
+def _children(children: Mapping[str, Any]) -> str | None:
+    return f"{children.get('total', 0)} ({children.get('active', 0)} active)" if children else None
+
+
+def _of_at_most(count: object, limit: object) -> str:
+    return f"{count} of at most {limit}" if limit else str(count)
+
+
 def summary(run: Mapping[str, Any]) -> str:
     meta, status, spec = run.get("metadata") or {}, run.get("status") or {}, run.get("spec") or {}
     usage = status.get("usage") or {}
@@ -32,7 +40,7 @@ def summary(run: Mapping[str, Any]) -> str:
         ("Phase", status.get("phase") or "Pending"),
         ("Stop reason", status.get("stopReason")),
         ("Message", status.get("message")),
-        ("Iterations", f"{status.get('iterations', 0)} of at most {limits.get('maxIterations', '–')}"),
+        ("Iterations", _of_at_most(status.get("iterations", 0), limits.get("maxIterations"))),
         ("Tool calls", status.get("toolCalls", 0)),
         ("Input tokens", usage.get("inputTokens", 0)),
         ("Output tokens", usage.get("outputTokens", 0)),
@@ -45,12 +53,15 @@ def summary(run: Mapping[str, Any]) -> str:
         ("Started", status.get("startTime")),
         ("Finished", status.get("completionTime")),
         ("Result", status.get("result")),
-        ("Children", children and f"{children.get('total', 0)} ({children.get('active', 0)} active)"),
+        (
+            "Children",
+            (children and f"{children.get('total', 0)} ({children.get('active', 0)} active)") or None,
+        ),
         ("Created", meta.get("creationTimestamp")),
     ]
     conditions = "".join(
         f"<tr><td>{esc(c.get('type'))}</td><td>{esc(c.get('status'))}</td><td>{esc(c.get('reason'))}</td>"
-        f"<td>{esc(c.get('message'))}</td><td>{esc(c.get('lastTransitionTime'))}</td></tr>"
+        f'<td class="wrap">{esc(c.get("message"))}</td><td>{esc(c.get("lastTransitionTime"))}</td></tr>'
         for c in status.get("conditions") or []
         if isinstance(c, Mapping)
     )
@@ -197,5 +208,5 @@ def run_page_body(run: Mapping[str, Any], stored: Transcript, csrf: str, *, note
     return (
         f'<div id="run" data-live="{live}" data-resource-version="{esc(meta.get("resourceVersion", ""))}">'
         f"<h1>{esc(name)} <small>{esc(namespace)}</small></h1>"
-        f"{summary(run)}{approvals(run, csrf)}{trace(stored.trace_rows)}{transcript(stored, note=note)}</div>"
+        f"{approvals(run, csrf)}{summary(run)}{trace(stored.trace_rows)}{transcript(stored, note=note)}</div>"
     )

@@ -31,7 +31,8 @@ SECURITY_HEADERS = {
         "connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer browsers send "Origin: null" on form posts.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
