@@ -77,7 +77,7 @@ async def test_each_person_sees_and_may_do_only_what_their_own_rbac_allows(
             assert (await sign_in(carol, people["carol"].token)).status == 303
             listing = await carol.get("/")
             assert listing.status == 403
-            assert "cannot list agentruns in namespace" in await listing.text()
+            assert "You may not list agentruns in namespace" in await listing.text()
             assert (await carol.get(run_page)).status == 403
 
         async with browser_session(url) as bob:

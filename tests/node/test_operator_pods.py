@@ -23,6 +23,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, text_block, tool_use_block
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
+from tests.support.console import READ_RUNS, browser_session, person, sign_in
 from tests.support.kube_requests import FINISHED, until
 from tests.support.node import (
     HOST_ADDRESS,
@@ -30,6 +31,7 @@ from tests.support.node import (
     PodExits,
     Release,
     create_api_key_secret,
+    is_ready,
     release_values,
     restarts,
 )
@@ -195,6 +197,41 @@ async def test_the_chart_installs_into_a_restricted_namespace_and_runs_succeed_a
     names = await create_runs(cluster, "second", "[node:answer]", 3)
     for name, run in (await wait_all_finished(cluster, names, 120)).items():
         assert run["status"]["phase"] == "Succeeded", (name, run["status"])
+
+
+@pytest.mark.timeout(420)
+async def test_the_charts_console_serves_each_person_as_themself_from_a_restricted_pod(
+    cluster: TestCluster, release: Release, model: FakeMessagesAPI
+) -> None:
+    """console.enabled: its own pod from the same image, reached at its pod address over plain HTTP here
+    (so no Secure cookie); a person signs in with their token and sees what their RBAC allows."""
+    release.values["console"] = {"enabled": True, "secureCookies": False}
+    await release.install()
+    await release.wait_ready(1)
+    names = await create_runs(cluster, "shown", "[node:answer]", 2)
+    await wait_all_finished(cluster, names, 120)
+    reader = await person(cluster, "reader", [READ_RUNS])
+    nobody = await person(cluster, "nobody")
+    selector = f"app.kubernetes.io/instance={release.name},app.kubernetes.io/component=console"
+
+    async def ready_console() -> dict[str, Any] | None:
+        pods = (await cluster.request("GET", cluster.path("pods") + f"?labelSelector={selector}"))["items"]
+        return next((p for p in pods if is_ready(p)), None)
+
+    pod = await until(ready_console, "the console pod to be Ready", 180)
+    assert pod is not None
+    assert await uid_and_gid(cluster, pod["metadata"]["name"]) == "65532 65532"
+    url = f"http://{pod['status']['podIP']}:8090"
+    async with browser_session(url) as http:
+        assert (await sign_in(http, reader.token)).status == 303
+        everywhere = await http.get("/")  # the console's namespace is not set: all namespaces
+        assert everywhere.status == 403 and "choose a namespace you may read" in await everywhere.text()
+        page = await (await http.get("/", params={"namespace": cluster.namespace})).text()
+        assert reader.username in page and all(f">{name}</a>" in page for name in names), page
+        assert (await http.get("/static/console.js")).status == 200
+    async with browser_session(url) as http:
+        await sign_in(http, nobody.token)
+        assert (await http.get("/", params={"namespace": cluster.namespace})).status == 403
 
 
 async def _none(release: Release) -> bool:

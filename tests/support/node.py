@@ -142,7 +142,7 @@ class Release:
 
     async def pods(self) -> list[dict[str, Any]]:
         """The operator's pods, oldest first (terminating ones included)."""
-        selector = f"app.kubernetes.io/instance={self.name}"
+        selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=operator"
         found = await self.cluster.request("GET", self.cluster.path("pods") + f"?labelSelector={selector}")
         return sorted(found["items"], key=lambda p: p["metadata"]["creationTimestamp"])
 

@@ -57,9 +57,9 @@ class RunPages:
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def page(self, body: str, title: str, session: Session) -> web.Response:
+    def page(self, body: str, title: str, session: Session, *, status: int = 200) -> web.Response:
         text = views.page(title, body, who=session.identity.label, csrf=session.csrf)
-        return web.Response(text=text, content_type="text/html")
+        return web.Response(status=status, text=text, content_type="text/html")
 
     async def runs(self, request: web.Request) -> web.Response:
         console, session, query = self.console, session_of(request), request.query
@@ -73,6 +73,19 @@ class RunPages:
         where = f"agentruns in namespace {namespace}" if namespace else "agentruns in all namespaces"
         try:
             listing = await console.api.request(session.identity, "GET", runs_path(namespace), params=params)
+        except APIStatusError as exc:
+            if exc.status not in (403, 404):
+                return console.api_problem(exc, f"cannot list {where}", session)
+            hint = "" if namespace else "; choose a namespace you may read"
+            body = views.runs(
+                [],
+                filters=filters,
+                next_page=None,
+                resource_version="",
+                live_query="",
+                refused=f"You may not list {where}: {exc}{hint}",
+            )
+            return self.page(body, "Runs", session, status=exc.status)
         except APIError as exc:
             return console.api_problem(exc, f"cannot list {where}", session)
         items = [r for r in listing.get("items") or [] if matches(r, filters)]

@@ -108,8 +108,10 @@ def runs(
     next_page: str | None,
     resource_version: str,
     live_query: str,
+    refused: str | None = None,
 ) -> str:
-    """The runs table (newest first) with its filters; ``live_query`` is the stream's query string."""
+    """The runs table (newest first) with its filters; ``live_query`` is the stream's query string.
+    ``refused``: why the API server listed nothing (the filters stay, to pick a namespace one may read)."""
     options = "".join(
         f'<option value="{p}"{" selected" if filters.get("phase") == p else ""}>{p}</option>' for p in PHASES
     )
@@ -122,6 +124,8 @@ def runs(
         f'<label>Agent <input name="agent" value="{esc(filters.get("agent", ""))}"></label>'
         '<button type="submit">Filter</button></form>'
     )
+    if refused is not None:
+        return f'<h1>Runs</h1>{form}<p class="error" role="alert">{esc(refused)}</p>'
     rows = "".join(run_row(r) for r in items)
     empty = "" if items else '<p class="empty" id="no-runs">No runs match.</p>'
     more = ""
