@@ -16,6 +16,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--kubeconfig", help="use this real cluster instead of the emulator")
     demo.add_argument("--examples", default=None, help="directory of AgentRun manifests (default: examples/)")
     demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the runs to finish")
+    demo.add_argument(
+        "--keep-console",
+        action="store_true",
+        help="after the runs, keep serving the web console (and the cluster) until Ctrl-C",
+    )
     # Their options are their servers' own (`agentrun-sandbox kube --help`): passed through untouched.
     sub.add_parser("kube", help="serve the Kubernetes API emulator until interrupted", add_help=False)
     sub.add_parser("messages", help="serve the fake Messages API until interrupted", add_help=False)
@@ -36,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from agentrun_sandbox.demo import main as demo_main
 
-        return demo_main(kubeconfig=args.kubeconfig, examples=args.examples, timeout=args.timeout)
+        return demo_main(
+            kubeconfig=args.kubeconfig,
+            examples=args.examples,
+            timeout=args.timeout,
+            keep_console=args.keep_console,
+        )
     raise AssertionError(args.command)  # pragma: no cover
 
 

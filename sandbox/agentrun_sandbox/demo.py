@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -26,6 +27,8 @@ from agentrun.api import AGENT_KIND, AGENT_PLURAL, GROUP, KIND, PLURAL, QUOTA_KI
 from agentrun.api.crd import agent_crd, crd, quota_crd
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.cli.plugin_rendering import render_tree, run_tree
+from agentrun.console.api_calling import ClusterAPI
+from agentrun.console.serving import Console, ConsoleConfig
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure, explained
 from agentrun.kube.kubeconfig_loading import ClusterAccess
@@ -35,6 +38,9 @@ from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use
 from agentrun_sandbox.operator_process import OperatorProcess
 
 NAMESPACE = "default"
+#: Where the demo serves the web console (a free port when this one is taken).
+CONSOLE_PORT = 8090
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 #: The namespace's share of the operator: four runs at a time (a fan-out parent and its three children
 #: fit; the other examples wait, Pending with reason QuotaExceeded, and start by themselves), and at
 #: most a dollar and 200,000 tokens a month.
@@ -177,14 +183,41 @@ def _table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows])
 
 
-async def _demo(kubeconfig: str | None, examples: str | None, timeout: float) -> int:
+async def _demo(kubeconfig: str | None, examples: str | None, timeout: float, keep_console: bool) -> int:
     manifests = load_examples(examples)
     async with _cluster(kubeconfig) as kubeconfig_path:
         access = await kubeconfig_loading.load(kubeconfig_path)
-        async with access.api_client() as api:
+        async with access.api_client() as api, _console(access) as url:
             if kubeconfig is not None:
                 await _install_crd(api, access)
-            return await _operate(api, access, kubeconfig_path, manifests, timeout)
+            print(
+                f"web console: {url} (as the demo's kubeconfig; open it while the runs go)", file=sys.stderr
+            )
+            code = await _operate(api, access, kubeconfig_path, manifests, timeout)
+            if keep_console:
+                print(f"web console still at {url} (Ctrl-C ends the demo)", file=sys.stderr)
+                await asyncio.Event().wait()
+            return code
+
+
+@contextlib.asynccontextmanager
+async def _console(access: ClusterAccess) -> AsyncIterator[str]:
+    """`agentrun console` on the demo's cluster, as the kubeconfig's identity, on 127.0.0.1:8090 (or
+    a free port when that one is taken)."""
+    config = ConsoleConfig(auth="kubeconfig", secure_cookies=False, allowed_hosts=LOCAL_HOSTS)
+    runner = web.AppRunner(Console(ClusterAPI(access, own_credentials=True), config).app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", CONSOLE_PORT)
+        try:
+            await site.start()
+        except OSError:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+        yield f"http://127.0.0.1:{port}/?namespace={NAMESPACE}"
+    finally:
+        await runner.cleanup()
 
 
 async def _operate(
@@ -309,11 +342,13 @@ def _operator_exit(code: int, log_file: Path) -> str:
     return f"the operator exited with code {code}: {why} (log: {log_file})"
 
 
-def main(*, kubeconfig: str | None, examples: str | None, timeout: float) -> int:
+def main(*, kubeconfig: str | None, examples: str | None, timeout: float, keep_console: bool = False) -> int:
     if kubeconfig:
         kubeconfig = str(Path(kubeconfig).expanduser().absolute())  # the operator gets this path too
     try:
-        return asyncio.run(_demo(kubeconfig, examples, timeout))
+        return asyncio.run(_demo(kubeconfig, examples, timeout, keep_console))
+    except KeyboardInterrupt:  # Ctrl-C, e.g. to end --keep-console
+        return 0
     except KubeFailure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

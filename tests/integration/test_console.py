@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -243,3 +246,30 @@ async def test_the_runs_list_pages_from_the_api_server_and_follows_new_runs_live
         row = await asyncio.wait_for(fresh_row(), 20)
         assert row["id"].startswith("run-") and "Pending" in row["html"]
         live.close()
+
+
+@pytest.mark.emulator_only("the offline demo brings its own emulator")
+@pytest.mark.timeout(180)
+async def test_the_demo_serves_the_console_on_its_runs_and_says_where() -> None:
+    """`make demo` prints the console's URL; with --keep-console it serves it until Ctrl-C."""
+    demo = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "agentrun-sandbox"),
+        "demo",
+        "--keep-console",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert demo.stderr is not None
+    try:
+        url = ""
+        while not url:
+            line = (await asyncio.wait_for(demo.stderr.readline(), 150)).decode()
+            assert line, "the demo ended without serving the console"
+            if line.startswith("web console still at "):
+                url = line.split()[4]
+        async with aiohttp.ClientSession() as http, http.get(url) as page:
+            text = await page.text()
+        assert page.status == 200 and "calculator" in text, text
+    finally:
+        demo.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(demo.wait(), 30) == 0
