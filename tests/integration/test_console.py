@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from agentrun.api import LABEL_AGENT, LABEL_PARENT_UID
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.console import (
@@ -32,6 +33,8 @@ from tests.support.console import (
     running_console,
     sign_in,
 )
+from tests.support.quotas import create_quota, install_quota_crd
+from tests.support.schedules import create_agent, create_schedule, install_schedule_crd
 
 PENDING = {"toolUseId": "toolu_c1", "toolName": "calculator", "input": {"expression": "6*7"}}
 
@@ -273,3 +276,69 @@ async def test_the_demo_serves_the_console_on_its_runs_and_says_where() -> None:
     finally:
         demo.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(demo.wait(), 30) == 0
+
+
+async def labelled_run(
+    cluster: TestCluster, name: str, labels: dict[str, str], **spec: Any
+) -> dict[str, Any]:
+    body = agentrun(name, "t", namespace=cluster.namespace, **spec)
+    body["metadata"]["labels"] = labels
+    created: dict[str, Any] = await cluster.request("POST", cluster.runs_path, json=body)
+    return created
+
+
+async def set_status(cluster: TestCluster, name: str, status: dict[str, Any]) -> None:
+    await cluster.request(
+        "PATCH",
+        f"{cluster.runs_path}/{name}/status",
+        json={"status": status},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+
+
+async def test_agents_schedules_quotas_and_children_are_shown_as_the_person_may_read_them(
+    cluster: TestCluster,
+) -> None:
+    await install_quota_crd(cluster)
+    await install_schedule_crd(cluster)
+    await create_agent(cluster, "writer", model={"name": "claude-haiku-4-5"})
+    await create_schedule(cluster, "nightly", schedule="0 3 * * *", agentRef={"name": "writer"}, task="t")
+    await create_quota(cluster, "team", hard={"concurrentRuns": 1})
+    for name in ("w1", "w2"):
+        await labelled_run(cluster, name, {LABEL_AGENT: "writer"})
+    # Two runs waiting for the quota: the more urgent one is first in its line whatever its age.
+    for name, priority in (("late-low", 0), ("later-high", 5)):
+        await labelled_run(cluster, name, {}, priority=priority)
+        await set_status(
+            cluster, name, {"phase": "Pending", "quotaWait": {"quota": "team", "limit": "concurrentRuns"}}
+        )
+    parent = await labelled_run(cluster, "parent", {})
+    await set_status(cluster, "parent", {"phase": "Running", "children": {"total": 1, "active": 1}})
+    await labelled_run(
+        cluster, "parent-child", {LABEL_PARENT_UID: parent["metadata"]["uid"]}, limits={"costBudgetUSD": 0.5}
+    )
+    rules = [
+        {
+            "apiGroups": ["agentrun.dev"],
+            "resources": ["agentruns", "agents", "agentschedules", "agentrunquotas"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    reader, nobody = await person(cluster, "reader", rules), await person(cluster, "nobody")
+    async with running_console(cluster, auth="token") as url, browser_session(url) as http:
+        await sign_in(http, reader.token)
+        agents = await (await http.get("/agents")).text()
+        assert ">writer</td>" in agents and "2 runs" in agents
+        schedules = await (await http.get("/schedules")).text()
+        assert ">nightly</td>" in schedules and "0 3 * * *" in schedules
+        quotas = await (await http.get("/quotas")).text()
+        assert "Runs at once" in quotas
+        assert quotas.index(">later-high</a>") < quotas.index(">late-low</a>")
+        page = await (await http.get(f"/runs/{cluster.namespace}/parent")).text()
+        assert ">parent-child</a>" in page and "of $0.5" in page
+        by_agent = await (await http.get("/", params={"agent": "writer"})).text()
+        assert ">w1</a>" in by_agent and ">w2</a>" in by_agent and ">parent</a>" not in by_agent
+    async with running_console(cluster, auth="token") as url, browser_session(url) as http:
+        await sign_in(http, nobody.token)
+        for page in ("/agents", "/schedules", "/quotas"):
+            assert (await http.get(page)).status == 403, page

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from agentrun.api import API_VERSION, LABEL_AGENT
+from agentrun.api import API_VERSION, LABEL_AGENT, LABEL_PARENT_UID, LABEL_SCHEDULE
 from agentrun.api.transcripts import (
     POSTGRES_KIND,
     Transcript,
@@ -22,7 +22,8 @@ from agentrun.api.transcripts import (
     object_kind,
     storage_of,
 )
-from agentrun.console import run_views, views
+from agentrun.cli.plugin_rendering import run_tree
+from agentrun.console import resource_views, run_views, views
 from agentrun.console.identities import Identity
 from agentrun.console.serving import form_value, see_other, session_of
 from agentrun.kube.errors import APIConflictError, APIError, APIInvalidError, APIStatusError
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 JSON_PATCH = "application/json-patch+json"
 CONFLICT_RETRIES = 5
-FILTERS = ("namespace", "phase", "stopReason", "agent")
+FILTERS = ("namespace", "phase", "stopReason", "agent", "schedule")
 
 
 def runs_path(namespace: str, name: str = "") -> str:
@@ -50,7 +51,13 @@ def matches(run: Mapping[str, Any], filters: Mapping[str, str]) -> bool:
 
 
 def list_params(filters: Mapping[str, str]) -> dict[str, str]:
-    return {"labelSelector": f"{LABEL_AGENT}={filters['agent']}"} if filters.get("agent") else {}
+    """The filters the API server applies: labels the operator sets on runs of an Agent or a schedule."""
+    selectors = [
+        f"{label}={filters[key]}"
+        for key, label in (("agent", LABEL_AGENT), ("schedule", LABEL_SCHEDULE))
+        if filters.get(key)
+    ]
+    return {"labelSelector": ",".join(selectors)} if selectors else {}
 
 
 class RunPages:
@@ -108,7 +115,25 @@ class RunPages:
         except APIError as exc:
             return console.api_problem(exc, f"cannot read agentrun {namespace}/{name}", session)
         stored, note = await read_transcript(console, session.identity, obj)
-        return self.page(run_views.run_page_body(obj, stored, session.csrf, note=note), name, session)
+        body = run_views.run_page_body(
+            obj, stored, session.csrf, note=note, children=await self._children(session, obj)
+        )
+        return self.page(body, name, session)
+
+    async def _children(self, session: Session, run: Mapping[str, Any]) -> str:
+        """The run's children and theirs (one LIST of the namespace's child runs), when it has any."""
+        if not (run.get("status") or {}).get("children"):
+            return ""
+        namespace = str(run["metadata"].get("namespace", ""))
+        try:
+            listing = await self.console.api.request(
+                session.identity, "GET", runs_path(namespace), params={"labelSelector": LABEL_PARENT_UID}
+            )
+        except APIError:
+            return (
+                ""  # the run itself is shown; its children are the person's to be refused on their own page
+            )
+        return resource_views.children(run_tree(run, listing.get("items") or []))
 
     async def decide(self, request: web.Request) -> web.StreamResponse:
         console, session = self.console, session_of(request)

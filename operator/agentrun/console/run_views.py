@@ -49,7 +49,8 @@ def summary(run: Mapping[str, Any]) -> str:
             f"{usage.get('cacheReadInputTokens', 0)} / {usage.get('cacheCreationInputTokens', 0)}",
         ),
         ("Cost", cost_of(status)),
-        ("Budget", limits.get("maxCostUSD") and f"${limits['maxCostUSD']}"),
+        ("Cost budget", limits.get("costBudgetUSD") and f"${limits['costBudgetUSD']}"),
+        ("Token budget", limits.get("tokenBudget")),
         ("Started", status.get("startTime")),
         ("Finished", status.get("completionTime")),
         ("Result", status.get("result")),
@@ -201,12 +202,15 @@ def transcript(stored: Transcript, *, note: str | None = None) -> str:
     )
 
 
-def run_page_body(run: Mapping[str, Any], stored: Transcript, csrf: str, *, note: str | None = None) -> str:
+def run_page_body(
+    run: Mapping[str, Any], stored: Transcript, csrf: str, *, note: str | None = None, children: str = ""
+) -> str:
     meta = run.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     live = esc(run_link(namespace, name).replace("/runs/", "/live/runs/", 1))
     return (
         f'<div id="run" data-live="{live}" data-resource-version="{esc(meta.get("resourceVersion", ""))}">'
         f"<h1>{esc(name)} <small>{esc(namespace)}</small></h1>"
-        f"{approvals(run, csrf)}{summary(run)}{trace(stored.trace_rows)}{transcript(stored, note=note)}</div>"
+        f"{approvals(run, csrf)}{summary(run)}{children}{trace(stored.trace_rows)}"
+        f"{transcript(stored, note=note)}</div>"
     )

@@ -72,7 +72,7 @@ class Console:
         self._local: Identity | None = None
 
     def app(self) -> web.Application:
-        from agentrun.console import live_streaming, run_serving
+        from agentrun.console import live_streaming, resource_serving, run_serving
 
         app = web.Application(middlewares=[self._guard], client_max_size=64 * 1024)
         app.router.add_get("/healthz", self._healthz)
@@ -81,6 +81,7 @@ class Console:
         app.router.add_post("/login", self._login)
         app.router.add_post("/logout", self._logout)
         run_serving.add_routes(app, self)
+        resource_serving.add_routes(app, self)
         live_streaming.add_routes(app, self)
         app.on_cleanup.append(self._close)
         return app

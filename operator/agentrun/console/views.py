@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
+PAGES = (("/", "Runs"), ("/agents", "Agents"), ("/schedules", "Schedules"), ("/quotas", "Quotas"))
+NAV = "".join(f'<a href="{path}">{label}</a>' for path, label in PAGES)
 PHASES = ("Pending", "Running", "AwaitingApproval", "Succeeded", "Failed", "Cancelled")
 
 
@@ -35,7 +37,7 @@ def page(title: str, body: str, *, who: str | None = None, csrf: str | None = No
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
         '</head><body><header class="top"><a class="brand" href="/">agentrun console</a>'
-        f'<nav><a href="/">Runs</a></nav>{header}</header><main id="main">{body}</main></body></html>\n'
+        f'<nav>{NAV}</nav>{header}</header><main id="main">{body}</main></body></html>\n'
     )
 
 
@@ -122,6 +124,7 @@ def runs(
         f'<label>Phase <select name="phase"><option value="">any</option>{options}</select></label>'
         f'<label>Stop reason <input name="stopReason" value="{esc(filters.get("stopReason", ""))}"></label>'
         f'<label>Agent <input name="agent" value="{esc(filters.get("agent", ""))}"></label>'
+        f'<label>Schedule <input name="schedule" value="{esc(filters.get("schedule", ""))}"></label>'
         '<button type="submit">Filter</button></form>'
     )
     if refused is not None:
