@@ -16,6 +16,7 @@ from typing import Any
 
 from bench import (
     checkpoint_cost,
+    console_pages,
     long_context,
     loop_overhead,
     operator_scale,
@@ -30,7 +31,7 @@ from bench.reporting import markdown, merge, table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
-BENCHMARKS = ("loop", "parallel", "scale", "checkpoint", "context", "replicas")
+BENCHMARKS = ("loop", "parallel", "scale", "checkpoint", "context", "replicas", "console")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class Plan:
     replica_quota: bool = False
     replica_kill: float | None = None
     replica_rescale: tuple[float, float] | None = None
+    console_turns: int = 500
+    console_result_bytes: int = 20_000
+    console_repeats: int = 5
+    console_list_runs: int = 10_000
 
 
 FULL = Plan(loop_rounds=30)
@@ -71,6 +76,9 @@ QUICK = Plan(
     context_iterations=60,
     replica_counts=(1, 2),
     replica_runs=20,
+    console_turns=100,
+    console_repeats=3,
+    console_list_runs=1000,
 )
 SMOKE = Plan(
     loop_rounds=1,
@@ -85,6 +93,10 @@ SMOKE = Plan(
     context_iterations=12,
     replica_counts=(1, 2),
     replica_runs=4,
+    console_turns=5,
+    console_result_bytes=3000,
+    console_repeats=1,
+    console_list_runs=60,
 )
 """The smallest plan that still takes every code path, the profiled operator included: CI runs it so a
 broken harness fails a test, and its figures mean nothing."""
@@ -349,6 +361,16 @@ async def run(
             kill_after=plan.replica_kill,
             rescale=plan.replica_rescale,
             kubeconfig=kubeconfig,
+        )
+        sections.append(section)
+    if "console" in selected:
+        section = Section("console", "Web console: big runs, long lists", _method(console_pages.__doc__))
+        await console_pages.measure(
+            section,
+            turns=plan.console_turns,
+            result_bytes=plan.console_result_bytes,
+            repeats=plan.console_repeats,
+            list_runs=plan.console_list_runs,
         )
         sections.append(section)
     return sections

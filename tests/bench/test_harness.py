@@ -23,6 +23,7 @@ SECTIONS = (
     "Checkpoint cost",
     "Long runs: context management",
     "Replicas sharing the runs",
+    "Web console: big runs, long lists",
 )
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 VERDICT = re.compile(r"pass|\*\*MISS \([^)]*\)\*\*")
@@ -136,3 +137,10 @@ def test_the_replica_benchmark_attributed_every_run_to_one_replica_of_each_confi
         assert [row[0] for row in rows] == [f"replica-{i}" for i in range(replicas)]
         assert sum(int(row[1]) for row in rows) == 4, "every run finished on exactly one replica"
     assert figure(smoke.results, "## 6. Replicas sharing the runs", "4 runs, 2 replicas: runs finished") == 4
+
+
+def test_the_console_benchmark_timed_the_big_run_and_the_long_list(smoke: SmokeRun) -> None:
+    heading = "## 7. Web console: big runs, long lists"
+    assert figure(smoke.results, heading, "a run of 5 turns opens (request → last byte)") > 0
+    assert figure(smoke.results, heading, "a run of 5 turns: page size") > 1
+    assert figure(smoke.results, heading, "the runs page with 61 runs in the namespace (one page of 50)") > 0

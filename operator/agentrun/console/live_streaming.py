@@ -127,7 +127,13 @@ def add_routes(app: web.Application, console: Console) -> None:
                     stored, note = await read_transcript(console, session.identity, run)
                     await stream.send("section", {"id": "trace", "html": run_views.trace(stored.trace_rows)})
                     await stream.send(
-                        "section", {"id": "transcript", "html": run_views.transcript(stored, note=note)}
+                        "section",
+                        {
+                            "id": "transcript",
+                            "html": run_views.transcript(
+                                stored, note=note, link=views.run_link(namespace, name)
+                            ),
+                        },
                     )
         except (APIError, ConnectionResetError) as exc:
             await _ended(stream, exc)

@@ -135,6 +135,19 @@ class RunPages:
             )
         return resource_views.children(run_tree(run, listing.get("items") or []))
 
+    async def whole_turn(self, request: web.Request) -> web.Response:
+        console, session = self.console, session_of(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            obj = await console.api.request(session.identity, "GET", runs_path(namespace, name))
+        except APIError as exc:
+            return console.api_problem(exc, f"cannot read agentrun {namespace}/{name}", session)
+        stored, note = await read_transcript(console, session.identity, obj)
+        number = int(request.match_info["number"])
+        if note is not None or not 1 <= number <= len(stored.messages):
+            return console.problem(404, note or f"agentrun {namespace}/{name} has no turn {number}", session)
+        return self.page(run_views.whole_turn(obj, stored, number), f"{name}, turn {number}", session)
+
     async def decide(self, request: web.Request) -> web.StreamResponse:
         console, session = self.console, session_of(request)
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -156,6 +169,7 @@ def add_routes(app: web.Application, console: Console) -> None:
     pages = RunPages(console)
     app.router.add_get("/", pages.runs)
     app.router.add_get("/runs/{namespace}/{name}", pages.run)
+    app.router.add_get(r"/runs/{namespace}/{name}/turns/{number:\d{1,7}}", pages.whole_turn)
     app.router.add_post("/runs/{namespace}/{name}/decisions", pages.decide)
 
 

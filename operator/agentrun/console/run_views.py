@@ -131,10 +131,19 @@ def trace(rows: Sequence[TraceRow]) -> str:
     )
 
 
-def _folded(text: str, label: str) -> str:
+def _folded(text: str, label: str, whole: str | None) -> str:
+    """Short text as it is; long text folded, and on a run's page only its start, with a link to the
+    turn's own page (``whole``) that shows all of it: a run of hundreds of turns with large tool results
+    stays a page a browser opens at once."""
     if len(text) <= FOLD_CHARS:
         return f"<pre>{esc(text)}</pre>"
-    return f"<details><summary>{esc(label)} ({size(text)})</summary><pre>{esc(text)}</pre></details>"
+    summary = f"<summary>{esc(label)} ({size(text)})</summary>"
+    if whole is None:
+        return f"<details>{summary}<pre>{esc(text)}</pre></details>"
+    return (
+        f"<details>{summary}<pre>{esc(text[:FOLD_CHARS])}…</pre>"
+        f'<p><a href="{esc(whole)}">The whole {esc(label)}</a></p></details>'
+    )
 
 
 def _result_text(content: Any) -> str:
@@ -145,17 +154,17 @@ def _result_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
-def _block(block: Mapping[str, Any], names: dict[str, str]) -> str:
+def _block(block: Mapping[str, Any], names: dict[str, str], whole: str | None) -> str:
     kind = block.get("type")
     if kind == "text":
-        return f'<div class="text">{_folded(str(block.get("text", "")), "text")}</div>'
+        return f'<div class="text">{_folded(str(block.get("text", "")), "text", whole)}</div>'
     if kind == "tool_use":
         names[str(block.get("id", ""))] = str(block.get("name", ""))
         text = json.dumps(block.get("input", {}), indent=2, ensure_ascii=False)
         return (
             f'<div class="call"><p>→ call <strong>{esc(block.get("name"))}</strong> '
             f'<code>{esc(block.get("id"))}</code> <span class="size">input {size(text)}</span></p>'
-            f"{_folded(text, 'input')}</div>"
+            f"{_folded(text, 'input', whole)}</div>"
         )
     if kind == "tool_result":
         text = _result_text(block.get("content"))
@@ -164,7 +173,7 @@ def _block(block: Mapping[str, Any], names: dict[str, str]) -> str:
         return (
             f'<div class="result {label}"><p>← {label} of <strong>{esc(names.get(tool_id, "?"))}</strong> '
             f'<code>{esc(tool_id)}</code> <span class="size">{size(text)}</span></p>'
-            f"{_folded(text, label)}</div>"
+            f"{_folded(text, label, whole)}</div>"
         )
     if kind in ("thinking", "redacted_thinking"):
         text = str(block.get("thinking", "")) if kind == "thinking" else "(redacted)"
@@ -175,31 +184,51 @@ def _block(block: Mapping[str, Any], names: dict[str, str]) -> str:
     return f'<div class="other"><p>[{esc(kind)}]</p></div>'
 
 
-def transcript(stored: Transcript, *, note: str | None = None) -> str:
-    """The conversation as stored: each turn numbered; compaction summaries marked."""
+def turn(number: int, message: Mapping[str, Any], names: dict[str, str], whole: str | None) -> str:
+    """One message of the conversation; ``names`` maps tool_use ids seen so far to their tools."""
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    rendered = "".join(_block(b, names, whole) for b in blocks if isinstance(b, Mapping))
+    role = str(message.get("role", "?"))
+    return (
+        f'<article class="turn {esc(role)}" id="turn-{number}"><h3>[{number}] {esc(role)}</h3>'
+        f"{rendered}</article>"
+    )
+
+
+def transcript(stored: Transcript, *, note: str | None = None, link: str = "") -> str:
+    """The conversation as stored: each turn numbered (long parts cut short, the whole on the turn's
+    page under ``link``/turns/N); compactions counted."""
     if note is not None:
         return (
             '<section id="transcript" aria-label="Transcript"><h2>Transcript</h2>'
             f'<p class="note">{esc(note)}</p></section>'
         )
     names: dict[str, str] = {}
-    turns = []
+    turns = [
+        turn(number, message, names, f"{link}/turns/{number}")
+        for number, message in enumerate(stored.messages, start=1)
+    ]
     compactions = len((stored.state.get("context") or {}).get("log") or [])
-    for number, message in enumerate(stored.messages, start=1):
-        content = message.get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
-        rendered = "".join(_block(b, names) for b in blocks if isinstance(b, Mapping))
-        role = str(message.get("role", "?"))
-        turns.append(
-            f'<article class="turn {esc(role)}" id="turn-{number}"><h3>[{number}] {esc(role)}</h3>'
-            f"{rendered}</article>"
-        )
     marker = f'<p class="compacted">Context compacted {compactions} time(s).</p>' if compactions else ""
     empty = "" if turns else "<p>No turn stored yet.</p>"
     return (
         f'<section id="transcript" aria-label="Transcript"><h2>Transcript</h2>{marker}{empty}'
         f"{''.join(turns)}</section>"
     )
+
+
+def whole_turn(run: Mapping[str, Any], stored: Transcript, number: int) -> str:
+    """One turn with nothing cut short (the tool names of earlier calls resolved)."""
+    meta = run.get("metadata") or {}
+    link = run_link(str(meta.get("namespace", "")), str(meta.get("name", "")))
+    names: dict[str, str] = {}
+    for message in stored.messages[: number - 1]:
+        for block in message.get("content") or [] if not isinstance(message.get("content"), str) else []:
+            if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                names[str(block.get("id", ""))] = str(block.get("name", ""))
+    body = turn(number, stored.messages[number - 1], names, None)
+    return f'<p><a href="{esc(link)}#turn-{number}">Back to {esc(meta.get("name"))}</a></p>{body}'
 
 
 def run_page_body(
@@ -212,5 +241,5 @@ def run_page_body(
         f'<div id="run" data-live="{live}" data-resource-version="{esc(meta.get("resourceVersion", ""))}">'
         f"<h1>{esc(name)} <small>{esc(namespace)}</small></h1>"
         f"{approvals(run, csrf)}{summary(run)}{children}{trace(stored.trace_rows)}"
-        f"{transcript(stored, note=note)}</div>"
+        f"{transcript(stored, note=note, link=run_link(namespace, name))}</div>"
     )

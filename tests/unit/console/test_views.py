@@ -70,9 +70,14 @@ def test_large_tool_results_are_folded_with_their_size_and_errors_marked() -> No
         ],
         records=1,
     )
-    rendered = run_views.transcript(stored)
+    rendered = run_views.transcript(stored, link="/runs/ns/r")
     assert "<details><summary>result (2.0 KiB)</summary>" in rendered
     assert "← error of <strong>fetch</strong>" in rendered
+    # On the run's page only the start of a long result; all of it on the turn's own page.
+    assert big not in rendered and '<a href="/runs/ns/r/turns/2">The whole result</a>' in rendered
+    run = {"metadata": {"namespace": "ns", "name": "r"}}
+    whole = run_views.whole_turn(run, stored, 2)
+    assert big in whole and "← result of <strong>fetch</strong>" in whole
 
 
 def test_an_identity_never_shows_its_token() -> None:
