@@ -124,7 +124,8 @@ def trace(rows: Sequence[TraceRow]) -> str:
             f'<td class="num">{u.cache_read_input_tokens}</td><td>{esc(calls or "–")}</td></tr>'
         )
     return (
-        '<section id="trace" aria-label="Trace"><h2>Trace</h2><table class="trace"><thead><tr>'
+        f'<section id="trace" aria-label="Trace"><h2>Trace</h2>{usage_chart(rows)}'
+        '<table class="trace"><thead><tr>'
         '<th scope="col">Iteration</th><th scope="col">Stop reason</th><th scope="col">Model</th>'
         '<th scope="col">In</th><th scope="col">Out</th><th scope="col">Cache read</th>'
         f'<th scope="col">Tools</th></tr></thead><tbody>{"".join(lines)}</tbody></table></section>'
@@ -205,16 +206,66 @@ def transcript(stored: Transcript, *, note: str | None = None, link: str = "") -
             f'<p class="note">{esc(note)}</p></section>'
         )
     names: dict[str, str] = {}
-    turns = [
-        turn(number, message, names, f"{link}/turns/{number}")
-        for number, message in enumerate(stored.messages, start=1)
-    ]
-    compactions = len((stored.state.get("context") or {}).get("log") or [])
-    marker = f'<p class="compacted">Context compacted {compactions} time(s).</p>' if compactions else ""
+    context = stored.state.get("context") or {}
+    compaction = context.get("compaction") if isinstance(context.get("compaction"), Mapping) else None
+    boundary = int(compaction.get("boundary") or 0) if compaction else 0
+    turns = []
+    for number, message in enumerate(stored.messages, start=1):
+        if compaction and number == boundary + 1:
+            turns.append(_summary_turn(compaction))
+        rendered = turn(number, message, names, f"{link}/turns/{number}")
+        if 1 < number <= boundary:  # the task (turn 1) is always sent
+            rendered = rendered.replace('<article class="turn ', '<article class="turn summarized ', 1)
+        turns.append(rendered)
+    compactions = len(context.get("log") or [])
+    marker = (
+        f'<p class="compacted">Context compacted {compactions} time(s): the turns marked "summarized" '
+        "are no longer sent to the model; the latest summary is sent in their place.</p>"
+        if compactions
+        else ""
+    )
     empty = "" if turns else "<p>No turn stored yet.</p>"
     return (
         f'<section id="transcript" aria-label="Transcript"><h2>Transcript</h2>{marker}{empty}'
         f"{''.join(turns)}</section>"
+    )
+
+
+def _summary_turn(compaction: Mapping[str, Any]) -> str:
+    """What the model is sent instead of the summarized turns (the latest compaction)."""
+    return (
+        '<article class="turn compaction"><h3>Compaction summary: sent in place of '
+        f"{esc(compaction.get('turns'))} turns since iteration {esc(compaction.get('iteration'))} "
+        f"(about {esc(compaction.get('tokensBefore'))} → {esc(compaction.get('tokensAfter'))} input tokens)"
+        f"</h3><pre>{esc(compaction.get('summary'))}</pre></article>"
+    )
+
+
+def usage_chart(rows: Sequence[TraceRow]) -> str:
+    """Tokens over the run: cumulative input (with cache reads and writes) and output per model request,
+    drawn on the server as an inline SVG (no script, no external asset)."""
+    if len(rows) < 2:
+        return ""
+    totals, running = [], 0
+    for row in rows:
+        u = row.usage
+        running += (
+            u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens + u.output_tokens
+        )
+        totals.append(running)
+    width, height, top = 600, 120, max(totals) or 1
+    points = " ".join(
+        f"{i * width / (len(totals) - 1):.1f},{height - value * height / top:.1f}"
+        for i, value in enumerate(totals)
+    )
+    return (
+        '<figure class="usage-chart"><svg role="img" viewBox="0 0 600 130" width="100%" height="130" '
+        f'aria-label="Tokens used over {len(rows)} model requests, {running} in all">'
+        f'<polyline fill="none" stroke="#2457c5" stroke-width="2" points="{points}"/>'
+        f'<text x="0" y="128" font-size="10">request 1</text>'
+        f'<text x="600" y="128" font-size="10" text-anchor="end">request {len(rows)}</text>'
+        f'<text x="4" y="10" font-size="10">{running} tokens</text></svg>'
+        "<figcaption>Tokens used so far, request by request</figcaption></figure>"
     )
 
 

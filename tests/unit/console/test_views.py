@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agentrun.api.traces import TokenUsage, TraceRow
 from agentrun.api.transcripts import Transcript
 from agentrun.console import run_views, views
 from agentrun.console.identities import Identity
@@ -91,3 +92,37 @@ def test_an_identity_never_shows_its_token() -> None:
         ("Impersonate-Group", "a"),
         ("Impersonate-Group", "b"),
     ]
+
+
+def test_turns_a_compaction_replaced_are_marked_and_its_summary_shown_in_their_place() -> None:
+    messages = [{"role": "user", "content": "the task"}]
+    for i in range(3):
+        messages += [{"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": f"ok {i}"}]
+    compaction = {"summary": "did steps 0 and 1", "boundary": 5, "turns": 2, "tokensBefore": 900}
+    compaction |= {"tokensAfter": 200, "iteration": 3}
+    state = {"context": {"compaction": compaction, "log": [{"turns": 2}]}}
+    rendered = run_views.transcript(Transcript(messages=messages, state=state, records=1))
+    summarized = [
+        n
+        for n in range(1, 8)
+        if f'class="turn summarized {"user" if n % 2 else "assistant"}" id="turn-{n}"' in rendered
+    ]
+    assert summarized == [2, 3, 4, 5]  # the task stays; turns up to the boundary were summarized
+    assert rendered.index("Compaction summary") < rendered.index('id="turn-6"')
+    assert rendered.index('id="turn-5"') < rendered.index("Compaction summary")
+    assert "did steps 0 and 1" in rendered and "Context compacted 1 time(s)" in rendered
+
+
+def test_tokens_over_the_run_are_drawn_without_any_script_or_asset() -> None:
+    rows = [
+        TraceRow(i, "tool_use", (), TokenUsage(input_tokens=100 * i, output_tokens=10), "claude-haiku-4-5")
+        for i in (1, 2, 3)
+    ]
+    chart = run_views.usage_chart(rows)
+    assert (
+        chart.startswith('<figure class="usage-chart"><svg')
+        and "<script" not in chart
+        and "href" not in chart
+    )
+    assert "630 tokens" in chart  # 110 + 210 + 310
+    assert run_views.usage_chart(rows[:1]) == ""
