@@ -25,10 +25,10 @@ import yaml
 from agentrun_sandbox.kube.authz import UserInfo, service_account_groups
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
+from tests.support.approval_policy import approval_policy_in_force
 from tests.support.builders import agentrun
 from tests.support.clusters import Credentials, TestCluster
 from tests.support.kube_requests import phase_in, wait_status
-from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "approval-policy.yaml"
@@ -139,33 +139,8 @@ async def alice(cluster: TestCluster) -> Identity:
 
 @pytest.fixture
 async def approval_policy(cluster: TestCluster) -> AsyncIterator[str]:
-    """The shipped policy, bound to this test's namespace only (a real server is shared with others)."""
-    policy, binding = (doc for doc in yaml.safe_load_all(POLICY.read_text()) if doc)
-    name = f"{policy['metadata']['name']}-{cluster.namespace}"
-    policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
-    binding["spec"]["matchResources"] = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster.namespace}}
-    }
-    code, out = await cluster.kubectl("create", "-f", "-", stdin=yaml.safe_dump_all([policy, binding]))
-    assert code == 0, out
-    try:
-        await _until_enforced(cluster)
+    async with approval_policy_in_force(cluster) as name:
         yield name
-    finally:
-        await cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name)
-
-
-async def _until_enforced(cluster: TestCluster, timeout: float = 30.0) -> None:
-    """A real server takes a moment to load a new policy: probe with server-side dry runs until it denies."""
-    probe = {"toolUseId": "probe", "decision": "deny", "by": "policy-probe"}
-    stdin = _run(cluster, "probe", approvals=[probe])
-    await until(
-        lambda: cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=stdin),
-        "the approval policy to be enforced",
-        timeout,
-        done=lambda answer: answer[0] != 0 and "denied request" in answer[1],
-        every=0.5,
-    )
 
 
 # --- append-only: the CRD's own rules, with or without the policy ----------------------------------------

@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from agentrun.api import LABEL_AGENT, LABEL_PARENT_UID
+from tests.support.approval_policy import approval_policy_in_force
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.console import (
@@ -74,6 +75,15 @@ async def approvals_of(cluster: TestCluster, name: str) -> list[dict[str, Any]]:
 
 
 async def test_each_person_sees_and_may_do_only_what_their_own_rbac_allows(
+    cluster: TestCluster, people: dict[str, Person]
+) -> None:
+    """With the chart's approval policy in force: a decision made in the console is recorded under the
+    person's own name, which is what the policy admits."""
+    async with approval_policy_in_force(cluster):
+        await each_person_sees_and_may_do_only_what_their_own_rbac_allows(cluster, people)
+
+
+async def each_person_sees_and_may_do_only_what_their_own_rbac_allows(
     cluster: TestCluster, people: dict[str, Person]
 ) -> None:
     await waiting_run(cluster, "guarded")
