@@ -130,9 +130,7 @@ def add_routes(app: web.Application, console: Console) -> None:
                         "section",
                         {
                             "id": "transcript",
-                            "html": run_views.transcript(
-                                stored, note=note, link=views.run_link(namespace, name)
-                            ),
+                            "html": run_views.transcript(stored, note=note, run=run),
                         },
                     )
         except (APIError, ConnectionResetError) as exc:

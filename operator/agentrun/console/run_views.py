@@ -12,6 +12,7 @@ from typing import Any
 
 from agentrun.api.traces import TraceRow
 from agentrun.api.transcripts import Transcript
+from agentrun.console.sent_views import cleared_results
 from agentrun.console.views import cost_of, definitions, esc, run_link
 
 #: Tool inputs and results longer than this are shown folded (their size is always shown).
@@ -155,7 +156,9 @@ def _result_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
-def _block(block: Mapping[str, Any], names: dict[str, str], whole: str | None) -> str:
+def _block(
+    block: Mapping[str, Any], names: dict[str, str], whole: str | None, sent_cleared: bool = False
+) -> str:
     kind = block.get("type")
     if kind == "text":
         return f'<div class="text">{_folded(str(block.get("text", "")), "text", whole)}</div>'
@@ -171,9 +174,15 @@ def _block(block: Mapping[str, Any], names: dict[str, str], whole: str | None) -
         text = _result_text(block.get("content"))
         label = "error" if block.get("is_error") else "result"
         tool_id = str(block.get("tool_use_id", ""))
+        marker = (
+            ' <span class="cleared-note">cleared: the model is now sent a marker in its place</span>'
+            if sent_cleared
+            else ""
+        )
         return (
-            f'<div class="result {label}"><p>← {label} of <strong>{esc(names.get(tool_id, "?"))}</strong> '
-            f'<code>{esc(tool_id)}</code> <span class="size">{size(text)}</span></p>'
+            f'<div class="result {label}{" cleared" if sent_cleared else ""}"><p>← {label} of '
+            f"<strong>{esc(names.get(tool_id, '?'))}</strong> "
+            f'<code>{esc(tool_id)}</code> <span class="size">{size(text)}</span>{marker}</p>'
             f"{_folded(text, label, whole)}</div>"
         )
     if kind in ("thinking", "redacted_thinking"):
@@ -185,11 +194,20 @@ def _block(block: Mapping[str, Any], names: dict[str, str], whole: str | None) -
     return f'<div class="other"><p>[{esc(kind)}]</p></div>'
 
 
-def turn(number: int, message: Mapping[str, Any], names: dict[str, str], whole: str | None) -> str:
-    """One message of the conversation; ``names`` maps tool_use ids seen so far to their tools."""
+def turn(
+    number: int,
+    message: Mapping[str, Any],
+    names: dict[str, str],
+    whole: str | None,
+    sent_cleared: frozenset[int] = frozenset(),
+) -> str:
+    """One message of the conversation; ``names`` maps tool_use ids seen so far to their tools;
+    ``sent_cleared`` the indexes of its blocks the model is sent as a marker."""
     content = message.get("content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
-    rendered = "".join(_block(b, names, whole) for b in blocks if isinstance(b, Mapping))
+    rendered = "".join(
+        _block(b, names, whole, i in sent_cleared) for i, b in enumerate(blocks) if isinstance(b, Mapping)
+    )
     role = str(message.get("role", "?"))
     return (
         f'<article class="turn {esc(role)}" id="turn-{number}"><h3>[{number}] {esc(role)}</h3>'
@@ -197,9 +215,13 @@ def turn(number: int, message: Mapping[str, Any], names: dict[str, str], whole: 
     )
 
 
-def transcript(stored: Transcript, *, note: str | None = None, link: str = "") -> str:
-    """The conversation as stored: each turn numbered (long parts cut short, the whole on the turn's
-    page under ``link``/turns/N); compactions counted."""
+def transcript(stored: Transcript, *, note: str | None = None, run: Mapping[str, Any] | None = None) -> str:
+    """The conversation as stored, marked with what the model is sent of it: each turn numbered (long
+    parts cut short, the whole on the turn's own page), the turns a compaction summarized and the tool
+    results sent as a marker (sent_views.py)."""
+    meta = (run or {}).get("metadata") or {}
+    link = run_link(str(meta.get("namespace", "")), str(meta.get("name", ""))) if run else ""
+    marks = cleared_results(run, stored.messages, stored.state) if run else set()
     if note is not None:
         return (
             '<section id="transcript" aria-label="Transcript"><h2>Transcript</h2>'
@@ -213,7 +235,8 @@ def transcript(stored: Transcript, *, note: str | None = None, link: str = "") -
     for number, message in enumerate(stored.messages, start=1):
         if compaction and number == boundary + 1:
             turns.append(_summary_turn(compaction))
-        rendered = turn(number, message, names, f"{link}/turns/{number}")
+        sent_cleared = frozenset(index for n, index in marks if n == number)
+        rendered = turn(number, message, names, f"{link}/turns/{number}", sent_cleared)
         if 1 < number <= boundary:  # the task (turn 1) is always sent
             rendered = rendered.replace('<article class="turn ', '<article class="turn summarized ', 1)
         turns.append(rendered)
@@ -292,5 +315,5 @@ def run_page_body(
         f'<div id="run" data-live="{live}" data-resource-version="{esc(meta.get("resourceVersion", ""))}">'
         f"<h1>{esc(name)} <small>{esc(namespace)}</small></h1>"
         f"{approvals(run, csrf)}{summary(run)}{children}{trace(stored.trace_rows)}"
-        f"{transcript(stored, note=note, link=run_link(namespace, name))}</div>"
+        f"{transcript(stored, note=note, run=run)}</div>"
     )

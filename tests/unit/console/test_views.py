@@ -71,12 +71,12 @@ def test_large_tool_results_are_folded_with_their_size_and_errors_marked() -> No
         ],
         records=1,
     )
-    rendered = run_views.transcript(stored, link="/runs/ns/r")
+    run = {"metadata": {"namespace": "ns", "name": "r"}}
+    rendered = run_views.transcript(stored, run=run)
     assert "<details><summary>result (2.0 KiB)</summary>" in rendered
     assert "← error of <strong>fetch</strong>" in rendered
     # On the run's page only the start of a long result; all of it on the turn's own page.
     assert big not in rendered and '<a href="/runs/ns/r/turns/2">The whole result</a>' in rendered
-    run = {"metadata": {"namespace": "ns", "name": "r"}}
     whole = run_views.whole_turn(run, stored, 2)
     assert big in whole and "← result of <strong>fetch</strong>" in whole
 
@@ -126,3 +126,38 @@ def test_tokens_over_the_run_are_drawn_without_any_script_or_asset() -> None:
     )
     assert "630 tokens" in chart  # 110 + 210 + 310
     assert run_views.usage_chart(rows[:1]) == ""
+
+
+def test_old_tool_results_the_loop_sends_as_a_marker_are_marked_cleared() -> None:
+    messages: list[dict[str, object]] = [{"role": "user", "content": [{"type": "text", "text": "task"}]}]
+    for i in range(4):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"t{i}", "name": "fetch", "input": {}}],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "x" * 2000}],
+            }
+        )
+    run = {
+        "metadata": {"namespace": "ns", "name": "r"},
+        "spec": {
+            "model": {"name": "claude-haiku-4-5"},
+            "context": {"clearToolResults": {"keepNewest": 2, "batch": 1}},
+        },
+    }
+    rendered = run_views.transcript(Transcript(messages=messages, records=1), run=run)
+    cleared = [n for n in range(1, 10) if f'id="turn-{n}"' in rendered and _cleared_in(rendered, n)]
+    assert cleared == [3, 5]  # the two oldest of four results; the newest two are sent whole
+    off = {**run, "spec": {**run["spec"], "context": {"clearToolResults": {"enabled": False}}}}
+    assert "cleared:" not in run_views.transcript(Transcript(messages=messages, records=1), run=off)
+
+
+def _cleared_in(rendered: str, number: int) -> bool:
+    start = rendered.index(f'id="turn-{number}"')
+    end = rendered.find('id="turn-', start + 1)
+    return "cleared: the model is now sent a marker" in rendered[start : end if end > 0 else None]
