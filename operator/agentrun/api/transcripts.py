@@ -269,6 +269,8 @@ class Transcript:
     chunks: int = 0
     bytes: int = 0
     next_index: int = 0  # the index the next chunk object gets (after every stored one)
+    #: The cumulative counters at each record, oldest first: usage and spend over the run's time.
+    progress_by_record: tuple[Progress, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -329,6 +331,7 @@ def decode_chunks(chunks: Sequence[StoredChunk]) -> Transcript:
     ordered = sorted((c for c in chunks if c.index >= 0), key=lambda c: c.index)
     messages: list[dict[str, Any]] = []
     rows: list[TraceRow] = []
+    progress: list[Progress] = []
     last: Mapping[str, Any] | None = None
     records = total_bytes = 0
     group: list[bytes] = []
@@ -359,6 +362,7 @@ def decode_chunks(chunks: Sequence[StoredChunk]) -> Transcript:
         rows.extend(TraceRow.from_dict(r) for r in decoded.get("trace") or [])
         records += 1
         total_bytes += len(joined)
+        progress.append(progress_from_dict(decoded.get("progress") or {}))
         last = decoded
     next_index = ordered[-1].index + 1 if ordered else 0
     if last is None:
@@ -366,7 +370,7 @@ def decode_chunks(chunks: Sequence[StoredChunk]) -> Transcript:
     return Transcript(
         messages=messages,
         trace_rows=rows,
-        progress=progress_from_dict(last.get("progress") or {}),
+        progress=progress[-1],
         state=dict(last.get("state") or {}),
         tools_pending=bool(last.get("toolsPending")),
         outcome=outcome_from_dict(last["outcome"]) if last.get("outcome") else None,
@@ -374,4 +378,5 @@ def decode_chunks(chunks: Sequence[StoredChunk]) -> Transcript:
         chunks=len(ordered),
         bytes=total_bytes,
         next_index=next_index,
+        progress_by_record=tuple(progress),
     )

@@ -125,7 +125,13 @@ def add_routes(app: web.Application, console: Console) -> None:
                 if chunks != stored_chunks:
                     stored_chunks = chunks
                     stored, note = await read_transcript(console, session.identity, run)
-                    await stream.send("section", {"id": "trace", "html": run_views.trace(stored.trace_rows)})
+                    await stream.send(
+                        "section",
+                        {
+                            "id": "trace",
+                            "html": run_views.trace(stored.trace_rows, stored.progress_by_record),
+                        },
+                    )
                     await stream.send(
                         "section",
                         {

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrun.api.traces import TraceRow
+from agentrun.api.traces import Progress, TraceRow
 from agentrun.api.transcripts import Transcript
 from agentrun.console.sent_views import cleared_results
 from agentrun.console.views import cost_of, definitions, esc, run_link
@@ -107,7 +107,7 @@ def approvals(run: Mapping[str, Any], csrf: str) -> str:
     )
 
 
-def trace(rows: Sequence[TraceRow]) -> str:
+def trace(rows: Sequence[TraceRow], progress: Sequence[Progress] = ()) -> str:
     """One line per model request, as a timeline of iterations."""
     if not rows:
         return '<section id="trace" aria-label="Trace"></section>'
@@ -125,7 +125,7 @@ def trace(rows: Sequence[TraceRow]) -> str:
             f'<td class="num">{u.cache_read_input_tokens}</td><td>{esc(calls or "–")}</td></tr>'
         )
     return (
-        f'<section id="trace" aria-label="Trace"><h2>Trace</h2>{usage_chart(rows)}'
+        f'<section id="trace" aria-label="Trace"><h2>Trace</h2>{usage_chart(progress)}'
         '<table class="trace"><thead><tr>'
         '<th scope="col">Iteration</th><th scope="col">Stop reason</th><th scope="col">Model</th>'
         '<th scope="col">In</th><th scope="col">Out</th><th scope="col">Cache read</th>'
@@ -264,31 +264,32 @@ def _summary_turn(compaction: Mapping[str, Any]) -> str:
     )
 
 
-def usage_chart(rows: Sequence[TraceRow]) -> str:
-    """Tokens over the run: cumulative input (with cache reads and writes) and output per model request,
-    drawn on the server as an inline SVG (no script, no external asset)."""
-    if len(rows) < 2:
-        return ""
-    totals, running = [], 0
-    for row in rows:
-        u = row.usage
-        running += (
-            u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens + u.output_tokens
-        )
-        totals.append(running)
-    width, height, top = 600, 120, max(totals) or 1
+def _line(values: Sequence[float], colour: str) -> str:
+    top = max(values) or 1.0
     points = " ".join(
-        f"{i * width / (len(totals) - 1):.1f},{height - value * height / top:.1f}"
-        for i, value in enumerate(totals)
+        f"{i * 600 / (len(values) - 1):.1f},{120 - value * 110 / top:.1f}" for i, value in enumerate(values)
     )
+    return f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>'
+
+
+def usage_chart(progress: Sequence[Progress]) -> str:
+    """Tokens and spend over the run, at each stored checkpoint, drawn on the server as an inline SVG
+    (no script, no external asset); each line is scaled to its own maximum."""
+    if len(progress) < 2:
+        return ""
+    tokens = [float(p.usage.total) for p in progress]
+    costs = [float(p.cost_usd or 0) for p in progress]
+    spent = progress[-1].cost_usd
+    label = f"{int(tokens[-1])} tokens" + (f", ${spent:.4f}" if spent is not None else "")
+    cost_line = _line(costs, "#c2410c") if spent else ""
     return (
-        '<figure class="usage-chart"><svg role="img" viewBox="0 0 600 130" width="100%" height="130" '
-        f'aria-label="Tokens used over {len(rows)} model requests, {running} in all">'
-        f'<polyline fill="none" stroke="#2457c5" stroke-width="2" points="{points}"/>'
-        f'<text x="0" y="128" font-size="10">request 1</text>'
-        f'<text x="600" y="128" font-size="10" text-anchor="end">request {len(rows)}</text>'
-        f'<text x="4" y="10" font-size="10">{running} tokens</text></svg>'
-        "<figcaption>Tokens used so far, request by request</figcaption></figure>"
+        '<figure class="usage-chart"><svg role="img" viewBox="0 0 600 140" width="100%" height="140" '
+        f'aria-label="Usage over {len(progress)} checkpoints: {label}">'
+        f"{_line(tokens, '#2457c5')}{cost_line}"
+        '<text x="0" y="136" font-size="10">first checkpoint</text>'
+        f'<text x="600" y="136" font-size="10" text-anchor="end">checkpoint {len(progress)}</text>'
+        f'<text x="4" y="10" font-size="10">{esc(label)}</text></svg>'
+        "<figcaption>Tokens (blue) and spend (orange) so far, checkpoint by checkpoint</figcaption></figure>"
     )
 
 
@@ -314,6 +315,6 @@ def run_page_body(
     return (
         f'<div id="run" data-live="{live}" data-resource-version="{esc(meta.get("resourceVersion", ""))}">'
         f"<h1>{esc(name)} <small>{esc(namespace)}</small></h1>"
-        f"{approvals(run, csrf)}{summary(run)}{children}{trace(stored.trace_rows)}"
+        f"{approvals(run, csrf)}{summary(run)}{children}{trace(stored.trace_rows, stored.progress_by_record)}"
         f"{transcript(stored, note=note, run=run)}</div>"
     )

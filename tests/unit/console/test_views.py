@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from agentrun.api.traces import TokenUsage, TraceRow
+from decimal import Decimal
+
+from agentrun.api.traces import Progress, TokenUsage
 from agentrun.api.transcripts import Transcript
 from agentrun.console import run_views, views
 from agentrun.console.identities import Identity
@@ -113,19 +115,22 @@ def test_turns_a_compaction_replaced_are_marked_and_its_summary_shown_in_their_p
     assert "did steps 0 and 1" in rendered and "Context compacted 1 time(s)" in rendered
 
 
-def test_tokens_over_the_run_are_drawn_without_any_script_or_asset() -> None:
-    rows = [
-        TraceRow(i, "tool_use", (), TokenUsage(input_tokens=100 * i, output_tokens=10), "claude-haiku-4-5")
+def test_tokens_and_spend_over_the_run_are_drawn_without_any_script_or_asset() -> None:
+    progress = [
+        Progress(i, i, TokenUsage(input_tokens=100 * i, output_tokens=10 * i), Decimal("0.001") * i)
         for i in (1, 2, 3)
     ]
-    chart = run_views.usage_chart(rows)
+    chart = run_views.usage_chart(progress)
     assert (
         chart.startswith('<figure class="usage-chart"><svg')
         and "<script" not in chart
         and "href" not in chart
     )
-    assert "630 tokens" in chart  # 110 + 210 + 310
-    assert run_views.usage_chart(rows[:1]) == ""
+    assert "330 tokens, $0.0030" in chart
+    assert chart.count("<polyline") == 2  # tokens and spend
+    unpriced = [Progress(p.iterations, p.tool_calls, p.usage, None) for p in progress]
+    assert run_views.usage_chart(unpriced).count("<polyline") == 1
+    assert run_views.usage_chart(progress[:1]) == ""
 
 
 def test_old_tool_results_the_loop_sends_as_a_marker_are_marked_cleared() -> None:
