@@ -24,6 +24,7 @@ from agentrun.kube.errors import APIError, APIGoneError
 
 if TYPE_CHECKING:
     from agentrun.console.serving import Console
+    from agentrun.console.sessions import Session
 
 #: A comment line this often keeps proxies from closing a quiet stream.
 HEARTBEAT_SECONDS = 20.0
@@ -124,27 +125,23 @@ def add_routes(app: web.Application, console: Console) -> None:
                 chunks = ((run.get("status") or {}).get("transcript") or {}).get("chunks")
                 if chunks != stored_chunks:
                     stored_chunks = chunks
-                    stored, note = await read_transcript(console, session.identity, run)
-                    await stream.send(
-                        "section",
-                        {
-                            "id": "trace",
-                            "html": run_views.trace(stored.trace_rows, stored.progress_by_record),
-                        },
-                    )
-                    await stream.send(
-                        "section",
-                        {
-                            "id": "transcript",
-                            "html": run_views.transcript(stored, note=note, run=run),
-                        },
-                    )
+                    await send_transcript(console, session, run, stream)
         except (APIError, ConnectionResetError) as exc:
             await _ended(stream, exc)
         return stream._response
 
     app.router.add_get("/live/runs", live_runs)
     app.router.add_get("/live/runs/{namespace}/{name}", live_run)
+
+
+async def send_transcript(console: Console, session: Session, run: Mapping[str, Any], stream: Stream) -> None:
+    """The trace and the transcript read again as the person (the run stored a new chunk)."""
+    stored, note = await read_transcript(console, session.identity, run)
+    trace = run_views.trace(stored.trace_rows, stored.progress_by_record)
+    await stream.send("section", {"id": "trace", "html": trace})
+    await stream.send(
+        "section", {"id": "transcript", "html": run_views.transcript(stored, note=note, run=run)}
+    )
 
 
 async def _ended(stream: Stream, exc: BaseException) -> None:
