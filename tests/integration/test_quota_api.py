@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import yaml
 
+from tests.support.approval_policy import create_namespaced_policy
 from tests.support.builders import agentrun
 from tests.support.clusters import ROOT, TestCluster
 from tests.support.quotas import QUOTA_CRD, quota, quotas_path
@@ -103,14 +103,8 @@ async def test_a_quota_whose_default_is_above_its_max_is_refused_by_the_crd(clus
 async def quota_policy(cluster: TestCluster) -> AsyncIterator[str]:
     """The shipped per-run policy, bound to this test's namespace only (a real server is shared)."""
     await _apply_quota_crd(cluster)
-    policy, binding = (doc for doc in yaml.safe_load_all(POLICY.read_text()) if doc)
     name = f"quotaapi-{cluster.namespace}"
-    policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
-    binding["spec"]["matchResources"] = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster.namespace}}
-    }
-    code, out = await cluster.kubectl("create", "-f", "-", stdin=yaml.safe_dump_all([policy, binding]))
-    assert code == 0, out
+    await create_namespaced_policy(cluster, POLICY, name)
     try:
         yield name
     finally:

@@ -13,20 +13,18 @@ import secrets
 import shutil
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from agentrun_sandbox.kube import KubeEmulator
-from agentrun_sandbox.kube.authz import Attributes, UserInfo, service_account_groups
-from agentrun_sandbox.kube.rbac import RbacObjects
+from agentrun_sandbox.kube.authz import UserInfo, service_account_groups
 from tests.support.clusters import RUNS_API, TestCluster
 from tests.support.commands import run_command
 from tests.support.kube_requests import until
 from tests.support.quotas import install_quota_crd, quota
+from tests.support.rbac import StoredRbac
 
 BIN = Path(sys.executable).parent
 PLUGIN = BIN / "kubectl-agentrun"
@@ -234,25 +232,6 @@ async def test_quota_without_the_crd_says_in_one_line_how_to_install_it(cluster:
     ]
 
 
-@dataclass(frozen=True)
-class StoredRBAC:
-    """The emulator's authorizer for one token: the Roles and bindings stored on it, as a real server
-    authorizes every token (by default the emulator lets any token do anything)."""
-
-    emulator: KubeEmulator
-    user: str
-    groups: tuple[str, ...]
-
-    def allows(self, attributes: Attributes) -> bool:
-        rbac = RbacObjects(
-            roles=self.emulator.list_objects("roles.rbac.authorization.k8s.io"),
-            cluster_roles=self.emulator.list_objects("clusterroles.rbac.authorization.k8s.io"),
-            role_bindings=self.emulator.list_objects("rolebindings.rbac.authorization.k8s.io"),
-            cluster_role_bindings=self.emulator.list_objects("clusterrolebindings.rbac.authorization.k8s.io"),
-        )
-        return rbac.allows(attributes, self.groups)
-
-
 async def _reader_without_quota_access(cluster: TestCluster) -> Path:
     """A ServiceAccount that may read AgentRuns but not AgentRunQuotas, as a kubeconfig with its token."""
     manifests = [
@@ -278,7 +257,7 @@ async def _reader_without_quota_access(cluster: TestCluster) -> Path:
         token = f"runs-reader-{secrets.token_hex(4)}"
         groups = (*service_account_groups(username), "system:authenticated")
         cluster.emulator.identities[token] = UserInfo(username, groups)
-        cluster.emulator.authorizers[token] = StoredRBAC(cluster.emulator, username, groups)
+        cluster.emulator.authorizers[token] = StoredRbac(cluster.emulator, username, groups)
     else:
         code, token = await cluster.kubectl("create", "token", "runs-reader", "--duration=1h")
         assert code == 0, token

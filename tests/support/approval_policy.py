@@ -6,6 +6,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -16,17 +17,27 @@ from tests.support.waiting import until
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "approval-policy.yaml"
 
 
-@contextlib.asynccontextmanager
-async def approval_policy_in_force(cluster: TestCluster) -> AsyncIterator[str]:
-    """The shipped policy, bound to this test's namespace only (a real server is shared with others)."""
-    policy, binding = (doc for doc in yaml.safe_load_all(POLICY.read_text()) if doc)
-    name = f"{policy['metadata']['name']}-{cluster.namespace}"
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+async def create_namespaced_policy(cluster: TestCluster, path: Path, name: str) -> None:
+    """A shipped ValidatingAdmissionPolicy and its binding, renamed ``name`` and bound to this test's
+    namespace only (a real server is shared with other tests)."""
+    policy, binding = _documents(path)
     policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
     binding["spec"]["matchResources"] = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster.namespace}}
     }
     code, out = await cluster.kubectl("create", "-f", "-", stdin=yaml.safe_dump_all([policy, binding]))
     assert code == 0, out
+
+
+@contextlib.asynccontextmanager
+async def approval_policy_in_force(cluster: TestCluster) -> AsyncIterator[str]:
+    """The shipped approval policy, in force in this test's namespace."""
+    name = f"agentrun-approval-decider-{cluster.namespace}"
+    await create_namespaced_policy(cluster, POLICY, name)
     try:
         await until_enforced(cluster)
         yield name

@@ -19,12 +19,10 @@ from aiohttp import web
 from agentrun.console.api_calling import ClusterAPI
 from agentrun.console.serving import Console, ConsoleConfig
 from agentrun.kube import kubeconfig_loading
-from agentrun_sandbox.kube.authz import SERVICE_ACCOUNT_PREFIX, Attributes, UserInfo, service_account_groups
-from agentrun_sandbox.kube.emulator import KubeEmulator
-from agentrun_sandbox.kube.rbac import RbacObjects
+from agentrun_sandbox.kube.authz import SERVICE_ACCOUNT_PREFIX, UserInfo, service_account_groups
 from tests.support.clusters import TestCluster
 from tests.support.ports import free_port
-from tests.support.rbac import grant_service_account
+from tests.support.rbac import StoredRbac, grant_service_account
 
 RUNS_API = "/apis/agentrun.dev/v1alpha1"
 READ_RUNS = {"apiGroups": ["agentrun.dev"], "resources": ["agentruns"], "verbs": ["get", "list", "watch"]}
@@ -36,23 +34,6 @@ READ_TRANSCRIPTS = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list
 class Person:
     username: str
     token: str
-
-
-@dataclass(frozen=True)
-class StoredRbac:
-    """The emulator's RBAC for one token: the Roles and bindings stored in it, read on every request."""
-
-    emulator: KubeEmulator
-    user: str
-
-    def allows(self, attributes: Attributes) -> bool:
-        rbac = RbacObjects(
-            roles=self.emulator.list_objects("roles.rbac.authorization.k8s.io"),
-            cluster_roles=self.emulator.list_objects("clusterroles.rbac.authorization.k8s.io"),
-            role_bindings=self.emulator.list_objects("rolebindings.rbac.authorization.k8s.io"),
-            cluster_role_bindings=self.emulator.list_objects("clusterrolebindings.rbac.authorization.k8s.io"),
-        )
-        return rbac.allows(attributes, (*service_account_groups(self.user), "system:authenticated"))
 
 
 async def person(cluster: TestCluster, account: str, rules: Sequence[Mapping[str, Any]] = ()) -> Person:
@@ -69,7 +50,8 @@ async def person(cluster: TestCluster, account: str, rules: Sequence[Mapping[str
         cluster.emulator.identities[token] = UserInfo(
             username, (*service_account_groups(username), "system:authenticated")
         )
-        cluster.emulator.authorizers[token] = StoredRbac(cluster.emulator, username)
+        groups = (*service_account_groups(username), "system:authenticated")
+        cluster.emulator.authorizers[token] = StoredRbac(cluster.emulator, username, groups)
         return Person(username, token)
     code, token = await cluster.kubectl("create", "token", account, "-n", cluster.namespace, "--duration=1h")
     assert code == 0, token

@@ -38,9 +38,10 @@ import yaml
 
 from agentrun_sandbox.kube import EmulatedCluster
 from agentrun_sandbox.kube.authz import SERVICE_ACCOUNT_PREFIX, Attributes, attributes_of
+from agentrun_sandbox.kube.emulator import KubeEmulator
 from agentrun_sandbox.kube.http import RequestRecord
 from agentrun_sandbox.kube.rbac import BOOTSTRAP_RULES as CLUSTER_BOOTSTRAP_RULES
-from agentrun_sandbox.kube.rbac import PolicyRule, groups_of, subject_matches
+from agentrun_sandbox.kube.rbac import PolicyRule, RbacObjects, groups_of, subject_matches
 from tests.chart.tooling import CHART, find_tool
 from tests.support.clusters import TestCluster
 from tests.support.waiting import until
@@ -201,6 +202,25 @@ def policy_from_manifests(manifests: Iterable[Mapping[str, Any]], user: str) -> 
 
 
 RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class StoredRbac:
+    """The emulator's authorizer for one token: the Roles and bindings stored on it, read on every
+    request, as a real server authorizes every token (by default the emulator lets any token do anything)."""
+
+    emulator: KubeEmulator
+    user: str
+    groups: tuple[str, ...]
+
+    def allows(self, attributes: Attributes) -> bool:
+        rbac = RbacObjects(
+            roles=self.emulator.list_objects("roles.rbac.authorization.k8s.io"),
+            cluster_roles=self.emulator.list_objects("clusterroles.rbac.authorization.k8s.io"),
+            role_bindings=self.emulator.list_objects("rolebindings.rbac.authorization.k8s.io"),
+            cluster_role_bindings=self.emulator.list_objects("clusterrolebindings.rbac.authorization.k8s.io"),
+        )
+        return rbac.allows(attributes, self.groups)
 
 
 async def grant_service_account(

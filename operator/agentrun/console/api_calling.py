@@ -8,10 +8,11 @@ the token on the server, and the person would act as the console).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -27,6 +28,20 @@ USER_AGENT = f"agentrun-console/{__version__}"
 READ_BUFFER = 2**21
 #: A token read from a rotating file is read again at most this often; an expiring one this long before.
 RENEW_SECONDS = 60.0
+
+
+@contextlib.contextmanager
+def translating() -> Iterator[None]:
+    """aiohttp's and the socket's failures as the typed API errors (kube/errors.py), once for all calls."""
+    try:
+        yield
+    except APIError:
+        raise
+    except Exception as exc:
+        error = translated(exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def tls_context(access: ClusterAccess, *, client_certificate: bool) -> ssl.SSLContext | bool:
@@ -93,20 +108,13 @@ class ClusterAPI:
         """The decoded answer; an answer outside 2xx raises the typed APIStatusError (kube/errors.py)."""
         data = None if body is None else json.dumps(body).encode()
         headers = await self._headers(identity, content_type if data is not None else None)
-        try:
+        with translating():
             async with self._http().request(
                 method, self._access.server + path, params=params, data=data, headers=headers
             ) as response:
                 raw = await response.read()
                 if response.status >= 300:
                     raise refused(response.status, response.reason, raw, response.headers)
-        except APIError:
-            raise
-        except Exception as exc:
-            error = translated(exc)
-            if error is None:
-                raise
-            raise error from exc
         answer: dict[str, Any] = json.loads(raw) if raw else {}
         return answer
 
@@ -116,7 +124,7 @@ class ClusterAPI:
         """The watch events of one request, until the server ends it (``ERROR`` events are yielded)."""
         headers = await self._headers(identity, None)
         query = {**params, "watch": "true", "allowWatchBookmarks": "true"}
-        try:
+        with translating():
             async with self._http().get(
                 self._access.server + path,
                 params=query,
@@ -128,10 +136,3 @@ class ClusterAPI:
                 async for line in response.content:
                     if line.strip():
                         yield json.loads(line)
-        except APIError:
-            raise
-        except Exception as exc:
-            error = translated(exc)
-            if error is None:
-                raise
-            raise error from exc

@@ -107,7 +107,10 @@ class RunPages:
         )
         return self.page(body, "Runs", session)
 
-    async def run(self, request: web.Request) -> web.Response:
+    async def _read(
+        self, request: web.Request
+    ) -> tuple[dict[str, Any], Transcript, str | None] | web.Response:
+        """The run of the request's path and its transcript, read as the person; or the refusal shown."""
         console, session = self.console, session_of(request)
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
@@ -115,10 +118,16 @@ class RunPages:
         except APIError as exc:
             return console.api_problem(exc, f"cannot read agentrun {namespace}/{name}", session)
         stored, note = await read_transcript(console, session.identity, obj)
-        body = run_views.run_page_body(
-            obj, stored, session.csrf, note=note, children=await self._children(session, obj)
-        )
-        return self.page(body, name, session)
+        return obj, stored, note
+
+    async def run(self, request: web.Request) -> web.Response:
+        read = await self._read(request)
+        if isinstance(read, web.Response):
+            return read
+        (obj, stored, note), session = read, session_of(request)
+        children = await self._children(session, obj)
+        body = run_views.run_page_body(obj, stored, session.csrf, note=note, children=children)
+        return self.page(body, request.match_info["name"], session)
 
     async def _children(self, session: Session, run: Mapping[str, Any]) -> str:
         """The run's children and theirs (one LIST of the namespace's child runs), when it has any."""
@@ -130,19 +139,15 @@ class RunPages:
                 session.identity, "GET", runs_path(namespace), params={"labelSelector": LABEL_PARENT_UID}
             )
         except APIError:
-            return (
-                ""  # the run itself is shown; its children are the person's to be refused on their own page
-            )
+            return ""  # the run is shown; its children are refused on their own pages
         return resource_views.children(run_tree(run, listing.get("items") or []))
 
     async def whole_turn(self, request: web.Request) -> web.Response:
-        console, session = self.console, session_of(request)
+        read = await self._read(request)
+        if isinstance(read, web.Response):
+            return read
+        (obj, stored, note), session, console = read, session_of(request), self.console
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        try:
-            obj = await console.api.request(session.identity, "GET", runs_path(namespace, name))
-        except APIError as exc:
-            return console.api_problem(exc, f"cannot read agentrun {namespace}/{name}", session)
-        stored, note = await read_transcript(console, session.identity, obj)
         number = int(request.match_info["number"])
         if note is not None or not 1 <= number <= len(stored.messages):
             return console.problem(404, note or f"agentrun {namespace}/{name} has no turn {number}", session)
