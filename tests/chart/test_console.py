@@ -81,3 +81,15 @@ def test_the_operators_selectors_do_not_take_in_the_console_pods(renderer: Rende
         assert not all(console_pod.get(k) == v for k, v in selector.items()), selector
     console_service = next(s for s in of_kind(manifests, "Service") if "console" in s["metadata"]["name"])
     assert all(console_pod.get(k) == v for k, v in console_service["spec"]["selector"].items())
+
+
+def test_with_transcripts_in_postgresql_the_console_gets_the_dsn_from_the_secret_only(
+    renderer: Renderer,
+) -> None:
+    values = {**TOKEN, "operator": {"transcriptStorage": "postgres"}, "database": {"existingSecret": "db"}}
+    container = deployment(renderer.render(values), "console")["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"] == [
+        {"name": "AGENTRUN_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "db", "key": "url"}}}
+    ]
+    plain = deployment(renderer.render(TOKEN), "console")["spec"]["template"]["spec"]["containers"][0]
+    assert "env" not in plain

@@ -20,6 +20,8 @@ import aiohttp
 import pytest
 
 from agentrun.api import LABEL_AGENT, LABEL_PARENT_UID
+from agentrun.api.transcripts import POSTGRES_KIND, StoredChunk, compress, record
+from agentrun.stores.postgres import TranscriptDatabase
 from tests.support.approval_policy import approval_policy_in_force
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
@@ -34,6 +36,7 @@ from tests.support.console import (
     running_console,
     sign_in,
 )
+from tests.support.postgres import PostgresServer
 from tests.support.quotas import create_quota, install_quota_crd
 from tests.support.schedules import create_agent, create_schedule, install_schedule_crd
 
@@ -352,3 +355,42 @@ async def test_agents_schedules_quotas_and_children_are_shown_as_the_person_may_
         await sign_in(http, nobody.token)
         for page in ("/agents", "/schedules", "/quotas"):
             assert (await http.get(page)).status == 403, page
+
+
+async def test_a_transcript_kept_in_postgresql_is_shown_to_whoever_may_list_the_namespaces_secrets(
+    cluster: TestCluster, people: dict[str, Person], postgres: PostgresServer
+) -> None:
+    """The right that reads a transcript kept in Secrets reads one kept in the database: asked of the API
+    server as the person (a SelfSubjectAccessReview) before the console reads the rows."""
+    created = await labelled_run(cluster, "stored", {})
+    uid = created["metadata"]["uid"]
+    messages = [{"role": "user", "content": "the task"}, {"role": "assistant", "content": "kept in postgres"}]
+    doc = record(
+        first=0, messages=messages, trace=[], progress={}, state={}, tools_pending=False, outcome=None
+    )
+    database = await TranscriptDatabase.connect(postgres.dsn)
+    try:
+        await database.ensure_schema()
+        chunk = StoredChunk(0, 0, 1, compress(doc))
+        assert (
+            await database.insert_chunk(
+                run_uid=uid, namespace=cluster.namespace, run_name="stored", chunk=chunk
+            )
+            is None
+        )
+    finally:
+        await database.close()
+    ref = {"kind": POSTGRES_KIND, "namePrefix": "stored-transcript", "chunks": 1, "bytes": 100}
+    await set_status(cluster, "stored", {"phase": "Succeeded", "transcript": ref})
+    page = f"/runs/{cluster.namespace}/stored"
+    async with running_console(cluster, auth="token", database_url=postgres.dsn) as url:
+        async with browser_session(url) as alice:
+            await sign_in(alice, people["alice"].token)
+            assert "kept in postgres" in await (await alice.get(page)).text()
+        async with browser_session(url) as bob:
+            await sign_in(bob, people["bob"].token)
+            text = await (await bob.get(page)).text()
+            assert "kept in postgres" not in text and "it takes `list` on secrets" in text
+    async with running_console(cluster, auth="token") as url, browser_session(url) as alice:
+        await sign_in(alice, people["alice"].token)
+        assert "no database configured" in await (await alice.get(page)).text()

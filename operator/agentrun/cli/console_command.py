@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import os
 import sys
 
 from aiohttp import web
@@ -47,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="mark the session cookie Secure (default: on, but for --auth kubeconfig on a loopback address)",
     )
     con.add_argument(
+        "--database-url",
+        default=os.environ.get("AGENTRUN_DATABASE_URL") or None,
+        help="the PostgreSQL transcript store's DSN (default: AGENTRUN_DATABASE_URL): shows transcripts kept "
+        "there to whoever may list the run's namespace's Secrets",
+    )
+    con.add_argument(
         "--user-header", default="X-Forwarded-User", help="--auth proxy: the header naming the user"
     )
     con.add_argument(
@@ -80,6 +87,7 @@ def config_of(args: argparse.Namespace) -> ConsoleConfig:
         user_header=args.user_header,
         groups_header=args.groups_header,
         namespace=args.namespace,
+        database_url=args.database_url,
     )
 
 

@@ -18,6 +18,7 @@ from agentrun.api.transcripts import (
     Transcript,
     TranscriptError,
     chunk_selector,
+    decode_chunks,
     decode_objects,
     object_kind,
     storage_of,
@@ -25,8 +26,9 @@ from agentrun.api.transcripts import (
 from agentrun.cli.plugin_rendering import run_tree
 from agentrun.console import resource_views, run_views, views
 from agentrun.console.identities import Identity
-from agentrun.console.serving import form_value, see_other, session_of
+from agentrun.console.serving import form_value, may, see_other, session_of
 from agentrun.kube.errors import APIConflictError, APIError, APIInvalidError, APIStatusError
+from agentrun.stores.postgres import UNAVAILABLE
 
 if TYPE_CHECKING:
     from agentrun.console.serving import Console
@@ -185,10 +187,7 @@ async def read_transcript(
     meta, status = run.get("metadata") or {}, run.get("status") or {}
     ref = status.get("transcript") or {}
     if ref.get("kind") == POSTGRES_KIND:
-        return Transcript(), (
-            "This run's transcript is kept in PostgreSQL: read it with "
-            f"`kubectl agentrun transcript {meta.get('name')} --database-url ...`."
-        )
+        return await read_rows(console, identity, run)
     storage = storage_of(ref.get("kind"))
     params = {"labelSelector": chunk_selector(uid=str(meta.get("uid", "")))}
     path = f"/api/v1/namespaces/{meta.get('namespace')}/{'secrets' if storage == 'secret' else 'configmaps'}"
@@ -199,6 +198,36 @@ async def read_transcript(
     kind = object_kind(storage)
     try:
         return decode_objects([{**item, "kind": kind} for item in listing.get("items") or []]), None
+    except TranscriptError as exc:
+        return Transcript(), f"The stored transcript cannot be read: {exc}"
+
+
+async def read_rows(
+    console: Console, identity: Identity, run: Mapping[str, Any]
+) -> tuple[Transcript, str | None]:
+    """A transcript kept in PostgreSQL, for a person the API server lets list the namespace's Secrets:
+    the right that reads a transcript kept in Secrets, so the store does not change who may read it."""
+    meta = run.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    database = await console.database()
+    if database is None:
+        return Transcript(), (
+            "This run's transcript is kept in PostgreSQL and this console has no database configured "
+            "(--database-url): read it with "
+            f"`kubectl agentrun transcript {meta.get('name')} --database-url ...`."
+        )
+    try:
+        allowed = await may(console.api, identity, "list", "secrets", namespace)
+    except APIError as exc:
+        return Transcript(), f"The API server cannot tell whether you may read this transcript: {exc}"
+    if not allowed:
+        return Transcript(), (
+            f"You may not read this run's transcript: it takes `list` on secrets in namespace {namespace}."
+        )
+    try:
+        return decode_chunks(await database.read_chunks(str(meta.get("uid", "")))), None
+    except UNAVAILABLE as exc:
+        return Transcript(), f"The transcript database cannot be reached ({type(exc).__name__}); try again."
     except TranscriptError as exc:
         return Transcript(), f"The stored transcript cannot be read: {exc}"
 

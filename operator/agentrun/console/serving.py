@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.resources
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -17,10 +17,12 @@ from agentrun.console.api_calling import ClusterAPI
 from agentrun.console.identities import AuthMode, Identity
 from agentrun.console.sessions import COOKIE, Session, Sessions
 from agentrun.kube.errors import APIError, APIStatusError, APIUnauthorizedError
+from agentrun.stores.postgres import TranscriptDatabase
 
 logger = logging.getLogger(__name__)
 
 SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+SELF_SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
 #: Paths open without a session: signing in, the assets, the probe.
 OPEN = ("/login", "/static/", "/healthz")
@@ -54,6 +56,21 @@ class ConsoleConfig:
     #: The namespace the runs page opens on ("" for all namespaces).
     namespace: str = ""
     page_size: int = 50
+    #: The PostgreSQL transcript store's DSN: transcripts kept there are shown to whoever may list the
+    #: run's namespace's Secrets (the right that reads transcripts kept in Secrets).
+    database_url: str | None = field(default=None, repr=False)
+
+
+async def may(api: ClusterAPI, identity: Identity, verb: str, resource: str, namespace: str) -> bool:
+    """Whether the API server lets this identity ``verb`` ``resource`` in ``namespace`` (a
+    SelfSubjectAccessReview, as `kubectl auth can-i`)."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"namespace": namespace, "verb": verb, "resource": resource}},
+    }
+    answer = await api.request(identity, "POST", SELF_SUBJECT_ACCESS_REVIEWS, body=review)
+    return bool((answer.get("status") or {}).get("allowed"))
 
 
 async def who_is(api: ClusterAPI, identity: Identity) -> str | None:
@@ -70,6 +87,13 @@ class Console:
         self.config = config
         self.sessions = sessions or Sessions()
         self._local: Identity | None = None
+        self._database: TranscriptDatabase | None = None
+
+    async def database(self) -> TranscriptDatabase | None:
+        """The transcript store's database, connected on first use (None without a DSN)."""
+        if self._database is None and self.config.database_url:
+            self._database = await TranscriptDatabase.connect(self.config.database_url, max_size=4)
+        return self._database
 
     def app(self) -> web.Application:
         from agentrun.console import live_streaming, resource_serving, run_serving
@@ -88,6 +112,8 @@ class Console:
 
     async def _close(self, _: web.Application) -> None:
         await self.api.close()
+        if self._database is not None:
+            await self._database.close()
 
     # Who is asking ---------------------------------------------------------------------------------
 

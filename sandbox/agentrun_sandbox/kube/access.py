@@ -96,12 +96,7 @@ class EmulatorAccess(EmulatorWatch):
     def _authorize_as_target(self, record: RequestRecord, body: Any) -> ApiError | None:
         """The 403 for an impersonated request its target's stored RBAC does not allow."""
         target = identify(record, self.identities, self.authorizers)
-        rbac = RbacObjects(
-            roles=self.list_objects("roles.rbac.authorization.k8s.io"),
-            cluster_roles=self.list_objects("clusterroles.rbac.authorization.k8s.io"),
-            role_bindings=self.list_objects("rolebindings.rbac.authorization.k8s.io"),
-            cluster_role_bindings=self.list_objects("clusterrolebindings.rbac.authorization.k8s.io"),
-        )
+        rbac = self._stored_rbac()
         for check in own_attributes(record, target.username, body, self._resolve_kind):
             if not rbac.allows(check, target.groups):
                 return forbidden(check)
@@ -113,6 +108,14 @@ class EmulatorAccess(EmulatorWatch):
             if rtype.group == group and rtype.kind == kind:
                 return rtype.group, rtype.plural
         return None
+
+    def _stored_rbac(self) -> RbacObjects:
+        return RbacObjects(
+            roles=self.list_objects("roles.rbac.authorization.k8s.io"),
+            cluster_roles=self.list_objects("clusterroles.rbac.authorization.k8s.io"),
+            role_bindings=self.list_objects("rolebindings.rbac.authorization.k8s.io"),
+            cluster_role_bindings=self.list_objects("clusterrolebindings.rbac.authorization.k8s.io"),
+        )
 
     def _self_subject_access_review(self, rtype: ResourceType, record: RequestRecord, body: Any) -> Reply:
         """``kubectl auth can-i``: whether the request's own token may do what the spec asks.
@@ -132,7 +135,22 @@ class EmulatorAccess(EmulatorWatch):
             )
         authorizer = self.authorizers.get((record.authorization or "").removeprefix("Bearer ").strip())
         allowed = True
-        if authorizer is not None:
+        if record.impersonate_user and self.authorize_impersonated_users:
+            # Asked while impersonating: answered for the impersonated identity, as a real server does.
+            target = identify(record, self.identities, self.authorizers)
+            resource = spec.get("resourceAttributes") or {}
+            check = Attributes(
+                user=target.username,
+                verb=str(resource.get("verb") or ""),
+                resource_request=True,
+                api_group=str(resource.get("group") or ""),
+                resource=str(resource.get("resource") or ""),
+                subresource=str(resource.get("subresource") or ""),
+                namespace=str(resource.get("namespace") or ""),
+                name=str(resource.get("name") or ""),
+            )
+            allowed = self._stored_rbac().allows(check, target.groups)
+        elif authorizer is not None:
             resource = spec.get("resourceAttributes")
             if isinstance(resource, dict):
                 check = Attributes(

@@ -327,3 +327,32 @@ async def test_a_pod_bound_to_a_node_stays_terminating_until_deleted_without_a_g
         # A pod no node runs goes at once.
         assert (await admin.delete(f"{PODS}/free")).status == 200
         assert (await admin.get(f"{PODS}/free")).status == 404
+
+
+async def test_a_self_subject_access_review_made_while_impersonating_answers_for_the_impersonated(
+    enforcing: EmulatedCluster,
+) -> None:
+    """kube-apiserver answers `kubectl auth can-i --as=X` for X (its stored roles), not for the caller."""
+    ssar = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+    def review(verb: str, resource: str) -> dict[str, Any]:
+        attributes = {"verb": verb, "resource": resource, "namespace": "default"}
+        return {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+
+    async with KubeClient(enforcing.url) as admin:
+        reader = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+        agent = [{"kind": "ServiceAccount", "name": "agent", "namespace": "default"}]
+        await admin.post(f"{RBAC}/namespaces/default/roles", _role("Role", "pods", reader))
+        await admin.post(
+            f"{RBAC}/namespaces/default/rolebindings", _binding("RoleBinding", "pods", "Role", agent)
+        )
+        pods = await admin.post(ssar, review("list", "pods"), headers=AS_AGENT)
+        secrets = await admin.post(ssar, review("list", "secrets"), headers=AS_AGENT)
+        mine = await admin.post(ssar, review("list", "secrets"))
+    assert (pods.status, pods.body["status"]) == (201, {"allowed": True})
+    assert secrets.body["status"] == {"allowed": False}
+    assert mine.body["status"] == {"allowed": True}  # the admin, not impersonating
