@@ -93,3 +93,17 @@ def test_with_transcripts_in_postgresql_the_console_gets_the_dsn_from_the_secret
     ]
     plain = deployment(renderer.render(TOKEN), "console")["spec"]["template"]["spec"]["containers"][0]
     assert "env" not in plain
+
+
+def test_only_the_peers_named_reach_the_console_when_named(renderer: Renderer) -> None:
+    proxy_pods = {"podSelector": {"matchLabels": {"app": "oauth2-proxy"}}}
+    values = {"console": {"enabled": True, "auth": "proxy", "ingressFrom": [proxy_pods]}}
+    objects = console_objects(renderer.render(values))
+    [policy] = of_kind(objects, "NetworkPolicy")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    pod_labels = deployment(objects, "console")["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+    assert policy["spec"]["ingress"] == [
+        {"from": [proxy_pods], "ports": [{"port": "http", "protocol": "TCP"}]}
+    ]
+    assert of_kind(console_objects(renderer.render(PROXY)), "NetworkPolicy") == []
