@@ -37,6 +37,10 @@ class TraceRow:
     usage: TokenUsage
     model: str
     request_id: str | None = None
+    #: How long the model took to answer this request (the answering attempt); None when not measured
+    #: (a transcript written before it was, a summary request). With the tools' durations, the run's
+    #: time request by request (the console's timeline).
+    model_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +60,7 @@ class TraceRow:
                 for t in self.tool_calls
             ],
             **self.usage.as_dict(),
+            **({"model_ms": round(self.model_seconds * 1000, 1)} if self.model_seconds is not None else {}),
         }
 
     @classmethod
@@ -78,6 +83,7 @@ class TraceRow:
             usage=TokenUsage.from_dict(dict(raw)),
             model=str(raw.get("model", "")),
             request_id=raw.get("request_id"),
+            model_seconds=float(raw["model_ms"]) / 1000 if raw.get("model_ms") is not None else None,
         )
 
 

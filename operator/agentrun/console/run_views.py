@@ -120,14 +120,16 @@ def trace(rows: Sequence[TraceRow], progress: Sequence[Progress] = ()) -> str:
         )
         lines.append(
             f'<tr><td class="num">{row.iteration}</td><td>{esc(row.stop_reason)}</td>'
+            f'<td class="num">{"–" if row.model_seconds is None else f"{row.model_seconds:.2f} s"}</td>'
             f"<td>{esc(row.model)}</td>"
             f'<td class="num">{u.input_tokens}</td><td class="num">{u.output_tokens}</td>'
             f'<td class="num">{u.cache_read_input_tokens}</td><td>{esc(calls or "–")}</td></tr>'
         )
     return (
-        f'<section id="trace" aria-label="Trace"><h2>Trace</h2>{usage_chart(progress)}'
+        f'<section id="trace" aria-label="Trace"><h2>Trace</h2>{timeline(rows)}{usage_chart(progress)}'
         '<table class="trace"><thead><tr>'
-        '<th scope="col">Iteration</th><th scope="col">Stop reason</th><th scope="col">Model</th>'
+        '<th scope="col">Iteration</th><th scope="col">Stop reason</th><th scope="col">Answered in</th>'
+        '<th scope="col">Model</th>'
         '<th scope="col">In</th><th scope="col">Out</th><th scope="col">Cache read</th>'
         f'<th scope="col">Tools</th></tr></thead><tbody>{"".join(lines)}</tbody></table></section>'
     )
@@ -270,6 +272,41 @@ def _line(values: Sequence[float], colour: str) -> str:
         f"{i * 600 / (len(values) - 1):.1f},{120 - value * 110 / top:.1f}" for i, value in enumerate(values)
     )
     return f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>'
+
+
+def timeline(rows: Sequence[TraceRow]) -> str:
+    """Where the run's time went, request by request: each model answer (blue) then its tools (green,
+    the longest of a turn's calls: they run at once), end to end on one strip, each part titled with its
+    iteration and length. Waits between them (approvals, quota room) are not in it."""
+    parts: list[tuple[float, str, str]] = []
+    for row in rows:
+        if row.model_seconds is not None:
+            parts.append(
+                (row.model_seconds, "#2457c5", f"iteration {row.iteration}: model {row.model_seconds:.2f} s")
+            )
+        if row.tool_calls:
+            longest = max(t.duration_seconds for t in row.tool_calls)
+            names = ", ".join(t.name for t in row.tool_calls)
+            parts.append((longest, "#1f7a3a", f"iteration {row.iteration}: {names} {longest:.2f} s"))
+    total = sum(seconds for seconds, _, _ in parts)
+    if not parts or total <= 0:
+        return ""
+    x, bars = 0.0, []
+    for seconds, colour, title in parts:
+        width = seconds * 600 / total
+        bars.append(
+            f'<rect x="{x:.2f}" y="4" width="{max(width, 0.5):.2f}" height="24" fill="{colour}">'
+            f"<title>{esc(title)}</title></rect>"
+        )
+        x += width
+    return (
+        '<figure class="timeline"><svg role="img" viewBox="0 0 600 44" width="100%" height="44" '
+        f'aria-label="Timeline: {total:.1f} s of model answers and tool calls over {len(rows)} requests">'
+        f'{"".join(bars)}<text x="0" y="42" font-size="10">0 s</text>'
+        f'<text x="600" y="42" font-size="10" text-anchor="end">{total:.1f} s</text></svg>'
+        "<figcaption>Timeline: model answers (blue) and tool calls (green), request by request; hover a part "
+        "for its iteration and length</figcaption></figure>"
+    )
 
 
 def usage_chart(progress: Sequence[Progress]) -> str:

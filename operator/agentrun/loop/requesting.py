@@ -52,7 +52,7 @@ async def call_model(step: CallModel, ctx: Context) -> Handle | Compact | Finish
     if not isinstance(sent, Answered):
         return unanswered(sent)
     await record_answer(step, ctx, request, sent, iteration)
-    return Handle(sent.response, final=step.final)
+    return Handle(sent.response, final=step.final, elapsed=sent.elapsed)
 
 
 async def record_answer(

@@ -150,7 +150,13 @@ async def unexpected_stop(step: Handle, ctx: Context) -> Finish:
 def trace_row(step: Handle, ctx: Context, tools: Sequence[ToolOutcome] = ()) -> TraceRow:
     r = step.response
     return TraceRow(
-        ctx.state.iterations, r.stop_reason, tuple(t.trace for t in tools), r.usage, r.model, r.request_id
+        ctx.state.iterations,
+        r.stop_reason,
+        tuple(t.trace for t in tools),
+        r.usage,
+        r.model,
+        r.request_id,
+        step.elapsed,
     )
 
 

@@ -50,6 +50,7 @@ class CallModel:
 class Handle:
     response: ModelResponse
     final: bool
+    elapsed: float | None = None  # the answering attempt's latency, for the trace row
 
 
 @dataclass(frozen=True)

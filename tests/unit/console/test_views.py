@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from agentrun.api.traces import Progress, TokenUsage
+from agentrun.api.traces import Progress, TokenUsage, ToolTrace, TraceRow
 from agentrun.api.transcripts import Transcript
 from agentrun.console import run_views, views
 from agentrun.console.identities import Identity
@@ -166,3 +166,26 @@ def _cleared_in(rendered: str, number: int) -> bool:
     start = rendered.index(f'id="turn-{number}"')
     end = rendered.find('id="turn-', start + 1)
     return "cleared: the model is now sent a marker" in rendered[start : end if end > 0 else None]
+
+
+def test_the_timeline_lays_each_answer_and_its_tools_end_to_end_with_their_lengths() -> None:
+    calls = (ToolTrace("t1", "fetch", "h", 3.0, True), ToolTrace("t2", "grep", "h", 1.0, True))
+    rows = [
+        TraceRow(1, "tool_use", calls, TokenUsage(), "m", model_seconds=2.0),
+        TraceRow(2, "end_turn", (), TokenUsage(), "m", model_seconds=1.0),
+    ]
+    chart = run_views.timeline(rows)
+    assert chart.count("<rect") == 3  # answer 1, its tools (at once: the longest), answer 2
+    assert "iteration 1: fetch, grep 3.00 s" in chart and "iteration 2: model 1.00 s" in chart
+    assert "6.0 s" in chart  # 2 + 3 + 1
+    assert "<script" not in chart
+    unmeasured = [TraceRow(1, "end_turn", (), TokenUsage(), "m")]
+    assert run_views.timeline(unmeasured) == ""
+
+
+def test_a_trace_row_keeps_its_model_time_through_the_transcript_and_old_rows_have_none() -> None:
+    row = TraceRow(3, "tool_use", (), TokenUsage(input_tokens=5), "m", "req_1", model_seconds=0.25)
+    assert row.as_dict()["model_ms"] == 250.0
+    assert TraceRow.from_dict(row.as_dict()) == row
+    old = {k: v for k, v in row.as_dict().items() if k != "model_ms"}
+    assert TraceRow.from_dict(old).model_seconds is None

@@ -10,7 +10,7 @@ from agentrun.api.status_patches import finished
 from agentrun.api.stops import StopReason
 from agentrun.loop.config import RetryPolicy
 from agentrun.loop.errors import ToolError
-from agentrun.loop.events import ModelRetryScheduled
+from agentrun.loop.events import Checkpoint, ModelRetryScheduled
 from agentrun.metrics.definitions import Metrics
 from agentrun.metrics.observing import MetricsObserver
 from agentrun_sandbox.messages.script import (
@@ -557,3 +557,19 @@ async def test_calls_next_to_a_rejected_end_turn_are_answered_as_not_run() -> No
     assert '"code": "not_run"' in follow_up[0]["content"]
     assert "deploy" in follow_up[1]["text"]
     assert [c.id for c in deploy.calls] == ["toolu_real"]
+
+
+async def test_each_trace_row_says_how_long_the_model_took_to_answer() -> None:
+    """The answering attempt's latency lands in the row (the console's timeline is drawn from it)."""
+    tool = FakeTool("lookup", answer="ok")
+    run = await run_scripted(
+        [
+            Reply([tool_use_block("lookup", {}, id="toolu_T1")], delay_seconds=0.3),
+            Reply([text_block("done")]),
+        ],
+        tools=[tool],
+    )
+    rows = [c.trace for c in run.recorder.of(Checkpoint) if c.trace is not None and not c.tools_pending]
+    assert [r.iteration for r in rows] == [1, 2]
+    assert rows[0].model_seconds is not None and rows[0].model_seconds >= 0.3
+    assert rows[1].model_seconds is not None
