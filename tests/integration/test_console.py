@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -77,18 +78,18 @@ async def approvals_of(cluster: TestCluster, name: str) -> list[dict[str, Any]]:
     return list(run["spec"].get("approvals") or [])
 
 
+@pytest.fixture
+async def approval_policy(cluster: TestCluster) -> AsyncIterator[str]:
+    async with approval_policy_in_force(cluster) as name:
+        yield name
+
+
+@pytest.mark.usefixtures("approval_policy")
 async def test_each_person_sees_and_may_do_only_what_their_own_rbac_allows(
     cluster: TestCluster, people: dict[str, Person]
 ) -> None:
     """With the chart's approval policy in force: a decision made in the console is recorded under the
     person's own name, which is what the policy admits."""
-    async with approval_policy_in_force(cluster):
-        await each_person_sees_and_may_do_only_what_their_own_rbac_allows(cluster, people)
-
-
-async def each_person_sees_and_may_do_only_what_their_own_rbac_allows(
-    cluster: TestCluster, people: dict[str, Person]
-) -> None:
     await waiting_run(cluster, "guarded")
     run_page = f"/runs/{cluster.namespace}/guarded"
     async with running_console(cluster, auth="token") as url:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from agentrun.cli.plugin_session import PluginError, Session, api_error, get_run
@@ -16,7 +17,7 @@ from agentrun.kube.calling import JSON_PATCH
 from agentrun.kube.errors import APIStatusError
 from agentrun.kube.failures import KubeFailure
 
-__all__ = ["choose_call", "cmd_approve", "cmd_deny", "decide", "whoami"]
+__all__ = ["appending", "choose_call", "cmd_approve", "cmd_deny", "decide", "decision_entry", "whoami"]
 
 CONFLICT_RETRIES = 5
 
@@ -81,6 +82,24 @@ def _refused_decision(exc: APIStatusError, args: argparse.Namespace) -> KubeFail
     return None
 
 
+def decision_entry(tool_use_id: str, decision: str, by: str, reason: str | None) -> dict[str, Any]:
+    """One entry of spec.approvals (the reason only when one is given)."""
+    entry = {"toolUseId": tool_use_id, "decision": decision, "by": by}
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
+def appending(run: Mapping[str, Any], entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that appends ``entry`` to the run's spec.approvals, applied only to the version
+    read (the test op): a decision made meanwhile by someone else is never overwritten."""
+    approvals = [*((run.get("spec") or {}).get("approvals") or []), dict(entry)]
+    return [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
+        {"op": "add", "path": "/spec/approvals", "value": approvals},
+    ]
+
+
 async def decide(session: Session, args: argparse.Namespace, decision: str) -> str:
     """Append to spec.approvals, guarded by resourceVersion so concurrent deciders never clobber.
 
@@ -91,14 +110,7 @@ async def decide(session: Session, args: argparse.Namespace, decision: str) -> s
     for _ in range(CONFLICT_RETRIES):
         run = await get_run(session, args.name)
         call = choose_call(run, args.tool_use_id)
-        entry = {"toolUseId": call["toolUseId"], "decision": decision, "by": by}
-        if args.reason:
-            entry["reason"] = args.reason
-        approvals = [*((run.get("spec") or {}).get("approvals") or []), entry]
-        patch = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
-            {"op": "add", "path": "/spec/approvals", "value": approvals},
-        ]
+        patch = appending(run, decision_entry(call["toolUseId"], decision, by, args.reason))
         try:
             await session.kube.patch_run(session.namespace, args.name, patch, content_type=JSON_PATCH)
         except APIStatusError as exc:

@@ -60,6 +60,7 @@ async def events(
     heartbeats meanwhile. A resource version too old ends it with ``reload``."""
     while True:
         watch = console.api.watch(identity, path, params).__aiter__()
+        step: asyncio.Future[dict[str, Any]] | None = None
         try:
             while True:
                 step = asyncio.ensure_future(anext(watch))
@@ -81,6 +82,11 @@ async def events(
                 if event.get("type") != "BOOKMARK":
                     yield event
         finally:
+            # The person left (or the watch failed) while a read was pending: it holds the connection.
+            if step is not None and not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await step
             with contextlib.suppress(Exception):
                 await watch.aclose()  # type: ignore[attr-defined]
 

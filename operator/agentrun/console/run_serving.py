@@ -23,10 +23,12 @@ from agentrun.api.transcripts import (
     object_kind,
     storage_of,
 )
+from agentrun.cli.plugin_approving import appending, decision_entry
 from agentrun.cli.plugin_rendering import run_tree
 from agentrun.console import resource_views, run_views, views
 from agentrun.console.identities import Identity
-from agentrun.console.serving import form_value, may, see_other, session_of
+from agentrun.console.serving import form_value, may, see_other, session_of, who_is
+from agentrun.kube.calling import JSON_PATCH
 from agentrun.kube.errors import APIConflictError, APIError, APIInvalidError, APIStatusError
 from agentrun.stores.postgres import UNAVAILABLE
 
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
     from agentrun.console.serving import Console
     from agentrun.console.sessions import Session
 
-JSON_PATCH = "application/json-patch+json"
 CONFLICT_RETRIES = 5
 FILTERS = ("namespace", "phase", "stopReason", "agent", "schedule")
 
@@ -259,20 +260,7 @@ async def record_decision(
             raise DecisionRefused(
                 409, f"{tool_use_id or 'that call'} is not waiting for a decision (any more)"
             )
-        entry = {
-            "toolUseId": tool_use_id,
-            "decision": decision,
-            "by": by,
-            **({"reason": reason} if reason else {}),
-        }
-        patch = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
-            {
-                "op": "add",
-                "path": "/spec/approvals",
-                "value": [*((run.get("spec") or {}).get("approvals") or []), entry],
-            },
-        ]
+        patch = appending(run, decision_entry(tool_use_id, decision, by, reason))
         try:
             await console.api.request(
                 identity, "PATCH", runs_path(namespace, name), body=patch, content_type=JSON_PATCH
@@ -288,8 +276,6 @@ async def record_decision(
 
 
 async def _who(console: Console, identity: Identity) -> str:
-    from agentrun.console.serving import who_is
-
     name = await who_is(console.api, identity)
     if name is None:
         raise DecisionRefused(

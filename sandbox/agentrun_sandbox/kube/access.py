@@ -138,31 +138,12 @@ class EmulatorAccess(EmulatorWatch):
         if record.impersonate_user and self.authorize_impersonated_users:
             # Asked while impersonating: answered for the impersonated identity, as a real server does.
             target = identify(record, self.identities, self.authorizers)
-            resource = spec.get("resourceAttributes") or {}
-            check = Attributes(
-                user=target.username,
-                verb=str(resource.get("verb") or ""),
-                resource_request=True,
-                api_group=str(resource.get("group") or ""),
-                resource=str(resource.get("resource") or ""),
-                subresource=str(resource.get("subresource") or ""),
-                namespace=str(resource.get("namespace") or ""),
-                name=str(resource.get("name") or ""),
-            )
+            check = _asked(target.username, spec.get("resourceAttributes") or {})
             allowed = self._stored_rbac().allows(check, target.groups)
         elif authorizer is not None:
             resource = spec.get("resourceAttributes")
             if isinstance(resource, dict):
-                check = Attributes(
-                    user=authorizer.user,
-                    verb=str(resource.get("verb") or ""),
-                    resource_request=True,
-                    api_group=str(resource.get("group") or ""),
-                    resource=str(resource.get("resource") or ""),
-                    subresource=str(resource.get("subresource") or ""),
-                    namespace=str(resource.get("namespace") or ""),
-                    name=str(resource.get("name") or ""),
-                )
+                check = _asked(authorizer.user, resource)
             else:
                 path = spec["nonResourceAttributes"]
                 check = Attributes(
@@ -191,3 +172,17 @@ class EmulatorAccess(EmulatorWatch):
             "status": {"userInfo": user.as_dict()},
         }
         return Reply(201, review)
+
+
+def _asked(user: str, resource: dict[str, Any]) -> Attributes:
+    """What a SelfSubjectAccessReview's resourceAttributes ask, for ``user``."""
+    return Attributes(
+        user=user,
+        verb=str(resource.get("verb") or ""),
+        resource_request=True,
+        api_group=str(resource.get("group") or ""),
+        resource=str(resource.get("resource") or ""),
+        subresource=str(resource.get("subresource") or ""),
+        namespace=str(resource.get("namespace") or ""),
+        name=str(resource.get("name") or ""),
+    )
