@@ -18,12 +18,10 @@ import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 from agentrun.api.traces import TokenUsage, ToolTrace, TraceRow
 from agentrun.api.transcripts import chunk_object, compress, name_prefix, record, split
-from agentrun.console.api_calling import ClusterAPI
-from agentrun.console.serving import Console, ConsoleConfig
+from agentrun.console.serving import Console, ConsoleConfig, serving
 from agentrun.kube import kubeconfig_loading
 from agentrun_sandbox.kube import EmulatedCluster
 from bench.figures import Figure, Section, Target, median, percentile, progress
@@ -175,15 +173,8 @@ async def measure(section: Section, *, turns: int, result_bytes: int, repeats: i
                     assert answer.status == 201
         access = await kubeconfig_loading.load(str(kube.kubeconfig_path))
         config = ConsoleConfig(auth="kubeconfig", secure_cookies=False, namespace="default")
-        runner = web.AppRunner(
-            Console(ClusterAPI(access, own_credentials=True), config).app(), access_log=None
-        )
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-        url = f"http://127.0.0.1:{port}"
-        try:
+        async with serving(Console.of(access, config), "127.0.0.1", 0) as port:
+            url = f"http://127.0.0.1:{port}"
             async with aiohttp.ClientSession() as person:
                 await timed_get(person, url + "/")  # the session, and the identity, once
                 pages = [await timed_get(person, url + "/runs/default/big") for _ in range(repeats)]
@@ -192,8 +183,6 @@ async def measure(section: Section, *, turns: int, result_bytes: int, repeats: i
                 ]
                 lists = [await timed_get(person, url + "/") for _ in range(repeats)]
             in_browser = await asyncio.to_thread(browser_seconds, url + "/runs/default/big", repeats)
-        finally:
-            await runner.cleanup()
     seconds = [p[0] for p in pages]
     section.add(
         Figure(

@@ -19,7 +19,6 @@ from typing import Any
 
 import aiohttp
 import yaml
-from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -27,8 +26,7 @@ from agentrun.api import AGENT_KIND, AGENT_PLURAL, GROUP, KIND, PLURAL, QUOTA_KI
 from agentrun.api.crd import agent_crd, crd, quota_crd
 from agentrun.api.status import FINISHED_PHASES
 from agentrun.cli.plugin_rendering import render_tree, run_tree
-from agentrun.console.api_calling import ClusterAPI
-from agentrun.console.serving import Console, ConsoleConfig
+from agentrun.console.serving import Console, ConsoleConfig, serving
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure, explained
 from agentrun.kube.kubeconfig_loading import ClusterAccess
@@ -205,19 +203,8 @@ async def _console(access: ClusterAccess) -> AsyncIterator[str]:
     """`agentrun console` on the demo's cluster, as the kubeconfig's identity, on 127.0.0.1:8090 (or
     a free port when that one is taken)."""
     config = ConsoleConfig(auth="kubeconfig", secure_cookies=False, allowed_hosts=LOCAL_HOSTS)
-    runner = web.AppRunner(Console(ClusterAPI(access, own_credentials=True), config).app(), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", CONSOLE_PORT)
-        try:
-            await site.start()
-        except OSError:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    async with serving(Console.of(access, config), "127.0.0.1", CONSOLE_PORT, any_port_if_taken=True) as port:
         yield f"http://127.0.0.1:{port}/?namespace={NAMESPACE}"
-    finally:
-        await runner.cleanup()
 
 
 async def _operate(

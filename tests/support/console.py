@@ -14,14 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
-from agentrun.console.api_calling import ClusterAPI
-from agentrun.console.serving import Console, ConsoleConfig
+from agentrun.console.serving import Console, ConsoleConfig, serving
 from agentrun.kube import kubeconfig_loading
 from agentrun_sandbox.kube.authz import SERVICE_ACCOUNT_PREFIX, UserInfo, service_account_groups
 from tests.support.clusters import TestCluster
-from tests.support.ports import free_port
 from tests.support.rbac import StoredRbac, grant_service_account
 
 RUNS_API = "/apis/agentrun.dev/v1alpha1"
@@ -64,15 +61,8 @@ async def running_console(cluster: TestCluster, **config: Any) -> AsyncIterator[
     kubeconfig (its credentials are the console's own: used in proxy and kubeconfig modes only)."""
     access = await kubeconfig_loading.load(str(cluster.kubeconfig))
     settings = ConsoleConfig(**{"namespace": cluster.namespace, **config})
-    console = Console(ClusterAPI(access, own_credentials=settings.auth != "token"), settings)
-    runner = web.AppRunner(console.app(), access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with serving(Console.of(access, settings), "127.0.0.1", 0) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

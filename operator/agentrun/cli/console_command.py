@@ -10,11 +10,8 @@ import logging
 import os
 import sys
 
-from aiohttp import web
-
-from agentrun.console.api_calling import ClusterAPI
 from agentrun.console.identities import AUTH_MODES
-from agentrun.console.serving import Console, ConsoleConfig
+from agentrun.console.serving import Console, ConsoleConfig, serving
 from agentrun.kube import kubeconfig_loading
 from agentrun.kube.failures import KubeFailure
 
@@ -93,20 +90,13 @@ def config_of(args: argparse.Namespace) -> ConsoleConfig:
 
 async def serve(args: argparse.Namespace, config: ConsoleConfig) -> None:
     access = await kubeconfig_loading.load(args.kubeconfig, args.context)
-    console = Console(ClusterAPI(access, own_credentials=config.auth != "token"), config)
-    runner = web.AppRunner(console.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.bind_address, args.port)
-    await site.start()
-    host = f"[{args.bind_address}]" if ":" in args.bind_address else args.bind_address
-    print(
-        f"agentrun console: http://{host}:{args.port}/ (API server {access.server}, auth {config.auth})",
-        flush=True,
-    )
-    try:
+    async with serving(Console.of(access, config), args.bind_address, args.port):
+        host = f"[{args.bind_address}]" if ":" in args.bind_address else args.bind_address
+        print(
+            f"agentrun console: http://{host}:{args.port}/ (API server {access.server}, auth {config.auth})",
+            flush=True,
+        )
         await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -4,9 +4,10 @@ request passes (CSRF, Host, security headers), static assets, and the routes of 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from agentrun.console.api_calling import ClusterAPI
 from agentrun.console.identities import AuthMode, Identity
 from agentrun.console.sessions import COOKIE, Session, Sessions
 from agentrun.kube.errors import APIError, APIStatusError, APIUnauthorizedError
+from agentrun.kube.kubeconfig_loading import ClusterAccess
 from agentrun.stores.postgres import TranscriptDatabase
 
 logger = logging.getLogger(__name__)
@@ -82,6 +84,11 @@ async def who_is(api: ClusterAPI, identity: Identity) -> str | None:
 
 
 class Console:
+    @classmethod
+    def of(cls, access: ClusterAccess, config: ConsoleConfig) -> Console:
+        """The console for a cluster; its own credentials go out in kubeconfig and proxy modes only."""
+        return cls(ClusterAPI(access, own_credentials=config.auth != "token"), config)
+
     def __init__(self, api: ClusterAPI, config: ConsoleConfig, sessions: Sessions | None = None) -> None:
         self.api = api
         self.config = config
@@ -249,6 +256,26 @@ class Console:
         response = see_other("/login" if self.config.auth == "token" else "/")
         response.del_cookie(COOKIE, path="/")
         return response
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    console: Console, host: str, port: int, *, any_port_if_taken: bool = False
+) -> AsyncIterator[int]:
+    """The console served on ``host``:``port`` (0: a free port; with ``any_port_if_taken`` a free one when
+    ``port`` is taken) until the block ends; yields the port it listens on."""
+    runner = web.AppRunner(console.app(), access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError:
+            if not any_port_if_taken:
+                raise
+            await web.TCPSite(runner, host, 0).start()
+        yield next(address[1] for address in runner.addresses if isinstance(address, tuple))
+    finally:
+        await runner.cleanup()
 
 
 def see_other(location: str) -> web.Response:
