@@ -28,6 +28,7 @@ from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import Event
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
+from agentrun.model.access import ModelAccess
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.api import FakeMessagesAPI
@@ -106,7 +107,7 @@ def agentrun_runner(url: str, pool: ClientPool) -> Runner:
     async def run() -> None:
         outcome = await run_loop(
             config,
-            model=pool.model(api_key=API_KEY, base_url=url),
+            model=pool.model(ModelAccess(api_key=API_KEY, base_url=url)),
             tools=tools,
             observer=NullObserver(),
             clock=SystemClock(),

@@ -19,6 +19,7 @@ from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import Checkpoint, Event
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
+from agentrun.model.access import ModelAccess
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.api import FakeMessagesAPI
@@ -75,7 +76,7 @@ async def measure(section: Section, *, repeats: int, calls: int, seconds: float)
         for attempt in range(repeats + 1):  # the first run warms up and is not counted
             outcome = await run_loop(
                 config,
-                model=pool.model(api_key=API_KEY, base_url=server.url),
+                model=pool.model(ModelAccess(api_key=API_KEY, base_url=server.url)),
                 tools=tools,
                 observer=timer,
                 clock=SystemClock(),

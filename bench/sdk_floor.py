@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from agentrun.loop.protocols import ModelRequest
+from agentrun.model.access import ModelAccess
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun_sandbox.messages.script import Script
 from agentrun_sandbox.messages.script_files import scripts_to_data
@@ -61,7 +62,7 @@ async def measure(script: Script, marker: str, *, runs: int, requests: int, late
     """Each conversation resends its growing history, like the loop, so the server walks the script."""
     async with messages_api_process(script, latency) as url:
         pool = ClientPool()
-        model = pool.model(api_key=API_KEY, base_url=url)
+        model = pool.model(ModelAccess(api_key=API_KEY, base_url=url))
 
         async def conversation(index: int) -> None:
             messages: list[dict[str, object]] = [

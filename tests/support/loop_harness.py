@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentrun.api.provider_spec import Provider
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.stops import Outcome
 from agentrun.loop.clocks import SystemClock
@@ -15,6 +16,7 @@ from agentrun.loop.events import Checkpoint, Event, RunFinished
 from agentrun.loop.protocols import Clock, Observer, ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
 from agentrun.loop.state import RunState
+from agentrun.model.access import AwsKeys, ModelAccess
 from agentrun.model.anthropic_calling import AnthropicModel, ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
@@ -125,6 +127,35 @@ class LoopRun:
         return finished
 
 
+class ProviderChoice:
+    """Which provider's door the harness's runs go through: the loop's scenarios are replayed through
+    each (tests/unit/loop/conftest.py sets it per test)."""
+
+    current: Provider = "anthropic"
+
+
+PROVIDERS = ProviderChoice()
+
+
+def access_to(api: FakeMessagesAPI, provider: Provider) -> ModelAccess:
+    """Credentials the fake's door for ``provider`` accepts, issued by the fake itself."""
+    if provider == "bedrock":
+        key_id, secret = api.aws.new_key()
+        return ModelAccess(
+            "bedrock", base_url=api.url, region=api.aws.region, aws_keys=AwsKeys(key_id, secret)
+        )
+    if provider == "vertex":
+        google = api.google
+        return ModelAccess(
+            "vertex",
+            base_url=f"{api.url}/v1",
+            region=google.region,
+            project_id=google.project,
+            google_credentials=google.new_service_account(f"{api.url}/token"),
+        )
+    return ModelAccess(api_key="sk-test", base_url=api.url)
+
+
 FAST_RETRIES = RetryPolicy(max_retries=3, base_seconds=0.01, max_seconds=0.05)
 
 
@@ -143,8 +174,10 @@ async def run_scripted(
     prompt_cache: bool = False,
     always_stream: bool = False,
     client: Literal["direct", "sdk"] = "direct",
+    provider: Provider | None = None,
 ) -> LoopRun:
-    """`client`: how a request sent without streaming goes, as AGENTRUN_MODEL_CLIENT chooses."""
+    """`client`: how a request sent without streaming goes, as AGENTRUN_MODEL_CLIENT chooses;
+    `provider`: whose wire form carries the requests (default: `PROVIDERS.current`)."""
     raw_spec = {"task": f"{marker} do the thing", **(spec or {})}
     parsed = AgentRunSpec.model_validate(raw_spec)
     api = FakeMessagesAPI(
@@ -155,7 +188,7 @@ async def run_scripted(
     recorder = Recorder()
     async with api.running() as server:
         pool = ClientPool(timeout_seconds=30, shards=1, client=client)
-        model = pool.model(api_key="sk-test", base_url=server.url)
+        model = pool.model(access_to(server, provider or PROVIDERS.current))
         try:
             outcome = await run_loop(
                 LoopConfig.from_spec(parsed, run_id="run-uid", retry=retry),

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
+from agentrun.api.provider_spec import PROVIDER_RULES, BedrockSpec, Provider, VertexSpec
 from agentrun.api.spec_base import SecretKeyRef, SpecModel
 
 #: The smallest thinking budget the Messages API accepts.
@@ -59,17 +60,32 @@ THINKING_TOOL_CHOICE: dict[str, JsonValue] = {
 
 
 class ModelSpec(SpecModel):
-    """Which Anthropic model to call and how."""
+    """Which Claude model to call, where and how."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [THINKING_WITHIN_MAX_TOKENS, THINKING_TEMPERATURE]}
+        json_schema_extra={
+            "x-kubernetes-validations": [THINKING_WITHIN_MAX_TOKENS, THINKING_TEMPERATURE, *PROVIDER_RULES]
+        }
     )
 
+    provider: Provider = Field(
+        default="anthropic",
+        description=(
+            "Who serves the model: anthropic (the Messages API, or a compatible server at baseURL), "
+            "bedrock (Amazon Bedrock, settings in model.bedrock) or vertex (Google Vertex AI, "
+            "settings in model.vertex)."
+        ),
+    )
     name: str = Field(
         default="claude-sonnet-4-6",
-        description="Model name passed to the Messages API, e.g. claude-sonnet-4-6.",
+        description=(
+            "Model as the provider names it: claude-sonnet-4-6 on Anthropic's API; a model or "
+            "inference profile ID on Bedrock (us.anthropic.claude-sonnet-4-5-20250929-v1:0, or an "
+            "inference profile ARN); claude-sonnet-4-5@20250929 on Vertex AI. Prices and context "
+            "windows are found by the Claude model the ID names."
+        ),
         min_length=1,
-        max_length=128,
+        max_length=256,
     )
     max_tokens: int = Field(
         default=DEFAULT_MAX_TOKENS,
@@ -111,7 +127,19 @@ class ModelSpec(SpecModel):
         alias="baseURL",
         max_length=2048,
         pattern=r"^https?://",
-        description="Messages API base URL; defaults to the operator's ANTHROPIC_BASE_URL or Anthropic's.",
+        description=(
+            "Endpoint base URL: the Messages API's (default: the operator's ANTHROPIC_BASE_URL, else "
+            "Anthropic's); with bedrock the bedrock-runtime endpoint's (default: the region's, or the "
+            "operator's ANTHROPIC_BEDROCK_BASE_URL), e.g. a VPC endpoint; with vertex Vertex AI's "
+            "(default: the region's, or the operator's ANTHROPIC_VERTEX_BASE_URL), e.g. a Private "
+            "Service Connect endpoint."
+        ),
+    )
+    bedrock: BedrockSpec | None = Field(
+        default=None, description="Amazon Bedrock settings (provider: bedrock)."
+    )
+    vertex: VertexSpec | None = Field(
+        default=None, description="Google Vertex AI settings (provider: vertex)."
     )
     thinking: ThinkingSpec | None = Field(
         default=None,
@@ -121,6 +149,18 @@ class ModelSpec(SpecModel):
             "than 1 and with a toolChoice that forces a tool."
         ),
     )
+
+    @model_validator(mode="after")
+    def _provider_settings(self) -> ModelSpec:
+        for field in ("bedrock", "vertex"):
+            if getattr(self, field) is not None and self.provider != field:
+                raise ValueError(f"model.{field} is read only with model.provider: {field}")
+        if self.api_key_secret_ref is not None and self.provider != "anthropic":
+            raise ValueError(
+                f"model.apiKeySecretRef is an Anthropic API key; with {self.provider} use "
+                f"model.{self.provider}.credentialsSecretRef"
+            )
+        return self
 
     @model_validator(mode="after")
     def _thinking_fits(self) -> ModelSpec:

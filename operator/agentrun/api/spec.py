@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, JsonValue, model_validator
 from agentrun.api.context_spec import ContextSpec
 from agentrun.api.model_spec import THINKING_TOOL_CHOICE, ModelSpec
 from agentrun.api.output_spec import OutputSpec
+from agentrun.api.provider_spec import SERVER_COMPACTION_PROVIDER
 from agentrun.api.sandbox_spec import SANDBOX_TOOL_NAMES, SandboxDeclaration, SandboxSpec
 from agentrun.api.spec_base import DNS_LABEL_PATTERN, SpecModel, ToolName
 from agentrun.api.tool_specs import ToolChoice, ToolSpec
@@ -172,7 +173,9 @@ class AgentRef(SpecModel):
 class RunDefinition(SpecModel):
     """What a run does, apart from its task: shared by AgentRun.spec and Agent.spec."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [THINKING_TOOL_CHOICE]})
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [THINKING_TOOL_CHOICE, SERVER_COMPACTION_PROVIDER]}
+    )
 
     system_prompt: str | None = Field(
         default=None,
@@ -246,6 +249,16 @@ class RunDefinition(SpecModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _server_compaction_on_anthropic(self) -> RunDefinition:
+        compaction = self.context.compaction
+        if self.model.provider != "anthropic" and compaction.enabled and compaction.strategy == "Server":
+            raise ValueError(
+                "context.compaction.strategy Server needs Anthropic's API (its compaction beta); "
+                f"{self.model.provider} does not offer it: use strategy Client"
+            )
+        return self
+
     def tool_names(self) -> list[str]:
         """Names of non-MCP tools as the model sees them (MCP names are known only after listing)."""
         names: list[str] = []
@@ -267,6 +280,7 @@ class AgentRunSpec(RunDefinition):
             "x-kubernetes-validations": [
                 APPROVALS_KEPT,
                 THINKING_TOOL_CHOICE,
+                SERVER_COMPACTION_PROVIDER,
                 *AGENT_OWNED,
                 WARM_POOL_ON_AGENTS,
             ]

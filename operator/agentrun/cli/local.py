@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Mapping
@@ -48,6 +49,7 @@ from agentrun.loop.events import (
     ToolCallFinished,
 )
 from agentrun.loop.protocols import Tool
+from agentrun.model.access import ModelAccess, project_of, region_of
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings, describe_settings_error
@@ -219,7 +221,7 @@ class Admitted:
     spec: ResolvedRunSpec
     settings: Settings
     prices: PriceTable
-    api_key: str
+    access: ModelAccess
 
 
 def admitted(path: Path) -> Admitted:
@@ -241,9 +243,32 @@ def admitted(path: Path) -> Admitted:
     prices = PriceTable.load(settings.price_file)
     if (unknown := phases.check_model(spec, prices)) is not None:
         raise Refused(f"{path}: {unknown.outcome.message}")
+    return Admitted(manifest, spec, settings, prices, local_access(spec, settings))
+
+
+def credentials_ref(spec: ResolvedRunSpec) -> object | None:
+    model = spec.model
+    settings = (
+        model.bedrock if model.provider == "bedrock" else model.vertex if model.provider == "vertex" else None
+    )
+    return settings.credentials_secret_ref if settings is not None else None
+
+
+def local_access(spec: ResolvedRunSpec, settings: Settings) -> ModelAccess:
+    """Secrets are not read locally: Anthropic's API with ANTHROPIC_API_KEY; Bedrock and Vertex AI with
+    this machine's own cloud sign-in (an AWS profile, `gcloud auth application-default login`)."""
+    model = spec.model
+    if model.provider != "anthropic":
+        return ModelAccess(
+            model.provider,
+            base_url=model.base_url,
+            region=region_of(model, os.environ),
+            project_id=project_of(model, os.environ),
+        )
     if settings.anthropic_api_key is None:
         raise Refused("set ANTHROPIC_API_KEY (Secrets are not read when running locally)")
-    return Admitted(manifest, spec, settings, prices, settings.anthropic_api_key.get_secret_value())
+    key = settings.anthropic_api_key.get_secret_value()
+    return ModelAccess(base_url=model.base_url or settings.anthropic_base_url, api_key=key)
 
 
 async def opened_tools(
@@ -274,6 +299,12 @@ async def run_manifest(
     manifest, spec, settings = run.manifest, run.spec, run.settings
     if spec.model.api_key_secret_ref is not None:
         print("note: spec.model.apiKeySecretRef is ignored locally; using ANTHROPIC_API_KEY", file=stderr)
+    if credentials_ref(spec) is not None:
+        print(
+            f"note: spec.model.{spec.model.provider}.credentialsSecretRef is ignored locally; using "
+            "this machine's own cloud credentials",
+            file=stderr,
+        )
     name = str((manifest.get("metadata") or {}).get("name", path.stem))
     namespace = namespace or str((manifest.get("metadata") or {}).get("namespace") or "default")
     run_id = f"local-{name}"
@@ -285,10 +316,7 @@ async def run_manifest(
         print(f"error: {exc}", file=stderr)
         return exc.code
     clients = ClientPool()
-    model = clients.model(
-        api_key=run.api_key,
-        base_url=spec.model.base_url or settings.anthropic_base_url,
-    )
+    model = clients.model(run.access)
     cancel = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentrun.api.context_spec import ContextSpec
+from agentrun.api.model_names import claude_model
 from agentrun.api.spec import AgentRunSpec, Limits
 from agentrun.api.tool_specs import ToolChoice
 from agentrun.loop.answers import with_instructions
@@ -41,14 +42,16 @@ CONTEXT_WINDOWS: tuple[tuple[str, int], ...] = (
 
 def context_window_of(model: str, table: Sequence[tuple[str, int]] = ()) -> int | None:
     """The window of `model`: the operator's entries (`table`) first, then the built-in ones."""
+    claude = claude_model(model)
     for entries in (table, CONTEXT_WINDOWS):
-        matching = [
-            (len(pattern), not pattern.endswith("*"), tokens)
-            for pattern, tokens in entries
-            if (model.startswith(pattern[:-1]) if pattern.endswith("*") else model == pattern)
-        ]
-        if matching:
-            return max(matching)[2]
+        for name in (model,) if claude == model else (model, claude):
+            matching = [
+                (len(pattern), not pattern.endswith("*"), tokens)
+                for pattern, tokens in entries
+                if (name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern)
+            ]
+            if matching:
+                return max(matching)[2]
     return None
 
 

@@ -33,6 +33,8 @@ import httpx2
 
 from agentrun.loop.errors import FatalModelError
 from agentrun.loop.protocols import ModelRequest, ModelResponse
+from agentrun.model.access import ModelAccess
+from agentrun.model.cloud_clients import MessagesClient, cloud_client, sign_in_failed
 from agentrun.model.direct_calling import DirectMessages
 from agentrun.model.params import NON_STREAMING_SECONDS, build_params, needs_streaming
 from agentrun.model.streaming import StreamedMessage
@@ -47,7 +49,8 @@ __all__ = [
 
 
 class AnthropicModel:
-    """A ModelClient over one AsyncAnthropic client (shared by the runs of one pool shard).
+    """A ModelClient over one SDK client (shared by the runs of one pool shard): Anthropic's, Bedrock's
+    or Vertex AI's, whose requests and answers are the Messages API's in each provider's wire form.
 
     ``always_stream`` streams every request, as the adapter did before it sent requests without
     streaming where the SDK allows it; tests of the stream path use it. With ``direct``, a request sent
@@ -56,7 +59,7 @@ class AnthropicModel:
 
     def __init__(
         self,
-        client: anthropic.AsyncAnthropic,
+        client: MessagesClient,
         *,
         always_stream: bool = False,
         direct: DirectMessages | None = None,
@@ -69,7 +72,7 @@ class AnthropicModel:
         self._read_timeout = float(read) if isinstance(read, int | float) else float(NON_STREAMING_SECONDS)
 
     @property
-    def client(self) -> anthropic.AsyncAnthropic:
+    def client(self) -> MessagesClient:
         return self._client
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
@@ -83,17 +86,27 @@ class AnthropicModel:
                 **build_params(request), stream=stream
             ) as raw:
                 if not stream or raw.headers.get("content-type", "").startswith("application/json"):
-                    return response_from_json(await raw.read(), raw.request_id)
+                    return response_from_json(await raw.read(), request_id_of(raw))
                 message = await read_events(raw)
         except (anthropic.AnthropicError, httpx2.TransportError) as exc:
             raise translate(exc) from exc
+        except Exception as exc:
+            if (failed := sign_in_failed(exc)) is not None:
+                raise failed from exc
+            raise
         return message.response()
+
+
+def request_id_of(raw: anthropic.AsyncAPIResponse[Any]) -> str | None:
+    """Anthropic's request-id, or Bedrock's x-amzn-RequestId (what AWS support asks for)."""
+    return raw.request_id or raw.headers.get("x-amzn-requestid")
 
 
 async def read_events(raw: anthropic.AsyncAPIResponse[Any]) -> StreamedMessage:
     """Events parsed as `object` are handed over as their decoded JSON, with no model built for each;
-    the SDK still skips pings and raises an `error` event as an APIStatusError."""
-    message = StreamedMessage(raw.request_id)
+    the SDK still skips pings and raises an `error` event (a Bedrock exception frame too) as an
+    APIStatusError."""
+    message = StreamedMessage(request_id_of(raw))
     try:
         async for event in await raw.parse(to=anthropic.AsyncStream[object]):
             message.add(event)
@@ -101,13 +114,13 @@ async def read_events(raw: anthropic.AsyncAPIResponse[Any]) -> StreamedMessage:
         raise FatalModelError(
             "unexpected response from the Messages API: an event that is not JSON",
             reason="ModelError",
-            request_id=raw.request_id,
+            request_id=request_id_of(raw),
         ) from exc
     return message
 
 
 class ClientPool:
-    """Clients per (base URL, key, shard): connections are reused, keys never logged.
+    """Clients per (provider, endpoint, credentials, shard): connections are reused, keys never logged.
 
     ``client="direct"`` (the default, AGENTRUN_MODEL_CLIENT) sends requests without streaming through
     `DirectMessages` over aiohttp, as the SDK's aiohttp client would send them but without its
@@ -134,7 +147,7 @@ class ClientPool:
         transport: Literal["aiohttp", "httpx"] = "aiohttp",
         client: Literal["direct", "sdk"] = "direct",
     ) -> None:
-        self._clients: dict[tuple[str | None, str, int], AnthropicModel] = {}
+        self._clients: dict[tuple[str, int], AnthropicModel] = {}
         self._direct: list[DirectMessages] = []
         # One TLS context for every client: loading the CA bundle costs tens of ms of CPU each time.
         self._tls: ssl.SSLContext | None = None
@@ -144,24 +157,30 @@ class ClientPool:
         self._transport = transport
         self._client_kind = client
 
-    def model(self, *, api_key: str, base_url: str | None, shard_key: str = "") -> AnthropicModel:
-        fingerprint = hashlib.sha256(api_key.encode()).hexdigest()
+    def model(self, access: ModelAccess, *, shard_key: str = "") -> AnthropicModel:
         shard = int(hashlib.sha256(shard_key.encode()).hexdigest()[:8], 16) % self._shards
-        key = (base_url, fingerprint, shard)
+        key = (access.fingerprint(), shard)
         model = self._clients.get(key)
         if model is None:
-            model = self._clients[key] = self._new_model(api_key, base_url)
+            model = self._clients[key] = self._new_model(access)
         return model
 
-    def _new_model(self, api_key: str, base_url: str | None) -> AnthropicModel:
+    def _new_model(self, access: ModelAccess) -> AnthropicModel:
         limits = httpx2.Limits(
             max_connections=self._max_connections,
             max_keepalive_connections=min(200, self._max_connections),
         )
         http_client = self._http_client(limits)
+        if access.provider != "anthropic":
+            # Each cloud's signing and URL layout is the SDK's (per request): no direct client.
+            return AnthropicModel(
+                cloud_client(
+                    access, http_client=http_client, timeout=self._timeout, telemetry=SDK_TRACING_OFF
+                )
+            )
         client = anthropic.AsyncAnthropic(
-            api_key=api_key,
-            base_url=base_url,
+            api_key=access.api_key,
+            base_url=access.base_url,
             max_retries=0,
             timeout=self._timeout,
             http_client=http_client,

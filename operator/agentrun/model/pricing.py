@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from agentrun.api.model_names import claude_model
 from agentrun.api.usage import TokenUsage
 
 MILLION = Decimal(1_000_000)
@@ -98,16 +99,24 @@ class PriceTable:
 
     def _search(self, model: str, today: dt.date) -> Price | None:
         for source in (self._overrides, self._prices):
-            candidates = [p for p in source if p.matches(model) and p.effective <= today]
-            if candidates:
-                # Exact names beat prefixes, longer prefixes beat shorter ones, newer beats older.
-                return max(candidates, key=lambda p: (not p.model.endswith("*"), len(p.model), p.effective))
+            for name in _names(model):
+                candidates = [p for p in source if p.matches(name) and p.effective <= today]
+                if candidates:
+                    # Exact names beat prefixes, longer prefixes beat shorter ones, newer beats older.
+                    return max(
+                        candidates, key=lambda p: (not p.model.endswith("*"), len(p.model), p.effective)
+                    )
         return None
 
     def knows(self, model: str) -> bool:
         """Whether any entry names ``model`` (exactly or by prefix), whatever its date: the table is
         also the operator's list of model names, so a misspelt one is refused before it is sent."""
-        return any(p.matches(model) for source in (self._overrides, self._prices) for p in source)
+        return any(
+            p.matches(name)
+            for name in _names(model)
+            for source in (self._overrides, self._prices)
+            for p in source
+        )
 
     def names(self) -> list[str]:
         """The names and prefixes the table knows, the operator's own first (for messages)."""
@@ -131,6 +140,13 @@ class PriceTable:
         if not isinstance(entries, list):
             raise ValueError(f"{path}: expected a list of prices under 'prices'")
         return table.with_overrides(entries)
+
+
+def _names(model: str) -> tuple[str, ...]:
+    """The ID as given (an operator's entry may name a provider's ID exactly, regional premium and
+    all), then the Claude model it names (docs/providers/)."""
+    claude = claude_model(model)
+    return (model,) if claude == model else (model, claude)
 
 
 def parse_price(entry: Mapping[str, Any]) -> Price:

@@ -21,9 +21,28 @@ from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModel
 from agentrun.loop.protocols import ModelResponse
 from agentrun.model.streaming import applied_edits, finished_block, token_usage
 
-CONTEXT_TOO_LONG = re.compile(r"prompt is too long|context (window|length)|too many tokens", re.I)
-SPEND_LIMIT = re.compile(r"credit balance|spend(ing)? limit|billing|usage limit", re.I)
+CONTEXT_TOO_LONG = re.compile(
+    r"prompt is too long|input is too long|context (window|length)|too many tokens", re.I
+)
+SPEND_LIMIT = re.compile(r"credit balance|spend(ing)? limit|billing|usage limit|payment instrument", re.I)
 TIMED_OUT = "the Messages API did not answer in time"
+#: Amazon Bedrock's error types (x-amzn-ErrorType on an error status, :exception-type in a stream, where
+#: they are spelled in lower camel case), compared in lower case. The ones not listed are fatal.
+BEDROCK_RETRIES: Mapping[str, RetryClass] = {
+    "throttlingexception": RetryClass.RATE_LIMITED,
+    "servicequotaexceededexception": RetryClass.RATE_LIMITED,
+    "serviceunavailableexception": RetryClass.OVERLOADED,
+    "modelnotreadyexception": RetryClass.OVERLOADED,
+    "internalserverexception": RetryClass.SERVER_ERROR,
+    "modelstreamerrorexception": RetryClass.SERVER_ERROR,
+    "modelerrorexception": RetryClass.SERVER_ERROR,
+    "modeltimeoutexception": RetryClass.TIMEOUT,
+}
+BEDROCK_FATAL: Mapping[str, str] = {
+    "accessdeniedexception": "AuthenticationFailed",
+    "unrecognizedclientexception": "AuthenticationFailed",
+    "resourcenotfoundexception": "ModelNotFound",
+}
 
 
 def timed_out() -> RetryableModelError:
@@ -43,13 +62,15 @@ def translate(exc: Exception) -> ModelCallError:
     if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
         return connection_failed(type(exc).__name__)
     if isinstance(exc, anthropic.APIStatusError):
-        kind = exc.type
+        headers = exc.response.headers
+        # Bedrock names its error in a header (``ThrottlingException:http://...``), not in the body.
+        kind = exc.type or headers.get("x-amzn-errortype", "").partition(":")[0]
         return translate_status(
             exc.status_code,
             str(kind) if kind else "",
-            _text(exc.api_message) or exc.message,
-            exc.response.headers,
-            exc.request_id,
+            _text(exc.api_message) or _bedrock_message(exc.body) or exc.message,
+            headers,
+            exc.request_id or headers.get("x-amzn-requestid"),
         )
     if isinstance(exc, anthropic.APIResponseValidationError):
         return FatalModelError(
@@ -80,6 +101,11 @@ def status_error(status: int, body: bytes, charset: str | None, headers: Mapping
     )
 
 
+def _bedrock_message(body: object) -> str | None:
+    """Bedrock's error body is ``{"message": ...}``, without the Messages API's ``error`` object."""
+    return _text(body.get("message")) if isinstance(body, dict) else None
+
+
 def _text(value: object) -> str | None:
     return str(value) if value else None
 
@@ -90,15 +116,7 @@ def translate_status(
     """The one mapping of an error status: retried by class (the server's x-should-retry wins), or
     fatal with the reason docs/stop-reasons.md lists."""
     should_retry = headers.get("x-should-retry")
-    retry_class: RetryClass | None = None
-    if kind == "overloaded_error" or status == 529:
-        retry_class = RetryClass.OVERLOADED
-    elif kind == "rate_limit_error" or status == 429:
-        retry_class = RetryClass.RATE_LIMITED
-    elif status == 408:
-        retry_class = RetryClass.TIMEOUT
-    elif status >= 500 or kind == "api_error" or status == 409:
-        retry_class = RetryClass.SERVER_ERROR
+    retry_class = BEDROCK_RETRIES.get(kind.lower()) or _retry_class(status, kind)
     if should_retry == "false":
         retry_class = None
     elif should_retry == "true" and retry_class is None:
@@ -120,7 +138,22 @@ def translate_status(
     )
 
 
+def _retry_class(status: int, kind: str) -> RetryClass | None:
+    if kind == "overloaded_error" or status == 529:
+        return RetryClass.OVERLOADED
+    if kind == "rate_limit_error" or status == 429:
+        return RetryClass.RATE_LIMITED
+    if status == 408:
+        return RetryClass.TIMEOUT
+    if status >= 500 or kind == "api_error" or status == 409:
+        return RetryClass.SERVER_ERROR
+    return None
+
+
 def _fatal_reason(status: int, kind: str, api_message: str) -> str:
+    if kind.lower() in BEDROCK_FATAL:
+        # Bedrock refuses an account that cannot pay (INVALID_PAYMENT_INSTRUMENT) as AccessDenied.
+        return "SpendLimitReached" if SPEND_LIMIT.search(api_message) else BEDROCK_FATAL[kind.lower()]
     if status in (401, 403) or kind in ("authentication_error", "permission_error"):
         return "AuthenticationFailed"
     if status == 402 or kind == "billing_error" or SPEND_LIMIT.search(api_message):

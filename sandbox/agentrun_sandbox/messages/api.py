@@ -14,7 +14,9 @@ As a child process (prints one line ``READY http://127.0.0.1:PORT``, serves unti
         [--require-api-key KEY] [--no-demo-brain] [--access-log] [--prompt-cache]
 
 Routes: ``POST /v1/messages`` (JSON or ``"stream": true`` SSE), ``POST /v1/messages/count_tokens``,
-``GET /healthz``; anything else is a 404 ``not_found_error``. Every response carries a ``request-id``.
+``GET /healthz``; Amazon Bedrock's InvokeModel and Google Vertex AI's rawPredict, each with its
+cloud's sign-in and wire form (:mod:`~agentrun_sandbox.messages.cloud_doors`); anything else is a 404
+``not_found_error``. Every response carries a ``request-id`` (``x-amzn-RequestId`` from Bedrock).
 
 What a request gets, in order: 401 ``authentication_error`` if ``require_api_key`` is set and neither
 ``x-api-key`` nor ``Authorization: Bearer`` carries it; 400 ``invalid_request_error`` for a body the real API
@@ -54,6 +56,9 @@ from aiohttp import web
 
 from agentrun_sandbox.messages import context_editing
 from agentrun_sandbox.messages.caching import PromptCache
+from agentrun_sandbox.messages.cloud_auth import AwsAccount, GoogleAccount
+from agentrun_sandbox.messages.cloud_doors import CloudDoors
+from agentrun_sandbox.messages.dialects import ANTHROPIC, Dialect
 from agentrun_sandbox.messages.planning import FaultCounts, plan
 from agentrun_sandbox.messages.protocol import ProtocolError, assistant_turns, validate_request
 from agentrun_sandbox.messages.recording import Bill, RecordedRequest, RequestLog
@@ -77,7 +82,13 @@ class FakeMessagesAPI:
         max_recorded_requests: int | None = None,
         access_log: bool = False,
         prompt_cache: bool = False,
+        aws: AwsAccount | None = None,
+        google: GoogleAccount | None = None,
     ) -> None:
+        self.aws = aws or AwsAccount()
+        """Bedrock's sign-in: the keys and web identities it accepts (see cloud_auth)."""
+        self.google = google or GoogleAccount()
+        """Vertex AI's sign-in: the project, location and service accounts whose tokens it accepts."""
         self._scripts: list[Script] = list(scripts)
         self._prompt_cache = PromptCache() if prompt_cache else None
         self.require_api_key = require_api_key
@@ -146,6 +157,7 @@ class FakeMessagesAPI:
         app.router.add_post("/v1/messages", self._handle_messages)
         app.router.add_post("/v1/messages/count_tokens", self._handle_count_tokens)
         app.router.add_get("/healthz", self._handle_health)
+        CloudDoors(self).register(app)
         app.router.add_route("*", "/{tail:.*}", self._handle_not_found)
         return app
 
@@ -215,6 +227,12 @@ class FakeMessagesAPI:
         rejection = self._reject(request, request_id, body, count_tokens=False)
         if rejection is not None:
             return rejection
+        return await self.answer(request, request_id, body, ANTHROPIC)
+
+    async def answer(
+        self, request: web.Request, request_id: str, body: dict[str, Any], dialect: Dialect
+    ) -> web.StreamResponse:
+        """A valid request's answer, in the wire form of the provider it came through."""
         edited = context_editing.apply(body)  # server-side context management: what the model reads
         try:
             chosen = plan(edited.body, self._scripts, self._fault_counts, demo_brain=self.demo_brain)
@@ -222,7 +240,7 @@ class FakeMessagesAPI:
         except ProtocolError as err:
             self.protocol_errors.append(str(err))
             self._log.record(request, request_id, body, "invalid_request")
-            return error_response(400, "invalid_request_error", str(err), request_id)
+            return dialect.error(400, "invalid_request_error", str(err), request_id)
         if self._prompt_cache is not None and chosen.fault is None:
             chosen = dataclasses.replace(chosen, cache=self._prompt_cache.use(body))
         if chosen.fault is None and (edited.applied_edits or edited.compact):
@@ -239,8 +257,17 @@ class FakeMessagesAPI:
             self.bills.append(Bill(request_id, user_id, str(body.get("model")), dict(usage)))
 
         return await serve(
-            request, request_id, edited.body, chosen, latency_seconds=self.latency_seconds, bill=bill
+            request,
+            request_id,
+            edited.body,
+            chosen,
+            latency_seconds=self.latency_seconds,
+            bill=bill,
+            dialect=dialect,
         )
+
+    def record_refusal(self, request: web.Request, request_id: str, body: Any, outcome: str) -> None:
+        self._log.record(request, request_id, body, outcome)
 
     async def _read_json(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -256,17 +283,35 @@ class FakeMessagesAPI:
         if not self._authorised(request):
             self._log.record(request, request_id, body, "unauthorized")
             return error_response(401, "authentication_error", "invalid x-api-key", request_id)
+        if "anthropic-version" not in request.headers:
+            return self.refuse(request, request_id, body, "anthropic-version: header is required", ANTHROPIC)
+        betas = {b.strip() for b in request.headers.get("anthropic-beta", "").split(",") if b.strip()}
+        return self.invalid(request, request_id, body, betas, ANTHROPIC, count_tokens=count_tokens)
+
+    def invalid(
+        self,
+        request: web.Request,
+        request_id: str,
+        body: Any,
+        betas: set[str],
+        dialect: Dialect,
+        *,
+        count_tokens: bool = False,
+    ) -> web.Response | None:
+        """A 400 for a body the real API would reject, in the provider's form; None for a valid one."""
         try:
-            if "anthropic-version" not in request.headers:
-                raise ProtocolError("anthropic-version: header is required")
-            betas = {b.strip() for b in request.headers.get("anthropic-beta", "").split(",") if b.strip()}
             validate_request(body, count_tokens=count_tokens, betas=betas)
             context_editing.check_request(body, betas)
         except ProtocolError as err:
-            self.protocol_errors.append(str(err))
-            self._log.record(request, request_id, body, "invalid_request")
-            return error_response(400, "invalid_request_error", str(err), request_id)
+            return self.refuse(request, request_id, body, str(err), dialect)
         return None
+
+    def refuse(
+        self, request: web.Request, request_id: str, body: Any, why: str, dialect: Dialect
+    ) -> web.Response:
+        self.protocol_errors.append(why)
+        self._log.record(request, request_id, body, "invalid_request")
+        return dialect.error(400, "invalid_request_error", why, request_id)
 
     def _authorised(self, request: web.Request) -> bool:
         if self.require_api_key is None:

@@ -17,7 +17,9 @@ from aiohttp import web
 from agentrun_sandbox.messages.protocol import first_user_text
 
 #: Header names whose values :meth:`RecordedRequest.redacted` hides.
-SECRET_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie"})
+SECRET_HEADERS = frozenset(
+    {"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "x-amz-security-token"}
+)
 REDACTED = "<redacted>"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agentrun_sandbox.messages.dialects import ANTHROPIC, Dialect
 from agentrun_sandbox.messages.planning import Plan, wire_reply
 from agentrun_sandbox.messages.script import (
     ERROR_STATUS,
@@ -31,7 +32,6 @@ from agentrun_sandbox.messages.wire import (
     Event,
     WireReply,
     error_body,
-    sse,
     stream_events,
     truncated_content,
 )
@@ -59,6 +59,7 @@ async def serve(
     *,
     latency_seconds: float,
     bill: Callable[[Mapping[str, Any]], None] | None = None,
+    dialect: Dialect = ANTHROPIC,
 ) -> web.StreamResponse:
     """Answers ``request`` as planned, after the latency a model response costs (errors come at once).
 
@@ -67,7 +68,7 @@ async def serve(
     """
     fault = plan.fault
     if isinstance(fault, HttpError):
-        return error_response(
+        return dialect.error(
             fault.status_code, fault.error_type, fault.error_message, request_id, fault.headers
         )
     if isinstance(fault, ConnectionReset) and fault.during == "headers":
@@ -78,16 +79,16 @@ async def serve(
         delay += fault.seconds
     if delay > 0:
         await asyncio.sleep(delay)
-    headers = {"request-id": request_id, **plan.reply.headers}
+    headers = {**dialect.id_headers(request_id), **plan.reply.headers}
     truncation = fault if isinstance(fault, TruncatedStream) else None
     wire = wire_reply(body, plan, max_tokens_cut=truncation is not None and truncation.mode == "max_tokens")
     if bill is not None:
         bill(wire.usage())
     if body.get("stream") is True:
-        return await _serve_stream(request, headers, wire, plan, request_id)
+        return await _serve_stream(request, headers, wire, plan, request_id, dialect)
     if isinstance(fault, StreamError):
         status = ERROR_STATUS.get(fault.error_type, 500)
-        return error_response(status, fault.error_type, fault.error_message, request_id)
+        return dialect.error(status, fault.error_type, fault.error_message, request_id)
     message = wire.message()
     if truncation is not None and truncation.mode == "max_tokens":
         message["content"] = truncated_content(wire.content, truncation.keep)
@@ -100,7 +101,12 @@ async def serve(
 
 
 async def _serve_stream(
-    request: web.Request, headers: dict[str, str], wire: WireReply, plan: Plan, request_id: str
+    request: web.Request,
+    headers: dict[str, str],
+    wire: WireReply,
+    plan: Plan,
+    request_id: str,
+    dialect: Dialect,
 ) -> web.StreamResponse:
     fault = plan.fault
     cut: Cut | None = None
@@ -114,7 +120,7 @@ async def _serve_stream(
     response = web.StreamResponse(
         headers={
             **headers,
-            "content-type": "text/event-stream; charset=utf-8",
+            "content-type": dialect.stream_content_type,
             "cache-control": "no-cache",
         }
     )
@@ -122,10 +128,10 @@ async def _serve_stream(
     chunk_delay = plan.reply.chunk_delay_seconds
     if chunk_delay > 0:
         for event in events:
-            await response.write(sse(event))
+            await response.write(dialect.encode(event))
             await asyncio.sleep(chunk_delay)
     else:
-        await response.write(b"".join(sse(event) for event in events))
+        await response.write(b"".join(dialect.encode(event) for event in events))
     if isinstance(fault, ConnectionReset):
         await asyncio.sleep(RESET_GRACE_SECONDS)
         _reset(request)

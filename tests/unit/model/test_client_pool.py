@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from agentrun.loop.protocols import ModelRequest
+from agentrun.model.access import ModelAccess
 from agentrun.model.anthropic_calling import ClientPool
 from tests.support.messages_handler import serving
 
@@ -29,13 +30,19 @@ async def test_runs_are_spread_over_shards_and_a_run_keeps_its_client() -> None:
     pool = ClientPool(shards=4, max_connections=400)
     try:
         clients = {
-            uid: pool.model(api_key="sk-ant-pool", base_url="http://127.0.0.1:9", shard_key=uid).client
+            uid: pool.model(
+                ModelAccess(api_key="sk-ant-pool", base_url="http://127.0.0.1:9"), shard_key=uid
+            ).client
             for uid in (f"uid-{i}" for i in range(64))
         }
         assert len({id(c) for c in clients.values()}) == 4
-        again = pool.model(api_key="sk-ant-pool", base_url="http://127.0.0.1:9", shard_key="uid-7").client
+        again = pool.model(
+            ModelAccess(api_key="sk-ant-pool", base_url="http://127.0.0.1:9"), shard_key="uid-7"
+        ).client
         assert again is clients["uid-7"]
-        other_key = pool.model(api_key="sk-ant-other", base_url="http://127.0.0.1:9", shard_key="uid-7")
+        other_key = pool.model(
+            ModelAccess(api_key="sk-ant-other", base_url="http://127.0.0.1:9"), shard_key="uid-7"
+        )
         assert other_key.client is not clients["uid-7"]
     finally:
         await pool.close()
@@ -55,7 +62,7 @@ async def test_every_client_shares_one_tls_context_so_the_ca_bundle_is_loaded_on
     pool = ClientPool(shards=4, transport=transport)
     try:
         clients = {
-            pool.model(api_key=key, base_url="https://127.0.0.1:9", shard_key=f"uid-{i}").client
+            pool.model(ModelAccess(api_key=key, base_url="https://127.0.0.1:9"), shard_key=f"uid-{i}").client
             for key in ("sk-ant-a", "sk-ant-b")
             for i in range(32)
         }
@@ -73,7 +80,7 @@ async def test_runs_talk_to_the_messages_api_over_the_sdks_aiohttp_transport_by_
     pool = ClientPool(shards=2)
     try:
         async with serving(handler) as url:
-            model = pool.model(api_key="sk-ant-pool", base_url=url, shard_key="uid-1")
+            model = pool.model(ModelAccess(api_key="sk-ant-pool", base_url=url), shard_key="uid-1")
             assert type(model.client._client._transport).__name__ == "AiohttpTransport"  # type: ignore[attr-defined]
             response = await model.complete(
                 ModelRequest(
@@ -105,7 +112,7 @@ async def test_pooled_clients_send_no_trace_context_of_the_sdks_own_spans() -> N
     try:
         async with serving(handler) as url:
             with trace.use_span(span, end_on_exit=True):
-                await pool.model(api_key="sk-ant-pool", base_url=url).complete(request)
+                await pool.model(ModelAccess(api_key="sk-ant-pool", base_url=url)).complete(request)
                 # The SDK's default, for contrast: it does propagate the active span's context.
                 plain = anthropic.AsyncAnthropic(api_key="sk-ant-plain", base_url=url, max_retries=0)
                 try:

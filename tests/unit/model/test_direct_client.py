@@ -17,6 +17,7 @@ from aiohttp import web
 
 from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModelError, RetryClass
 from agentrun.loop.protocols import ModelRequest, ModelResponse, ServerContextEdits, Thinking, ToolDefinition
+from agentrun.model.access import ModelAccess
 from agentrun.model.anthropic_calling import AnthropicModel, ClientPool
 from tests.support.local_servers import serving_app
 from tests.support.messages_handler import Handler, serving
@@ -105,7 +106,7 @@ REQUESTS = {
 async def _model(url: str, client: Client, **pool: Any) -> AsyncIterator[AnthropicModel]:
     clients = ClientPool(shards=1, client=client, **pool)
     try:
-        yield clients.model(api_key="sk-ant-direct", base_url=url, shard_key="uid")
+        yield clients.model(ModelAccess(api_key="sk-ant-direct", base_url=url), shard_key="uid")
     finally:
         await clients.close()
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
+from agentrun.controller.agentruns.credential_reading import GOOGLE_TOKEN_URIS, Waiting, model_access
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import NO_PROGRESS, ResumePoint, find_resume_point
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
@@ -38,6 +40,7 @@ from agentrun.loop.approving import Approvals
 from agentrun.loop.config import LoopConfig
 from agentrun.loop.protocols import Allowance, Clock, ModelClient, Observer, Pricer, Tool
 from agentrun.loop.running import run_loop
+from agentrun.model.access import ModelAccess, endpoint_problem
 from agentrun.model.pricing import PriceTable
 from agentrun.quotas.per_run import PerRunViolation
 from agentrun.tools.registry import (
@@ -131,8 +134,9 @@ def read_spec(raw: Mapping[str, Any]) -> AgentRunSpec | Ending:
 PRICES_DOC = "docs/operating.md#prices"
 
 
-def check_model(spec: AgentRunSpec, prices: PriceTable) -> Ending | None:
-    """InvalidSpec for a model name the operator's price table does not know, before any request.
+def check_model(spec: AgentRunSpec, prices: PriceTable, env: Mapping[str, str] = os.environ) -> Ending | None:
+    """InvalidSpec for a model name the operator's price table does not know, or a provider region
+    nothing names (the spec nor the operator's environment), before any request.
 
     Why here and for every run: a misspelt name used to get three answers, late (QuotaExceeded under
     a cost quota, InvalidSpec with costBudgetUSD, else one request and ModelNotFound). The price table
@@ -140,6 +144,8 @@ def check_model(spec: AgentRunSpec, prices: PriceTable) -> Ending | None:
     ``baseURL`` calls a gateway that names its own models: its name is not checked, unless
     ``costBudgetUSD`` needs its price.
     """
+    if (unreachable := endpoint_problem(spec.model, env)) is not None:
+        return Ending.of(StopReason.INVALID_SPEC, unreachable)
     name = spec.model.name
     if prices.knows(name):
         return None
@@ -182,14 +188,6 @@ async def resume(
     return point
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """Why the run cannot start yet (status.conditions reason and message while Pending)."""
-
-    reason: str
-    message: str
-
-
 async def wait_for_secrets(
     spec: AgentRunSpec,
     tool_env: RunToolEnvironment,
@@ -199,16 +197,25 @@ async def wait_for_secrets(
     announce: Callable[[str, str], Awaitable[None]],
     retry_seconds: float,
     progress: Progress = NO_PROGRESS,
-) -> str | Ending:
-    """The API key, once it and every Secret the tools name exist; Pending (announced once) until then.
+    operator_base_url: str | None = None,
+    token_uris: Collection[str] = GOOGLE_TOKEN_URIS,
+) -> ModelAccess | Ending:
+    """How to reach the model, once its credentials and every Secret the tools name exist; Pending
+    (announced once) until then.
 
     Secrets created later unblock the run by themselves: they are looked for again every
     ``retry_seconds``. A cancel while waiting ends the run Cancelled.
     """
     announced: Waiting | None = None
     while not cancel.is_set():
-        found = await secrets_ready(spec, tool_env, operator_key=operator_key)
-        if isinstance(found, str):
+        found = await secrets_ready(
+            spec,
+            tool_env,
+            operator_key=operator_key,
+            operator_base_url=operator_base_url,
+            token_uris=token_uris,
+        )
+        if isinstance(found, ModelAccess):
             return found
         if found != announced:
             await announce(found.reason, found.message)
@@ -219,32 +226,32 @@ async def wait_for_secrets(
 
 
 async def secrets_ready(
-    spec: AgentRunSpec, tool_env: RunToolEnvironment, *, operator_key: str | None
-) -> str | Waiting:
-    """One look: the API key, or what is missing."""
-    ref = spec.model.api_key_secret_ref
-    if ref is None:
-        if not operator_key:
-            return Waiting(
-                "APIKeyMissing", "no spec.model.apiKeySecretRef and the operator has no ANTHROPIC_API_KEY"
-            )
-        key = operator_key
-    else:
-        found = await tool_env.read_secret(ref.name, ref.key)
-        if not found:
-            return Waiting(
-                "SecretNotFound",
-                f"Secret {tool_env.namespace}/{ref.name} with key {ref.key!r} "
-                "(spec.model.apiKeySecretRef) does not exist yet; the run starts once it does",
-            )
-        key = found
+    spec: AgentRunSpec,
+    tool_env: RunToolEnvironment,
+    *,
+    operator_key: str | None,
+    operator_base_url: str | None = None,
+    env: Mapping[str, str] = os.environ,
+    token_uris: Collection[str] = GOOGLE_TOKEN_URIS,
+) -> ModelAccess | Waiting:
+    """One look: the model's access, or what is missing."""
+    access = await model_access(
+        spec.model,
+        tool_env,
+        operator_key=operator_key,
+        operator_base_url=operator_base_url,
+        env=env,
+        token_uris=token_uris,
+    )
+    if isinstance(access, Waiting):
+        return access
     missing = await tool_env.first_missing(secret_uses(spec))
     if missing is not None:
         return Waiting("SecretNotFound", str(missing))
     unmountable = await tool_env.first_missing_mount(mount_uses(spec))
     if unmountable is not None:
         return Waiting(unmountable.reason, str(unmountable))
-    return key
+    return access
 
 
 async def admit_to_quotas(

@@ -59,6 +59,7 @@ from agentrun.loop.protocols import Observer
 from agentrun.loop.reserving import first_request_floor
 from agentrun.metrics.definitions import Metrics
 from agentrun.metrics.observing import MetricsObserver
+from agentrun.model.access import ModelAccess
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun.settings import Settings
@@ -206,7 +207,7 @@ class AgentRunReconciler:
             sandbox_idle_seconds=self.settings.fault.sandbox_idle_seconds,
         )
         operator_key = self.settings.anthropic_api_key
-        api_key = await phases.wait_for_secrets(
+        access = await phases.wait_for_secrets(
             spec,
             tool_env,
             operator_key=operator_key.get_secret_value() if operator_key else None,
@@ -214,9 +215,11 @@ class AgentRunReconciler:
             announce=run.writer.pending,
             retry_seconds=self.settings.secret_retry_seconds,
             progress=point.progress,
+            operator_base_url=self.settings.anthropic_base_url,
+            token_uris=self.settings.google_token_uris,
         )
-        if isinstance(api_key, Ending):
-            return await self._finish(run, api_key)
+        if isinstance(access, Ending):
+            return await self._finish(run, access)
         admission = await self._admit_to_quotas(run, spec, point)
         if isinstance(admission, Ending):
             return await self._finish(run, admission)
@@ -225,7 +228,7 @@ class AgentRunReconciler:
         if isinstance(ticket, Ending):
             return await self._finish(run, ticket)
         try:
-            await self._open_tools_and_loop(run, spec, point, tool_env, api_key)
+            await self._open_tools_and_loop(run, spec, point, tool_env, access)
         finally:
             self.queue.leave(ticket)
 
@@ -344,7 +347,12 @@ class AgentRunReconciler:
             self.metrics.queue_left(ref.namespace)
 
     async def _open_tools_and_loop(
-        self, run: _Run, spec: ResolvedRunSpec, point: ResumePoint, env: RunToolEnvironment, api_key: str
+        self,
+        run: _Run,
+        spec: ResolvedRunSpec,
+        point: ResumePoint,
+        env: RunToolEnvironment,
+        access: ModelAccess,
     ) -> None:
         ref, control = run.ref, run.control
         clock = SystemClock()
@@ -360,11 +368,7 @@ class AgentRunReconciler:
             tools = await phases.open_run_tools(spec, env, tools_open)
             if isinstance(tools, Ending):
                 return await self._finish(run, tools)
-            model = self.clients.model(
-                api_key=api_key,
-                base_url=spec.model.base_url or self.settings.anthropic_base_url,
-                shard_key=ref.uid,
-            )
+            model = self.clients.model(access, shard_key=ref.uid)
             allowance: RunAllowance | None = None
             if self.quotas is not None:
                 allowance = self.quotas.allowance(ref.namespace, ref.name, ref.uid)

@@ -14,6 +14,7 @@ from agentrun.controller.agentruns import phases
 from agentrun.controller.agentruns.phases import Ending
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
 from agentrun.kube.calling import KubeClient
+from agentrun.model.access import ModelAccess
 
 SPEC: dict[str, Any] = {"task": "t", "model": {"name": "claude-sonnet-4-6"}}
 
@@ -87,7 +88,8 @@ async def test_a_run_waits_pending_once_for_its_key_secret_and_starts_when_it_ap
         "data": {"k": base64.b64encode(b"sk").decode()},
     }
     await core.create_namespaced_secret("default", secret)
-    assert await asyncio.wait_for(waiting, 5) == "sk"
+    found = await asyncio.wait_for(waiting, 5)
+    assert isinstance(found, ModelAccess) and found.api_key == "sk"
 
 
 async def test_a_run_waits_for_each_config_map_and_secret_its_sandbox_mounts_in_turn(
@@ -115,7 +117,8 @@ async def test_a_run_waits_for_each_config_map_and_secret_its_sandbox_mounts_in_
     await core.create_namespaced_config_map("default", {"metadata": {"name": "settings"}})
     await asyncio.wait_for(announce.changed.wait(), 5)
     await core.create_namespaced_secret("default", {"metadata": {"name": "token"}, "data": {"t": "c2VjcmV0"}})
-    assert await asyncio.wait_for(waiting, 5) == "sk"
+    found = await asyncio.wait_for(waiting, 5)
+    assert isinstance(found, ModelAccess) and found.api_key == "sk"
     assert announce.said == [
         (
             "ConfigMapNotFound",
@@ -153,4 +156,4 @@ async def test_the_operators_key_is_used_when_the_spec_names_none() -> None:
     assert isinstance(spec, AgentRunSpec)
     env = RunToolEnvironment(None, "default", "uid-1", None)
     found = await phases.secrets_ready(spec, env, operator_key="sk-operator")
-    assert found == "sk-operator"
+    assert isinstance(found, ModelAccess) and found.api_key == "sk-operator"
