@@ -168,3 +168,33 @@ def test_the_agent_spec_model_has_every_run_field_but_task_cancel_approvals_and_
     assert set(AgentSpec.model_fields) == run_fields
     with pytest.raises(pydantic.ValidationError, match="task"):
         AgentSpec.model_validate({"task": "x"})
+
+
+ON_BEDROCK: dict[str, Any] = {
+    **AGENT,
+    "model": {
+        "provider": "bedrock",
+        "name": "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "bedrock": {"region": "eu-west-1", "credentialsSecretRef": {"name": "aws"}},
+    },
+}
+
+
+def test_an_agents_provider_and_its_settings_carry_into_a_run_that_overrides_other_model_keys() -> None:
+    effective = resolve(ON_BEDROCK, run(model={"maxTokens": 512}), "reviewer")
+    assert effective["model"] == {**ON_BEDROCK["model"], "maxTokens": 512}
+
+
+def test_a_run_switching_an_agents_provider_without_its_settings_is_refused_naming_them() -> None:
+    with pytest.raises(
+        pydantic.ValidationError, match="model.bedrock is read only with model.provider: bedrock"
+    ):
+        resolve(
+            ON_BEDROCK, run(model={"provider": "vertex", "name": "claude-sonnet-4-5@20250929"}), "reviewer"
+        )
+
+
+def test_an_agent_on_vertex_may_not_compact_on_the_server() -> None:
+    agent = {**AGENT, "model": {"provider": "vertex"}, "context": {"compaction": {"strategy": "Server"}}}
+    with pytest.raises(pydantic.ValidationError, match="strategy Server needs Anthropic's API"):
+        AgentSpec.model_validate(agent)

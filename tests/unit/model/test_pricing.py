@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 from pathlib import Path
 
@@ -93,3 +94,16 @@ def test_the_built_in_price_is_used_when_no_override_matches_the_model(tmp_path:
 def test_an_invalid_price_entry_is_a_one_line_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^invalid price entry .*'model': 'claude-\*'.*input"):
         price_file(tmp_path, '  - {model: "claude-*", output: 20}\n')
+
+
+def test_a_providers_model_id_is_priced_as_its_claude_model_unless_an_entry_names_the_id_itself() -> None:
+    regional = "eu.anthropic.claude-haiku-4-5-20251001-v1:0"
+    table = PriceTable(today=dt.date(2026, 6, 1))
+    assert table.knows(regional) and table.knows("claude-haiku-4-5@20251001")
+    usage = TokenUsage(input_tokens=1_000_000, output_tokens=0)
+    assert table.cost(regional, usage) == Decimal("1")
+    assert table.cost("claude-haiku-4-5@20251001", usage) == Decimal("1")
+    premium = table.with_overrides([{"model": regional, "input": "1.10", "output": "5.50"}])
+    assert premium.cost(regional, usage) == Decimal("1.10")
+    assert premium.cost("global.anthropic.claude-haiku-4-5-20251001-v1:0", usage) == Decimal("1")
+    assert not table.knows("arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3")
