@@ -20,6 +20,7 @@ from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import FINISHED, until
 from tests.support.node import HOST_ADDRESS, Helm, Release, create_api_key_secret, release_values
+from tests.support.quotas import install_quota_crd
 
 API_KEY = "sk-ant-node-secret-0123456789"
 
@@ -34,6 +35,7 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
 @pytest.fixture
 async def release(cluster: TestCluster, helm: Helm, model: FakeMessagesAPI) -> AsyncIterator[Release]:
     await create_api_key_secret(cluster, API_KEY)
+    await install_quota_crd(cluster)  # the chart's per-run quota policy takes its parameters from it
     providers = {
         "bedrock": {"region": model.aws.region, "baseURL": model.url},
         "vertex": {

@@ -187,7 +187,7 @@ def test_an_agents_provider_and_its_settings_carry_into_a_run_that_overrides_oth
 
 def test_a_run_switching_an_agents_provider_without_its_settings_is_refused_naming_them() -> None:
     with pytest.raises(
-        pydantic.ValidationError, match="model.bedrock is read only with model.provider: bedrock"
+        pydantic.ValidationError, match=r"model\.bedrock is read only with model\.provider: bedrock"
     ):
         resolve(
             ON_BEDROCK, run(model={"provider": "vertex", "name": "claude-sonnet-4-5@20250929"}), "reviewer"
