@@ -10,6 +10,7 @@ from typing import Any
 
 from anthropic._constants import MODEL_NONSTREAMING_TOKENS
 
+from agentrun.api.model_names import claude_model
 from agentrun.loop.protocols import Message, ModelRequest, ServerContextEdits
 
 #: The Messages API refuses a request with more cache breakpoints than this (system, tools and
@@ -31,7 +32,8 @@ def needs_streaming(model: str, max_tokens: int, *, read_timeout: float = NON_ST
     """Whether the SDK would refuse this request without streaming (the same rule as its own check),
     or its answer may take longer than the client waits for a read: a non-streamed answer sends
     nothing until it is complete, a streamed one keeps sending events."""
-    limit = MODEL_NONSTREAMING_TOKENS.get(model)
+    # A Bedrock or Vertex AI ID has the limit of the Claude model it names.
+    limit = MODEL_NONSTREAMING_TOKENS.get(model) or MODEL_NONSTREAMING_TOKENS.get(claude_model(model))
     if limit is not None and max_tokens > limit:
         return True
     expected = 60 * 60 * max_tokens / TOKENS_PER_HOUR

@@ -16,7 +16,7 @@ from agentrun.loop.config import context_window_of
 from agentrun.loop.errors import FatalModelError, RetryableModelError, RetryClass
 from agentrun.loop.protocols import ModelRequest
 from agentrun.model.access import AwsKeys, ModelAccess
-from agentrun.model.anthropic_calling import AnthropicModel, ClientPool
+from agentrun.model.anthropic_calling import AnthropicModel, ClientPool, needs_streaming
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, ScriptUsage, StreamError, text_block
 from tests.support.loop_harness import access_to, run_scripted
@@ -162,3 +162,11 @@ async def test_a_cloud_model_id_is_priced_and_windowed_as_the_claude_model_it_na
     assert run.outcome.stop_reason is StopReason.END_TURN
     assert run.finished.progress.cost_usd == Decimal("1.5")  # claude-haiku-4-5: $1 in, $5 out
     assert context_window_of(model) == context_window_of("claude-haiku-4-5") is not None
+
+
+@pytest.mark.parametrize("model", ["us.anthropic.claude-opus-4-20250514-v1:0", "claude-opus-4@20250514"])
+def test_a_cloud_id_is_streamed_above_the_non_streaming_limit_of_the_claude_model_it_names(
+    model: str,
+) -> None:
+    assert not needs_streaming(model, 8192)
+    assert needs_streaming(model, 8193)
