@@ -71,10 +71,6 @@ class Settings(BaseModel):
     anthropic_api_key: SecretStr | None = Field(default=None, description="Fallback API key.")
     anthropic_base_url: str | None = Field(default=None, description="Fallback Messages API base URL.")
     model_timeout_seconds: float = Field(default=600.0, gt=0, description="Timeout of one model request.")
-    google_token_uris: tuple[str, ...] = Field(
-        default=("https://oauth2.googleapis.com/token",),
-        description="Token endpoints a service account key in a run's Secret may name (its token_uri).",
-    )
     model_client: Literal["direct", "sdk"] = Field(
         default="direct",
         description="How unstreamed requests are sent: direct (the SDK wire form over aiohttp) or sdk.",
@@ -259,7 +255,7 @@ class Settings(BaseModel):
             )
         return self
 
-    @field_validator("namespaces", "google_token_uris", mode="before")
+    @field_validator("namespaces", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

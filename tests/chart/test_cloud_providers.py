@@ -24,7 +24,6 @@ CLOUDS = {
             "region": "europe-west1",
             "projectId": "team-project",
             "baseURL": "https://europe-west1-aiplatform.p.googleapis.com/v1",
-            "extraTokenURIs": ["https://sts.internal.example/token"],
         },
     },
 }
@@ -42,7 +41,6 @@ def test_provider_defaults_reach_the_variables_the_sdks_and_the_operator_read(re
         "CLOUD_ML_REGION": "europe-west1",
         "ANTHROPIC_VERTEX_PROJECT_ID": "team-project",
         "ANTHROPIC_VERTEX_BASE_URL": "https://europe-west1-aiplatform.p.googleapis.com/v1",
-        "AGENTRUN_GOOGLE_TOKEN_URIS": "https://oauth2.googleapis.com/token,https://sts.internal.example/token",
     }
     defaults = env_of(renderer.render())
     assert not [

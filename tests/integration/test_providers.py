@@ -73,7 +73,6 @@ async def operator(
         "CLOUD_ML_REGION": model.google.region,
         "ANTHROPIC_VERTEX_PROJECT_ID": model.google.project,
         "ANTHROPIC_VERTEX_BASE_URL": f"{model.url}/v1",
-        "AGENTRUN_GOOGLE_TOKEN_URIS": f"https://oauth2.googleapis.com/token,{model.url}/token",
     }
     async with cluster.operator(tmp_path / "operator.log", env) as process:
         yield process

@@ -42,7 +42,6 @@ async def release(cluster: TestCluster, helm: Helm, model: FakeMessagesAPI) -> A
             "region": model.google.region,
             "projectId": model.google.project,
             "baseURL": f"{model.url}/v1",
-            "extraTokenURIs": [f"{model.url}/token"],
         },
     }
     chosen = Release(

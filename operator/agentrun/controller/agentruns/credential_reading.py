@@ -9,7 +9,7 @@ are looked at again on the pending run's retry interval.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,9 +21,6 @@ BEDROCK_API_KEY = "AWS_BEARER_TOKEN_BEDROCK"
 ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
 SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 SESSION_TOKEN = "AWS_SESSION_TOKEN"
-#: Where a service account key in a run's Secret may send its signed assertion: Google's token endpoint
-#: (a key naming another would have the operator post to any address its author chose).
-GOOGLE_TOKEN_URIS = ("https://oauth2.googleapis.com/token",)
 
 
 @dataclass(frozen=True)
@@ -47,12 +44,11 @@ async def model_access(
     operator_key: str | None,
     operator_base_url: str | None,
     env: Mapping[str, str],
-    token_uris: Collection[str] = GOOGLE_TOKEN_URIS,
 ) -> ModelAccess | Waiting:
     if model.provider == "bedrock":
         return await _bedrock(model, secrets, env)
     if model.provider == "vertex":
-        return await _vertex(model, secrets, env, token_uris)
+        return await _vertex(model, secrets, env)
     ref = model.api_key_secret_ref
     base_url = model.base_url or operator_base_url
     if ref is None:
@@ -96,9 +92,7 @@ async def _bedrock(model: ModelSpec, secrets: SecretReading, env: Mapping[str, s
     )
 
 
-async def _vertex(
-    model: ModelSpec, secrets: SecretReading, env: Mapping[str, str], token_uris: Collection[str]
-) -> ModelAccess | Waiting:
+async def _vertex(model: ModelSpec, secrets: SecretReading, env: Mapping[str, str]) -> ModelAccess | Waiting:
     access = ModelAccess(
         "vertex", base_url=model.base_url, region=region_of(model, env), project_id=project_of(model, env)
     )
@@ -120,13 +114,6 @@ async def _vertex(
             "SecretInvalid",
             f"{where} is not a Google service account key (a JSON file whose type is service_account; "
             "for other identities use the pod's own, Workload Identity); the run starts once it is",
-        )
-    token_uri = info.get("token_uri")
-    if token_uri not in token_uris:
-        return Waiting(
-            "SecretInvalid",
-            f"{where} names token_uri {token_uri!r}, not one the operator sends keys to "
-            f"({', '.join(token_uris)}; AGENTRUN_GOOGLE_TOKEN_URIS); the run starts once it does",
         )
     try:
         google_credentials(info)

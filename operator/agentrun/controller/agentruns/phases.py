@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress
-from agentrun.controller.agentruns.credential_reading import GOOGLE_TOKEN_URIS, Waiting, model_access
+from agentrun.controller.agentruns.credential_reading import Waiting, model_access
 from agentrun.controller.agentruns.queueing import FairQueue, QueuedRun, Ticket
 from agentrun.controller.agentruns.resuming import NO_PROGRESS, ResumePoint, find_resume_point
 from agentrun.controller.agentruns.tool_environment import RunToolEnvironment
@@ -198,7 +198,6 @@ async def wait_for_secrets(
     retry_seconds: float,
     progress: Progress = NO_PROGRESS,
     operator_base_url: str | None = None,
-    token_uris: Collection[str] = GOOGLE_TOKEN_URIS,
 ) -> ModelAccess | Ending:
     """How to reach the model, once its credentials and every Secret the tools name exist; Pending
     (announced once) until then.
@@ -213,7 +212,6 @@ async def wait_for_secrets(
             tool_env,
             operator_key=operator_key,
             operator_base_url=operator_base_url,
-            token_uris=token_uris,
         )
         if isinstance(found, ModelAccess):
             return found
@@ -232,7 +230,6 @@ async def secrets_ready(
     operator_key: str | None,
     operator_base_url: str | None = None,
     env: Mapping[str, str] = os.environ,
-    token_uris: Collection[str] = GOOGLE_TOKEN_URIS,
 ) -> ModelAccess | Waiting:
     """One look: the model's access, or what is missing."""
     access = await model_access(
@@ -241,7 +238,6 @@ async def secrets_ready(
         operator_key=operator_key,
         operator_base_url=operator_base_url,
         env=env,
-        token_uris=token_uris,
     )
     if isinstance(access, Waiting):
         return access

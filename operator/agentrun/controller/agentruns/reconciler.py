@@ -216,7 +216,6 @@ class AgentRunReconciler:
             retry_seconds=self.settings.secret_retry_seconds,
             progress=point.progress,
             operator_base_url=self.settings.anthropic_base_url,
-            token_uris=self.settings.google_token_uris,
         )
         if isinstance(access, Ending):
             return await self._finish(run, access)
