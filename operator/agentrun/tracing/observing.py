@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentrun import __version__
+from agentrun.api.model_spec import ModelSpec
 from agentrun.api.usage import TokenUsage
 from agentrun.loop.events import (
     ApprovalDecided,
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-SYSTEM = "anthropic"
+#: The GenAI semantic conventions' gen_ai.provider.name of each spec.model.provider.
+PROVIDER_NAMES = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "vertex": "gcp.vertex_ai"}
 INSTRUMENTATION = "agentrun"
 
 
@@ -84,10 +86,12 @@ class TracingObserver:
         name: str,
         uid: str,
         model: str,
+        provider: str = "anthropic",
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._tracer = tracer
         self._namespace, self._name, self._uid, self._model = namespace, name, uid, model
+        self._provider = PROVIDER_NAMES.get(provider, provider)
         self._clock_ns = clock_ns
         self._run: Span | None = None
         self._iteration: Span | None = None
@@ -95,10 +99,15 @@ class TracingObserver:
         self._usage = TokenUsage()
         self._finish_reasons: list[str] = []
 
+    @classmethod
+    def of(cls, tracer: Tracer, namespace: str, name: str, uid: str, model: ModelSpec) -> TracingObserver:
+        """A run's observer: its model's name and who serves it (gen_ai.provider.name)."""
+        return cls(tracer, namespace=namespace, name=name, uid=uid, model=model.name, provider=model.provider)
+
     def _common(self) -> dict[str, Any]:
         return {
-            "gen_ai.system": SYSTEM,
-            "gen_ai.provider.name": SYSTEM,
+            "gen_ai.system": self._provider,
+            "gen_ai.provider.name": self._provider,
             "k8s.namespace.name": self._namespace,
         }
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from agentrun.api.model_spec import ModelSpec
+from agentrun.api.provider_spec import Provider
 from agentrun.loop.errors import ToolError
 from agentrun.tracing.observing import TracingObserver, tracer_of
 from agentrun_sandbox.messages.script import HttpError, Reply, ScriptUsage, text_block, tool_use_block
@@ -137,3 +140,25 @@ async def test_closing_an_unfinished_run_ends_its_open_spans() -> None:
     [run] = _named(exporter.get_finished_spans(), "invoke_agent")
     assert run.attributes is not None and run.attributes["agentrun.interrupted"] is True
     assert run.attributes["agentrun.resumed"] is True
+
+
+@pytest.mark.parametrize(("provider", "name"), [("bedrock", "aws.bedrock"), ("vertex", "gcp.vertex_ai")])
+async def test_a_run_on_a_cloud_names_the_cloud_as_its_genai_provider(provider: Provider, name: str) -> None:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = ModelSpec.model_validate({"provider": provider, "name": "claude-haiku-4-5@20251001"})
+    observer = TracingObserver.of(tracer_of(tracer_provider), "team-a", "my-run", "uid-1", model)
+    await run_scripted(
+        [Reply([text_block("done")])],
+        observers=[observer],
+        provider=provider,
+        spec={"model": {"name": model.name}},
+    )
+    observer.close()
+    spans = exporter.get_finished_spans()
+    assert spans and {s.attributes["gen_ai.provider.name"] for s in spans if s.attributes} == {name}
+    [chat] = _named(spans, "chat ")
+    assert (
+        chat.attributes is not None and chat.attributes["gen_ai.request.model"] == "claude-haiku-4-5@20251001"
+    )

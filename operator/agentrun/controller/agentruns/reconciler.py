@@ -408,9 +408,7 @@ class AgentRunReconciler:
     def _tracing(self, ref: RunObject, spec: AgentRunSpec) -> TracingObserver | None:
         if self.tracer is None:
             return None
-        return TracingObserver(
-            self.tracer, namespace=ref.namespace, name=ref.name, uid=ref.uid, model=spec.model.name
-        )
+        return TracingObserver.of(self.tracer, ref.namespace, ref.name, ref.uid, spec.model)
 
     def _observers(self, run: _Run, metrics: MetricsObserver, tracing: TracingObserver | None) -> Observer:
         """Transcript first, then status: status only ever references persisted chunks, and the pair
