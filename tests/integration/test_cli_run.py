@@ -341,3 +341,32 @@ async def test_a_run_that_compacted_prints_status_context_with_its_compactions(t
     assert 0 < context["lastCompactionIteration"] <= 5
     assert context["tokensBefore"] > context["tokensAfter"] > 0
     assert context["tokensRemoved"] >= context["tokensBefore"] - context["tokensAfter"]
+
+
+async def test_a_local_run_on_bedrock_signs_with_this_machines_own_aws_credentials(tmp_path: Path) -> None:
+    """Locally, Secrets are not read: botocore's default chain finds the AWS_* variables, as it would
+    a profile or an SSO sign-in."""
+    async with FakeMessagesAPI(demo_brain=True).running() as api:
+        key_id, secret = api.aws.new_key()
+        manifest = tmp_path / "bedrock.yaml"
+        manifest.write_text(
+            "apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: on-bedrock}\n"
+            "spec:\n  task: What time is it?\n"
+            "  model:\n    provider: bedrock\n    name: us.anthropic.claude-haiku-4-5-20251001-v1:0\n"
+            "    bedrock: {credentialsSecretRef: {name: ignored-locally}}\n"
+            "  tools: [{builtin: {name: current_time}}]\n"
+        )
+        env = {
+            "AWS_ACCESS_KEY_ID": key_id,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_REGION": api.aws.region,
+            "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "ANTHROPIC_BEDROCK_BASE_URL": api.url,
+        }
+        code, out, err = await _agentrun_run(manifest, env)
+        signed = api.aws.signed_requests
+    assert code == 0, err
+    assert json.loads(out)["phase"] == "Succeeded"
+    assert "credentialsSecretRef is ignored locally" in err
+    assert signed == 2
