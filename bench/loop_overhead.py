@@ -28,7 +28,7 @@ from agentrun.loop.config import LoopConfig
 from agentrun.loop.events import Event
 from agentrun.loop.protocols import ToolCall, ToolDefinition, ToolOutput
 from agentrun.loop.running import run_loop
-from agentrun.model.access import ModelAccess
+from agentrun.model.access import AwsKeys, ModelAccess
 from agentrun.model.anthropic_calling import ClientPool
 from agentrun.model.pricing import PriceTable
 from agentrun_sandbox.messages.api import FakeMessagesAPI
@@ -52,6 +52,8 @@ ORDER = (
     "bare_raw_stream",
     "bare_stream",
     "agentrun",
+    "agentrun_bedrock",
+    "agentrun_vertex",
     "sdk_tool_runner",
     "pydantic_ai",
     "langgraph",
@@ -93,7 +95,9 @@ class Contender:
     streams: set[bool] = field(default_factory=set)
 
 
-def agentrun_runner(url: str, pool: ClientPool) -> Runner:
+def agentrun_runner(access: ModelAccess, pool: ClientPool) -> Runner:
+    """Our loop through ``access``: Anthropic's API, or a cloud's door of the same fake (signed per
+    request with SigV4, or with a Google token)."""
     spec = AgentRunSpec.model_validate(
         {
             "task": task(MARKER),
@@ -107,7 +111,7 @@ def agentrun_runner(url: str, pool: ClientPool) -> Runner:
     async def run() -> None:
         outcome = await run_loop(
             config,
-            model=pool.model(ModelAccess(api_key=API_KEY, base_url=url)),
+            model=pool.model(access),
             tools=tools,
             observer=NullObserver(),
             clock=SystemClock(),
@@ -118,6 +122,23 @@ def agentrun_runner(url: str, pool: ClientPool) -> Runner:
             raise RuntimeError(f"agentrun loop ended with {outcome.stop_reason}: {outcome.message}")
 
     return run
+
+
+def bedrock(api: FakeMessagesAPI) -> ModelAccess:
+    key_id, secret = api.aws.new_key()
+    return ModelAccess("bedrock", base_url=api.url, region=api.aws.region, aws_keys=AwsKeys(key_id, secret))
+
+
+def vertex(api: FakeMessagesAPI) -> ModelAccess:
+    google = api.google
+    key = google.new_service_account(f"{api.url}/token")
+    return ModelAccess(
+        "vertex",
+        base_url=f"{api.url}/v1",
+        region=google.region,
+        project_id=google.project,
+        google_credentials=key,
+    )
 
 
 def bare_runner(client: anthropic.AsyncAnthropic, bodies: list[dict[str, Any]], *, mode: str) -> Runner:
@@ -242,7 +263,11 @@ async def measure(section: Section, *, rounds: int, turns: int, calls: int, seed
         aiohttp_client = anthropic.AsyncAnthropic(
             api_key=API_KEY, base_url=server.url, max_retries=0, http_client=anthropic.DefaultAioHttpClient()
         )
-        ours = Contender("agentrun", "agentrun run_loop", agentrun_runner(server.url, pool))
+        ours = Contender(
+            "agentrun",
+            "agentrun run_loop",
+            agentrun_runner(ModelAccess(api_key=API_KEY, base_url=server.url), pool),
+        )
         # Record our loop's exact request bodies once, for the bare replays.
         before = len(api.requests)
         await ours.run()
@@ -260,6 +285,16 @@ async def measure(section: Section, *, rounds: int, turns: int, calls: int, seed
                 "bare_raw_stream",
                 "bare messages.create(stream=True), raw events",
                 bare_runner(bare_client, bodies, mode="raw_stream"),
+            ),
+            Contender(
+                "agentrun_bedrock",
+                "agentrun run_loop via Amazon Bedrock",
+                agentrun_runner(bedrock(api), pool),
+            ),
+            Contender(
+                "agentrun_vertex",
+                "agentrun run_loop via Google Vertex AI",
+                agentrun_runner(vertex(api), pool),
             ),
             Contender("sdk_tool_runner", "the SDK's tool runner", sdk_tool_runner(bare_client)),
             Contender("pydantic_ai", "pydantic-ai Agent", pydantic_ai_runner(server.url)),
@@ -340,6 +375,16 @@ def _report(section: Section, by_key: dict[str, Contender], *, rounds: int, turn
             note="< 1: we are faster",
         )
     )
+    for key, cloud in (("agentrun_bedrock", "Amazon Bedrock"), ("agentrun_vertex", "Google Vertex AI")):
+        section.add(
+            Figure(
+                f"our loop via {cloud} ÷ our loop via Anthropic's API",
+                median([b / a for a, b in zip(ours, by_key[key].times, strict=True)]),
+                "×",
+                rounds,
+                note="the SDK's cloud client; the fake's check of each signature or token is in this process",
+            )
+        )
     extra = median([a - b for a, b in zip(ours, by_key["bare_create"].times, strict=True)])
     section.add(
         Figure(
