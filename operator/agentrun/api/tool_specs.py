@@ -146,8 +146,8 @@ class A2ATool(SpecModel):
         gt=0,
         le=3600,
         description=(
-            "How long one call may wait for the remote task to end (retries included); then the task is "
-            "canceled and the model gets a timeout error. limits.toolTimeoutSeconds also bounds the call."
+            "How long one call may wait for the remote task to end (retries included), in place of "
+            "limits.toolTimeoutSeconds; then the task is canceled and the model gets a timeout error."
         ),
     )
 
