@@ -19,6 +19,7 @@ from aiohttp import web
 from agentrun.a2a import cards, protocol
 from agentrun.a2a.refusals import Refused
 from agentrun.a2a.task_handling import Caller, Target, TaskHandler
+from agentrun.api.a2a_spec import A2AExposure
 from agentrun.console.api_calling import ClusterAPI
 from agentrun.console.identities import Identity
 from agentrun.console.serving import who_is
@@ -81,7 +82,7 @@ class A2AServer:
         )
         return root + path
 
-    async def exposed(self, target: Target) -> tuple[dict[str, Any], Any]:
+    async def exposed(self, target: Target) -> tuple[dict[str, Any], A2AExposure]:
         """The Agent and its spec.a2a, read with the server's own rights; 404 unless it is exposed."""
         missing = Refused(
             404,
