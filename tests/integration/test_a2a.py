@@ -37,6 +37,7 @@ from tests.support.clusters import RUNS_API, TestCluster
 from tests.support.console import Person, person
 from tests.support.kube_requests import until, wait_finished
 from tests.support.operator_process import OperatorProcess
+from tests.support.quotas import create_quota, install_quota_crd
 
 API_KEY = "sk-ant-a2a-0123456789"
 RUNS = {
@@ -283,3 +284,26 @@ async def test_a_runs_a2a_tool_calls_an_exposed_agent_as_the_identity_its_secret
     (remote,) = await _runs(cluster)
     assert remote["metadata"]["annotations"][tasks.CALLER_ANNOTATION] == people["alice"].username
     assert remote["status"]["result"] == "the answer is 42"
+
+
+async def test_a_task_is_admitted_by_the_namespaces_quotas_like_any_run(
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    operator: OperatorProcess,
+    people: dict[str, Person],
+    a2a: str,
+) -> None:
+    """An Agent whose runs ask for more than the quota's per-run maximum: its task fails, saying why."""
+    await install_quota_crd(cluster)
+    await create_quota(cluster, "caps", perRun={"tokenBudget": {"max": 1000}})
+    spender = agent("spender", namespace=cluster.namespace, model=MODEL, limits={"tokenBudget": 5000})
+    await cluster.request(
+        "POST", _agents(cluster), json={**spender, "spec": {**spender["spec"], "a2a": {"expose": True}}}
+    )
+    async with sdk_client(agent_url(a2a, cluster.namespace, "spender"), people["alice"].token) as (client, _):
+        events = [e async for e in client.send_message(_request("[scenario:a2a-answer] spend", "m-q"))]
+    task = events[-1].task
+    assert task.status.state == TaskState.TASK_STATE_FAILED, task
+    said = " ".join(p.text for p in task.status.message.parts)
+    assert f"{cluster.namespace}/caps" in said and "tokenBudget" in said, said
+    assert not task.artifacts and model.requests_for("[scenario:a2a-answer]") == []
