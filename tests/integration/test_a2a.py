@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,7 +32,7 @@ from a2a.utils.errors import TaskNotCancelableError
 from agentrun.a2a import tasks
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
-from tests.support.a2a_serving import agent_url, running_a2a, sdk_client
+from tests.support.a2a_serving import a2a_process, agent_url, running_a2a, sdk_client
 from tests.support.builders import agent, agentrun
 from tests.support.clusters import RUNS_API, TestCluster
 from tests.support.console import Person, person
@@ -307,3 +308,17 @@ async def test_a_task_is_admitted_by_the_namespaces_quotas_like_any_run(
     said = " ".join(p.text for p in task.status.message.parts)
     assert f"{cluster.namespace}/caps" in said and "tokenBudget" in said, said
     assert not task.artifacts and model.requests_for("[scenario:a2a-answer]") == []
+
+
+async def test_the_agentrun_a2a_command_serves_the_cards_at_its_public_url(
+    cluster: TestCluster, a2a: str, tmp_path: Path
+) -> None:
+    """The subcommand the chart's pod runs, as its own process: the cards name --public-url."""
+    async with a2a_process(cluster, tmp_path / "a2a.log") as root, aiohttp.ClientSession() as http:
+        answer = await http.get(
+            agent_url(root, cluster.namespace, "answerer") + "/.well-known/agent-card.json"
+        )
+        card = await answer.json()
+    assert answer.status == 200, card
+    expected = agent_url("https://agents.example.com", cluster.namespace, "answerer")
+    assert card["supportedInterfaces"][0]["url"] == expected

@@ -3,9 +3,13 @@ present a person's token: what an A2A caller elsewhere would run."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import aiohttp
 import httpx
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import AgentCard
@@ -13,6 +17,8 @@ from a2a.types.a2a_pb2 import AgentCard
 from agentrun.a2a.serving import A2AConfig, A2AServer, serving
 from agentrun.kube import kubeconfig_loading
 from tests.support.clusters import TestCluster
+from tests.support.kube_requests import until
+from tests.support.ports import free_port
 
 
 @contextlib.asynccontextmanager
@@ -41,3 +47,31 @@ async def sdk_client(
             yield client, card
         finally:
             await client.close()
+
+
+@contextlib.asynccontextmanager
+async def a2a_process(cluster: TestCluster, log_path: Path) -> AsyncIterator[str]:
+    """`agentrun a2a` as a user (or the chart's pod) starts it, as a separate process on a free port;
+    yields its root URL once it serves."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "agentrun.cli.main", "a2a", "--kubeconfig", str(cluster.kubeconfig),
+        "--port", str(port), "--namespace", cluster.namespace, "--public-url", "https://agents.example.com",
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=asyncio.subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await until(lambda: _healthy(url), "agentrun a2a to serve", 30, done=bool)
+            yield url
+        finally:
+            process.terminate()
+            await process.wait()
+
+
+async def _healthy(url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as answer:
+            return answer.status == 200
+    except aiohttp.ClientError:
+        return False
