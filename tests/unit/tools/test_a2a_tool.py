@@ -3,6 +3,7 @@ read once, the message sent with the call's idempotency key, each way a remote t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from agentrun.tools.environment import SecretMissing, ToolStartError
 from agentrun.tools.registry import open_tools
 from tests.support.a2a_sdk import SDKAgent, sdk_agent_serving
 from tests.support.local_servers import serving_app
+from tests.support.waiting import until
 from tests.unit.tools.environment import StaticEnvironment
 
 HEADERS = '{"Authorization": "Bearer remote-token-1"}'
@@ -158,3 +160,21 @@ async def test_a_remote_still_failing_after_the_retries_is_unavailable_and_recov
 def test_an_entry_with_a2a_and_another_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="exactly one of builtin, http, mcp, agent, a2a"):
         _spec({"name": "echo", "url": "http://x"}, builtin={"name": "current_time"})
+
+
+async def test_a_call_cancelled_by_the_run_cancels_its_remote_task(sdk: SDKAgent) -> None:
+    """The loop cancels a call when the run is cancelled or times out: the remote stops spending too."""
+    async with open_tools(_spec({"name": "echo", "url": sdk.url}), StaticEnvironment()) as tools:
+        call = asyncio.create_task(tools["echo"].call(_call("slow work")))
+        await until(lambda: sdk.agent.texts, "the remote to start the task", 10)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert len(sdk.agent.canceled) == 1
+
+
+async def test_requires_approval_on_the_entry_makes_each_call_wait_for_a_decision(sdk: SDKAgent) -> None:
+    spec = _spec({"name": "echo", "url": sdk.url}, requiresApproval=True, writeKey="remote")
+    async with open_tools(spec, StaticEnvironment()) as tools:
+        definition = tools["echo"].definition
+    assert (definition.requires_approval, definition.write_key) == (True, "remote")
