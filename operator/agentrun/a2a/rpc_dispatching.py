@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -129,18 +129,9 @@ async def _stream(
     async def event(result: Mapping[str, Any]) -> None:
         await response.write(f"data: {json.dumps(protocol.result(request_id, result))}\n\n".encode())
 
-    await event({"task": tasks.task(created)})
     try:
-        first = True
-        async for run in server.handler.follow(target, caller, name, server.config.wait_seconds):
-            if first and tasks.task_status(run) == tasks.task_status(created):
-                first = False
-                continue
-            first = False
-            artifact = tasks.result_artifact(run)
-            if artifact is not None:
-                await event(tasks.artifact_update(run, artifact))
-            await event(tasks.status_update(run))
+        await event({"task": tasks.task(created)})
+        await _follow(server, target, caller, created, event)
     except (protocol.RPCError, APIError) as exc:
         error = (
             exc
@@ -148,5 +139,29 @@ async def _stream(
             else protocol.RPCError(protocol.INTERNAL_ERROR, str(exc))
         )
         await response.write(f"event: error\ndata: {json.dumps(error.body(request_id))}\n\n".encode())
+    except ConnectionResetError:  # the caller left: the task goes on (GetTask reads it), the stream ends
+        logger.info("stream of task %s/%s closed by its caller", target.namespace, name)
+        return response
     await response.write_eof()
     return response
+
+
+async def _follow(
+    server: A2AServer,
+    target: Target,
+    caller: Caller,
+    created: Mapping[str, Any],
+    event: Callable[[Mapping[str, Any]], Awaitable[None]],
+) -> None:
+    """Each change of the task after the first event: the result artifact, then the new status."""
+    first = True
+    name = created["metadata"]["name"]
+    async for run in server.handler.follow(target, caller, name, server.config.wait_seconds):
+        if first and tasks.task_status(run) == tasks.task_status(created):
+            first = False
+            continue
+        first = False
+        artifact = tasks.result_artifact(run)
+        if artifact is not None:
+            await event(tasks.artifact_update(run, artifact))
+        await event(tasks.status_update(run))
