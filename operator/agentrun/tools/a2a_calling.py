@@ -75,8 +75,13 @@ class A2AEndpoint:
             await self._session.close()
 
     async def get_json(self, url: str) -> Any:
+        """A document (the card): any answer outside 2xx is a refusal, whatever its body says."""
         async with self.http().get(url, headers=self._headers, allow_redirects=False) as response:
-            return await _decoded(response)
+            answer = await _decoded(response)
+            if response.status >= 300:
+                said = json.dumps(answer)[:300]
+                raise protocol.RPCError(protocol.INVALID_REQUEST, f"HTTP {response.status}: {said}")
+            return answer
 
     async def call(self, method: str, params: Mapping[str, Any], retry_delays: tuple[float, ...]) -> Any:
         """The JSON-RPC result; an error answer raises RPCError, no answer after the retries Unanswered."""

@@ -178,3 +178,12 @@ async def test_requires_approval_on_the_entry_makes_each_call_wait_for_a_decisio
     async with open_tools(spec, StaticEnvironment()) as tools:
         definition = tools["echo"].definition
     assert (definition.requires_approval, definition.write_key) == (True, "remote")
+
+
+async def test_a_card_the_server_does_not_have_fails_the_start_with_its_answer(sdk: SDKAgent) -> None:
+    spec = _spec({"name": "echo", "url": sdk.url + "/elsewhere"})
+    with pytest.raises(
+        ToolStartError, match=r"spec\.tools\[0\]\.a2a: the Agent Card at .* was refused: HTTP 404"
+    ):
+        async with open_tools(spec, StaticEnvironment(), sleep=_no_wait):
+            pass
