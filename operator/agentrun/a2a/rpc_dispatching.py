@@ -41,7 +41,7 @@ async def dispatch(server: A2AServer, request: web.Request) -> web.StreamRespons
             raise protocol.RPCError(protocol.INVALID_PARAMS, "params must be an object")
         if method == protocol.STREAM:
             return await _stream(server, request, request_id, target, caller, params)
-        answer = await _answer(server, method, params, target, caller)
+        answer = await _answer(server, request, method, params, target, caller)
         return json_answer(protocol.result(request_id, answer))
     except Refused as exc:
         return json_answer(exc.error.body(request_id), exc.status, exc.headers)
@@ -89,7 +89,12 @@ def _task_id(params: Mapping[str, Any]) -> str:
 
 
 async def _answer(
-    server: A2AServer, method: str, params: Mapping[str, Any], target: Target, caller: Caller
+    server: A2AServer,
+    request: web.Request,
+    method: str,
+    params: Mapping[str, Any],
+    target: Target,
+    caller: Caller,
 ) -> dict[str, Any]:
     wait = server.config.wait_seconds
     if method == protocol.SEND:
@@ -103,12 +108,18 @@ async def _answer(
             caller.username,
         )
         if not sent.return_immediately:
-            run = await server.handler.settled(target, caller, run["metadata"]["name"], wait) or run
+            gone = _gone(request)
+            run = await server.handler.settled(target, caller, run["metadata"]["name"], wait, gone) or run
         return {"task": tasks.task(run)}
     if method == protocol.GET_TASK:
         return tasks.task(await server.handler.read(target, caller, _task_id(params)))
     run = await server.handler.cancel(target, caller, _task_id(params), min(wait, 30.0))
     return tasks.task(run)
+
+
+def _gone(request: web.Request) -> Callable[[], bool]:
+    """Whether the caller closed its connection: a blocking send stops reading the run for nobody."""
+    return lambda: request.transport is None or request.transport.is_closing()
 
 
 async def _stream(

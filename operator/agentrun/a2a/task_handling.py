@@ -23,6 +23,12 @@ from agentrun.kube.errors import APIAlreadyExistsError, APINotFoundError
 RUNS = "/apis/agentrun.dev/v1alpha1/namespaces/{namespace}/agentruns"
 MERGE_PATCH = "application/merge-patch+json"
 Sleep = Callable[[float], Awaitable[None]]
+#: Whether the caller has left (its connection closed): a wait for it ends.
+Gone = Callable[[], bool]
+
+
+def never() -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -147,19 +153,20 @@ class TaskHandler:
         return await self.settled(target, caller, task_id, wait_seconds) or run
 
     async def settled(
-        self, target: Target, caller: Caller, task_id: str, wait_seconds: float
+        self, target: Target, caller: Caller, task_id: str, wait_seconds: float, gone: Gone = never
     ) -> dict[str, Any] | None:
         """The run once its task ended or was interrupted, or as it is after ``wait_seconds``."""
         last: dict[str, Any] | None = None
-        async for run in self.follow(target, caller, task_id, wait_seconds):
+        async for run in self.follow(target, caller, task_id, wait_seconds, gone):
             last = run
         return last
 
     async def follow(
-        self, target: Target, caller: Caller, task_id: str, wait_seconds: float
+        self, target: Target, caller: Caller, task_id: str, wait_seconds: float, gone: Gone = never
     ) -> AsyncIterator[dict[str, Any]]:
         """The run each time its task's state or message changes, until the task ends or an interrupted
-        state comes, or ``wait_seconds`` pass (then the last one again: the task goes on)."""
+        state comes, or ``wait_seconds`` pass, or ``gone()`` says the caller left (nobody would read
+        another answer: the task goes on, and GetTask reads it)."""
         deadline = time.monotonic() + wait_seconds
         seen: tuple[str, str] | None = None
         while True:
@@ -171,6 +178,6 @@ class TaskHandler:
                 yield run
             if shown["state"] in protocol.TERMINAL or shown["state"] in protocol.INTERRUPTED:
                 return
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or gone():
                 return
             await self._sleep(min(self._poll, max(0.0, deadline - time.monotonic())))

@@ -120,3 +120,32 @@ def test_the_command_refuses_settings_it_cannot_serve_with_a_one_line_error(
 
     with pytest.raises(SystemExit, match=words):
         config_of(_parser().parse_args(["a2a", *args]))
+
+
+async def test_a_wait_for_a_run_ends_when_the_caller_leaves_instead_of_reading_on_for_nobody() -> None:
+    """An API server (real HTTP, on 127.0.0.1) whose run keeps running: the wait stops reading it once
+    the caller is gone, long before its wait would have ended."""
+    from aiohttp import web
+
+    from agentrun.a2a.task_handling import TaskHandler
+    from agentrun.console.api_calling import ClusterAPI
+    from agentrun.kube.kubeconfig_loading import ClusterAccess
+    from tests.support.local_servers import serving_app
+
+    reads: list[str] = []
+
+    async def get_run(request: web.Request) -> web.Response:
+        reads.append(request.headers["Authorization"])
+        return web.json_response(run("Running"))
+
+    app = web.Application()
+    app.router.add_get("/apis/agentrun.dev/v1alpha1/namespaces/team-a/agentruns/{name}", get_run)
+    async with serving_app(app) as url:
+        api = ClusterAPI(ClusterAccess(server=url, source="test"), own_credentials=False)
+        handler = TaskHandler(api, poll_seconds=0.01)
+        caller = Caller("alice", Identity("alice", bearer="alice-token"))
+        target = Target("team-a", "answerer")
+        last = await handler.settled(target, caller, "answerer-a2a-1", 60, lambda: len(reads) >= 3)
+        await api.close()
+    assert reads == ["Bearer alice-token"] * 3
+    assert last is not None and tasks.state(last) == protocol.WORKING
