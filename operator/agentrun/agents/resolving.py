@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentrun.api.agent import AgentSpec
+from agentrun.api.agent import AGENT_ONLY_FIELDS, AgentSpec
 from agentrun.api.spec import AGENT_OWNED_FIELDS, AgentRunSpec, Limits
 
 __all__ = ["AGENT_OWNED_FIELDS", "AgentSpecConflict", "resolve"]
@@ -48,7 +48,10 @@ def resolve(agent: AgentSpec, run: AgentRunSpec, agent_name: str) -> AgentRunSpe
                 f"spec.{name} comes from the Agent (spec.agentRef {agent_name}); a run cannot set it"
             )
     _check_tightened(agent.limits, run.limits, agent_name)
-    return AgentRunSpec.model_validate(_overlay(agent, run, _PER_FIELD, skip=_SELECTING))
+    merged = _overlay(agent, run, _PER_FIELD, skip=_SELECTING)
+    for name in AGENT_ONLY_FIELDS:  # about the Agent (its A2A card), never part of a run
+        merged.pop(name, None)
+    return AgentRunSpec.model_validate(merged)
 
 
 def _overlay(

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from agentrun.api.a2a_spec import A2AExposure
 from agentrun.api.spec import RunDefinition
 from agentrun.api.status import Condition, StatusModel
+
+#: Fields of an Agent's spec that are about the Agent, not its runs: a run of it never carries them.
+AGENT_ONLY_FIELDS = ("a2a",)
 
 
 class AgentSpec(RunDefinition):
     """What every run of this Agent does; a run adds the task and may narrow the limits."""
+
+    a2a: A2AExposure | None = Field(
+        default=None,
+        alias="a2a",
+        description="Offer this Agent over the A2A protocol (`agentrun a2a`, docs/a2a.md); off when unset.",
+    )
 
 
 class WarmPoolStatus(StatusModel):

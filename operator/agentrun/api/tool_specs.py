@@ -1,4 +1,4 @@
-"""The tools a run may call (built-in, webhook, MCP, agent) and how the first request may force one."""
+"""The tools a run may call (built-in, webhook, MCP, agent, A2A) and how the first request may force one."""
 
 from __future__ import annotations
 
@@ -116,16 +116,52 @@ class AgentTool(SpecModel):
     )
 
 
+class A2ATool(SpecModel):
+    """A remote agent spoken to over A2A (the Agent2Agent protocol): one tool whose input is the message
+    (see docs/a2a.md, 'Calling remote agents')."""
+
+    name: ToolName = Field(description="Tool name the model sees. Must be unique within the run.")
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://",
+        description=(
+            "The remote agent's base URL: its Agent Card is read from <url>/.well-known/agent-card.json "
+            "when the run starts, and tasks go to the JSON-RPC endpoint the card names."
+        ),
+    )
+    description: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="What the model is told the agent does; by default the card's description and skills.",
+    )
+    headers_from: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "Secret key whose value is a JSON object of extra request headers (e.g. Authorization), sent "
+            "when reading the card and with every request."
+        ),
+    )
+    timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description=(
+            "How long one call may wait for the remote task to end (retries included), in place of "
+            "limits.toolTimeoutSeconds; then the task is canceled and the model gets a timeout error."
+        ),
+    )
+
+
 class ToolSpec(SpecModel):
-    """One entry of spec.tools: exactly one of builtin, http, mcp or agent."""
+    """One entry of spec.tools: exactly one of builtin, http, mcp, agent or a2a."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
                     "rule": "(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0)"
-                    " + (has(self.mcp) ? 1 : 0) + (has(self.agent) ? 1 : 0) == 1",
-                    "message": "a tool needs exactly one of builtin, http, mcp, agent",
+                    " + (has(self.mcp) ? 1 : 0) + (has(self.agent) ? 1 : 0) + (has(self.a2a) ? 1 : 0) == 1",
+                    "message": "a tool needs exactly one of builtin, http, mcp, agent, a2a",
                 }
             ]
         }
@@ -135,6 +171,9 @@ class ToolSpec(SpecModel):
     http: HTTPTool | None = Field(default=None, description="A webhook tool.")
     mcp: MCPServer | None = Field(default=None, description="An MCP server's tools.")
     agent: AgentTool | None = Field(default=None, description="A sub-agent run as a child AgentRun.")
+    a2a: A2ATool | None = Field(
+        default=None, alias="a2a", description="A remote agent called over the A2A protocol."
+    )
     requires_approval: bool = Field(
         default=False,
         description="Pause the run for a human approval (spec.approvals) before each call.",
@@ -147,9 +186,11 @@ class ToolSpec(SpecModel):
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> ToolSpec:
-        kinds = [k for k in ("builtin", "http", "mcp", "agent") if getattr(self, k) is not None]
+        kinds = [k for k in ("builtin", "http", "mcp", "agent", "a2a") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"a tool needs exactly one of builtin, http, mcp, agent; got {kinds or 'none'}")
+            raise ValueError(
+                f"a tool needs exactly one of builtin, http, mcp, agent, a2a; got {kinds or 'none'}"
+            )
         return self
 
 

@@ -1,4 +1,4 @@
-"""`agentrun`: operator, run, crd, console."""
+"""`agentrun`: operator, run, crd, console, a2a."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_console_parser(sub)
 
+    from agentrun.cli.a2a_command import add_parser as add_a2a_parser
+
+    add_a2a_parser(sub)
+
     # The offline demo needs the emulators, which are not part of the operator (sandbox/ in the repository).
     sub.add_parser("demo", help="moved: `make demo` in a clone of the repository")
     return parser
@@ -115,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         from agentrun.cli.console_command import main as console_main
 
         return console_main(args)
+    if args.command == "a2a":
+        from agentrun.cli.a2a_command import main as a2a_main
+
+        return a2a_main(args)
     raise AssertionError(args.command)  # pragma: no cover
 
 

@@ -3,8 +3,9 @@
 Two stages, because the controller must wait for Secrets in between:
 * `check_tools(spec)`: everything knowable from the spec alone (bad built-in config,
   invalid inputSchema, duplicate names), raising InvalidToolSpec before the run starts;
-* `open_tools(spec, env)`: reads header Secrets, lists MCP servers (once: the list is part of the
-  cached prompt prefix and stays fixed for the run), and closes connections when the run ends.
+* `open_tools(spec, env)`: reads header Secrets, lists MCP servers and reads A2A Agent Cards (once:
+  the list is part of the cached prompt prefix and stays fixed for the run), and closes connections
+  when the run ends.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.spec_base import TOOL_NAME_PATTERN
 from agentrun.api.tool_specs import MCPServer, ToolSpec
 from agentrun.loop.protocols import Tool, ToolCall, ToolDefinition, ToolOutput
+from agentrun.tools.a2a_calling import open_remote
 from agentrun.tools.agent_calling import AgentTool
 from agentrun.tools.builtin.basic import Calculator, CurrentTime
 from agentrun.tools.builtin.http_fetch import FetchConfig, HTTPFetch
@@ -106,6 +108,8 @@ def check_tools(spec: AgentRunSpec) -> None:
             servers[entry.mcp.name] = where
         elif entry.agent is not None:
             _claim(names, entry.agent.name, where)
+        elif entry.a2a is not None:
+            _claim(names, entry.a2a.name, where)
     if spec.sandbox is not None:
         for name in SANDBOX_TOOL_NAMES:
             _claim(names, name, "spec.sandbox")
@@ -140,6 +144,8 @@ def secret_uses(spec: AgentRunSpec) -> list[SecretUse]:
             uses.append(SecretUse(f"spec.tools[{index}].http.headersFrom", entry.http.headers_from))
         if entry.mcp is not None and entry.mcp.headers_from is not None:
             uses.append(SecretUse(f"spec.tools[{index}].mcp.headersFrom", entry.mcp.headers_from))
+        if entry.a2a is not None and entry.a2a.headers_from is not None:
+            uses.append(SecretUse(f"spec.tools[{index}].a2a.headersFrom", entry.a2a.headers_from))
     # Read by the kubelet, but waited for like the others: a missing one would stop the pod's start.
     for index, env in enumerate(spec.sandbox.env if spec.sandbox is not None else []):
         if env.secret_key_ref is not None:
@@ -282,6 +288,11 @@ async def _entry_tools(
                 "create (not `agentrun run`)"
             )
         return [AgentTool(entry.agent, children)]
+    if entry.a2a is not None:
+        a2a = entry.a2a
+        use = SecretUse(f"{where}.a2a.headersFrom", a2a.headers_from) if a2a.headers_from else None
+        headers = await read_headers(env, use)
+        return [await open_remote(a2a, headers, where, stack, sleep=sleep, start_delays=mcp_start_delays)]
     return []
 
 

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from agentrun.agents import AGENT_OWNED_FIELDS, AgentSpecConflict, resolving
-from agentrun.api.agent import AgentSpec
+from agentrun.api.agent import AGENT_ONLY_FIELDS, AgentSpec
 from agentrun.api.spec import AgentRunSpec, Limits, LoopDetection
 
 AGENT: dict[str, Any] = {
@@ -164,8 +164,9 @@ def test_loop_detection_cannot_be_switched_off_but_may_be_switched_on() -> None:
 
 
 def test_the_agent_spec_model_has_every_run_field_but_task_cancel_approvals_and_agent_ref() -> None:
+    """Plus the fields about the Agent itself (its A2A card), which no run carries."""
     run_fields = set(AgentRunSpec.model_fields) - {"task", "cancel", "approvals", "agent_ref"}
-    assert set(AgentSpec.model_fields) == run_fields
+    assert set(AgentSpec.model_fields) == run_fields | set(AGENT_ONLY_FIELDS)
     with pytest.raises(pydantic.ValidationError, match="task"):
         AgentSpec.model_validate({"task": "x"})
 
@@ -198,3 +199,9 @@ def test_an_agent_on_vertex_may_not_compact_on_the_server() -> None:
     agent = {**AGENT, "model": {"provider": "vertex"}, "context": {"compaction": {"strategy": "Server"}}}
     with pytest.raises(pydantic.ValidationError, match="strategy Server needs Anthropic's API"):
         AgentSpec.model_validate(agent)
+
+
+def test_an_agents_a2a_card_is_about_the_agent_and_never_part_of_its_runs() -> None:
+    exposed = {"a2a": {"expose": True, "description": "reviews releases"}, "systemPrompt": "p"}
+    resolved = resolve(exposed, run(), "a1")
+    assert "a2a" not in resolved and resolved["systemPrompt"] == "p"

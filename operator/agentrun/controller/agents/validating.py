@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.api.agent import AgentStatus, WarmPoolStatus
+from agentrun.api.agent import AGENT_ONLY_FIELDS, AgentStatus, WarmPoolStatus
 from agentrun.api.conditions import INVALID_SPEC, condition
 from agentrun.api.status import Condition
 from agentrun.controller.agentruns.phases import Ending, read_spec
@@ -27,7 +27,8 @@ _TASK = "(the run's task)"
 
 def check(spec: Mapping[str, Any]) -> str | None:
     """None when a run of the Agent would be admitted; else one line naming every field that is wrong."""
-    read = read_spec({**spec, "task": _TASK})
+    run_part = {key: value for key, value in spec.items() if key not in AGENT_ONLY_FIELDS}
+    read = read_spec({**run_part, "task": _TASK})
     return read.outcome.message if isinstance(read, Ending) else None
 
 

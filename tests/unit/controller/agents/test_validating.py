@@ -80,3 +80,17 @@ def test_the_transition_time_moves_only_when_ready_changes() -> None:
     assert same["observedGeneration"] == 2
     flipped = agent_status(body({"model": MODEL, "requiredTools": ["x"]}, 3, same), "2026-01-03T00:00:00Z")
     assert flipped["conditions"][0]["lastTransitionTime"] == "2026-01-03T00:00:00Z"
+
+
+def test_an_agent_offered_over_a2a_is_judged_on_its_runs_part_alone() -> None:
+    """spec.a2a is about the Agent (its card): a run of it never carries the field, so it is no reason
+    to refuse; the CRD's schema checks it when the Agent is applied."""
+    assert (
+        check(
+            {
+                "model": MODEL,
+                "a2a": {"expose": True, "skills": [{"id": "s", "name": "S", "description": "d"}]},
+            }
+        )
+        is None
+    )
