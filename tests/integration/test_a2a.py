@@ -322,3 +322,71 @@ async def test_the_agentrun_a2a_command_serves_the_cards_at_its_public_url(
     assert answer.status == 200, card
     expected = agent_url("https://agents.example.com", cluster.namespace, "answerer")
     assert card["supportedInterfaces"][0]["url"] == expected
+
+
+async def test_a_client_speaking_a2a_0_3_sends_streams_gets_and_cancels_in_0_3s_shapes(
+    cluster: TestCluster, operator: OperatorProcess, people: dict[str, Person], a2a: str
+) -> None:
+    """message/send, message/stream, tasks/get and tasks/cancel, as a 0.3 client writes them by hand."""
+    auth = {"Authorization": f"Bearer {people['alice'].token}"}
+
+    def message(text: str, message_id: str) -> dict[str, Any]:
+        parts = [{"kind": "text", "text": text}]
+        return {"kind": "message", "messageId": message_id, "role": "user", "parts": parts}
+
+    async with aiohttp.ClientSession() as http:
+        sent = await http.post(
+            agent_url(a2a, cluster.namespace, "answerer"),
+            json=_call("message/send", {"message": message("[scenario:a2a-answer] 0.3", "m-03")}),
+            headers=auth,
+        )
+        task = (await sent.json())["result"]
+        assert (task["kind"], task["status"]["state"]) == ("task", "completed"), task
+        assert task["artifacts"][0]["parts"] == [{"kind": "text", "text": "the answer is 42"}]
+        got = await http.post(
+            agent_url(a2a, cluster.namespace, "answerer"),
+            json=_call("tasks/get", {"id": task["id"]}),
+            headers=auth,
+        )
+        assert (await got.json())["result"]["status"]["state"] == "completed"
+
+        streamed = await http.post(
+            agent_url(a2a, cluster.namespace, "answerer"),
+            json=_call("message/stream", {"message": message("[scenario:a2a-answer] 0.3 streamed", "m-03s")}),
+            headers=auth,
+        )
+        events = [
+            json.loads(line.removeprefix(b"data: "))["result"]
+            async for line in streamed.content
+            if line.startswith(b"data: ")
+        ]
+        assert events[0]["kind"] == "task" and events[0]["status"]["state"] == "submitted"
+        assert [e["kind"] for e in events[1:]][-2:] == ["artifact-update", "status-update"]
+        assert events[-1]["status"]["state"] == "completed" and events[-1]["final"] is True
+
+        gated = {
+            "message": message("[scenario:a2a-gated] 0.3", "m-03g"),
+            "configuration": {"blocking": False},
+        }
+        waiting = await http.post(
+            agent_url(a2a, cluster.namespace, "gated"), json=_call("message/send", gated), headers=auth
+        )
+        task_id = (await waiting.json())["result"]["id"]
+        await until(
+            lambda: _phase(cluster, task_id),
+            "the gated task's run to wait for approval",
+            60,
+            done=lambda phase: phase == "AwaitingApproval",
+        )
+        canceled = await http.post(
+            agent_url(a2a, cluster.namespace, "gated"),
+            json=_call("tasks/cancel", {"id": task_id}),
+            headers=auth,
+        )
+        answer = (await canceled.json())["result"]
+    assert (answer["kind"], answer["status"]["state"]) == ("task", "canceled"), answer
+
+
+async def _phase(cluster: TestCluster, name: str) -> str:
+    run = await cluster.request("GET", f"{cluster.runs_path}/{name}")
+    return str((run.get("status") or {}).get("phase"))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agentrun.a2a import protocol, tasks
+from agentrun.a2a import protocol, protocol_v03, tasks
 from agentrun.a2a.refusals import Refused, json_answer, refusal_of
 from agentrun.a2a.task_handling import Caller, Target, parse_send
 from agentrun.kube.errors import APIError
@@ -32,17 +32,22 @@ async def dispatch(server: A2AServer, request: web.Request) -> web.StreamRespons
     try:
         call = await _read(request)
         request_id = call.get("id")
-        _check_version(request)
+        legacy = call["method"] in protocol_v03.METHODS  # A2A 0.3's names: answered in 0.3's shapes
+        if not legacy:
+            _check_version(request)
         caller = await server.caller(request)
         target = Target(request.match_info["namespace"], request.match_info["agent"])
         await server.exposed(target)
         method, params = call["method"], call.get("params") or {}
         if not isinstance(params, Mapping):
             raise protocol.RPCError(protocol.INVALID_PARAMS, "params must be an object")
+        shape = _shape_v03 if legacy else dict
+        if legacy:
+            method, params = protocol_v03.METHODS[method], protocol_v03.params(method, params)
         if method == protocol.STREAM:
-            return await _stream(server, request, request_id, target, caller, params)
+            return await _stream(server, request, request_id, target, caller, params, shape)
         answer = await _answer(server, request, method, params, target, caller)
-        return json_answer(protocol.result(request_id, answer))
+        return json_answer(protocol.result(request_id, shape(answer)))
     except Refused as exc:
         return json_answer(exc.error.body(request_id), exc.status, exc.headers)
     except protocol.RPCError as exc:
@@ -63,10 +68,10 @@ async def _read(request: web.Request) -> dict[str, Any]:
         raise protocol.RPCError(
             protocol.INVALID_REQUEST, 'a JSON-RPC 2.0 request needs "jsonrpc": "2.0" and a method'
         )
-    if call["method"] not in SUPPORTED:
+    if call["method"] not in SUPPORTED and call["method"] not in protocol_v03.METHODS:
+        served = ", ".join((*SUPPORTED, *protocol_v03.METHODS))
         raise protocol.RPCError(
-            protocol.METHOD_NOT_FOUND,
-            f"method {call['method']!r} is not served here (served: {', '.join(SUPPORTED)})",
+            protocol.METHOD_NOT_FOUND, f"method {call['method']!r} is not served here (served: {served})"
         )
     return call
 
@@ -117,6 +122,10 @@ async def _answer(
     return tasks.task(run)
 
 
+def _shape_v03(answer: Mapping[str, Any]) -> dict[str, Any]:
+    return protocol_v03.result(answer)
+
+
 def _gone(request: web.Request) -> Callable[[], bool]:
     """Whether the caller closed its connection: a blocking send stops reading the run for nobody."""
     return lambda: request.transport is None or request.transport.is_closing()
@@ -129,6 +138,7 @@ async def _stream(
     target: Target,
     caller: Caller,
     params: Mapping[str, Any],
+    shape: Callable[[Mapping[str, Any]], dict[str, Any]],
 ) -> web.StreamResponse:
     """The task, then each change of its status, its answer and its final status, as server-sent events."""
     sent = parse_send(params)
@@ -138,7 +148,7 @@ async def _stream(
     await response.prepare(request)
 
     async def event(result: Mapping[str, Any]) -> None:
-        await response.write(f"data: {json.dumps(protocol.result(request_id, result))}\n\n".encode())
+        await response.write(f"data: {json.dumps(protocol.result(request_id, shape(result)))}\n\n".encode())
 
     try:
         await event({"task": tasks.task(created)})
