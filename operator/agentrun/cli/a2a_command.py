@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import sys
 
 from agentrun.a2a.serving import A2AConfig, A2AServer, serving
+from agentrun.cli.service_running import run_service, start_logging, url_host
 from agentrun.kube import kubeconfig_loading
-from agentrun.kube.failures import KubeFailure
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,7 +63,7 @@ def config_of(args: argparse.Namespace) -> A2AConfig:
 async def serve(args: argparse.Namespace, config: A2AConfig) -> None:
     access = await kubeconfig_loading.load(args.kubeconfig, args.context)
     async with serving(A2AServer.of(access, config), args.bind_address, args.port) as port:
-        host = f"[{args.bind_address}]" if ":" in args.bind_address else args.bind_address
+        host = url_host(args.bind_address)
         print(
             f"agentrun a2a: http://{host}:{port}/agents/NAMESPACE/AGENT (API server {access.server})",
             flush=True,
@@ -74,13 +72,6 @@ async def serve(args: argparse.Namespace, config: A2AConfig) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start_logging()
     config = config_of(args)
-    try:
-        asyncio.run(serve(args, config))
-    except KeyboardInterrupt:
-        return 0
-    except (KubeFailure, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_service(serve(args, config))

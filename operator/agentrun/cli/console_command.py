@@ -8,12 +8,11 @@ import asyncio
 import ipaddress
 import logging
 import os
-import sys
 
+from agentrun.cli.service_running import run_service, start_logging, url_host
 from agentrun.console.identities import AUTH_MODES
 from agentrun.console.serving import Console, ConsoleConfig, serving
 from agentrun.kube import kubeconfig_loading
-from agentrun.kube.failures import KubeFailure
 
 logger = logging.getLogger(__name__)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -91,7 +90,7 @@ def config_of(args: argparse.Namespace) -> ConsoleConfig:
 async def serve(args: argparse.Namespace, config: ConsoleConfig) -> None:
     access = await kubeconfig_loading.load(args.kubeconfig, args.context)
     async with serving(Console.of(access, config), args.bind_address, args.port):
-        host = f"[{args.bind_address}]" if ":" in args.bind_address else args.bind_address
+        host = url_host(args.bind_address)
         print(
             f"agentrun console: http://{host}:{args.port}/ (API server {access.server}, auth {config.auth})",
             flush=True,
@@ -100,13 +99,6 @@ async def serve(args: argparse.Namespace, config: ConsoleConfig) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start_logging()
     config = config_of(args)
-    try:
-        asyncio.run(serve(args, config))
-    except KeyboardInterrupt:
-        return 0
-    except (KubeFailure, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_service(serve(args, config))
