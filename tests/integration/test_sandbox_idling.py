@@ -174,13 +174,14 @@ async def idled_while_awaiting_approval(cluster: TestCluster, name: str, uid: st
     await wait_status(cluster, name, phase_in("AwaitingApproval"), timeout=60)
 
     async def gone() -> bool:
-        return not await pods_of(cluster, uid)
+        # The pod goes first, its NetworkPolicy right after (never the other way: the pod would run
+        # unfenced for a moment), so the scenario waits for both.
+        return not await pods_of(cluster, uid) and not await policies(cluster)
 
-    await until(gone, "the idle sandbox pod deleted", timeout=60)
+    await until(gone, "the idle sandbox pod and its NetworkPolicy deleted", timeout=60)
     run = await cluster.request("GET", f"{cluster.runs_path}/{name}")
     marked = run["metadata"].get("annotations", {}).get(IDLED)
     assert marked and marked.startswith(f"{name}-sandbox-"), run["metadata"]
-    assert await policies(cluster) == []
     return str(marked)
 
 
