@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 import asyncpg
 
 from agentrun.api.transcripts import StoredChunk
+from agentrun.stores.chunk_batching import ChunkBatcher, ChunkRow
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class TranscriptDatabase:
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
+        self._batcher = ChunkBatcher(pool, TABLE, self._insert_one, unavailable=UNAVAILABLE)
 
     @classmethod
     async def connect(cls, dsn: str, *, max_size: int = 10, timeout: float = 10.0) -> TranscriptDatabase:
@@ -106,6 +108,7 @@ class TranscriptDatabase:
         return cls(pool)
 
     async def close(self) -> None:
+        await self._batcher.close()
         await self._pool.close()
 
     async def ensure_schema(self) -> None:
@@ -116,25 +119,28 @@ class TranscriptDatabase:
     ) -> bytes | None:
         """Inserts the chunk; None when inserted, else the payload of the row already at its index.
 
-        No transaction around the two statements: the insert is atomic by itself, and a row is never
-        updated, so the one found after a conflict is the one that caused it (BEGIN and COMMIT would be
-        two more round trips on every iteration of every run).
+        Rows of runs writing at the same moment go in one statement (stores/chunk_batching.py).
         """
+        return await self._batcher.insert(ChunkRow(run_uid, namespace, run_name, chunk))
+
+    async def _insert_one(self, row: ChunkRow) -> bytes | None:
+        """One row alone. No transaction around the two statements: the insert is atomic by itself,
+        and a row is never updated, so the one found after a conflict is the one that caused it."""
         status = await self._pool.execute(
             f"INSERT INTO {TABLE} (run_uid, idx, namespace, run_name, part, parts, payload) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_uid, idx) DO NOTHING",
-            run_uid,
-            chunk.index,
-            namespace,
-            run_name,
-            chunk.part,
-            chunk.parts,
-            chunk.payload,
+            row.run_uid,
+            row.chunk.index,
+            row.namespace,
+            row.run_name,
+            row.chunk.part,
+            row.chunk.parts,
+            row.chunk.payload,
         )
         if status.endswith(" 1"):
             return None
         existing = await self._pool.fetchval(
-            f"SELECT payload FROM {TABLE} WHERE run_uid = $1 AND idx = $2", run_uid, chunk.index
+            f"SELECT payload FROM {TABLE} WHERE run_uid = $1 AND idx = $2", row.run_uid, row.chunk.index
         )
         return bytes(existing) if existing is not None else b""
 
