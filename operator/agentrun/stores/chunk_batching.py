@@ -159,13 +159,12 @@ class ChunkBatcher:
             )
             found = {(rec["run_uid"], rec["idx"]): bytes(rec["payload"]) for rec in records}
         answers: list[bytes | None] = []
-        seen: set[tuple[str, int]] = set()
         for r in rows:
-            if r.key in new and r.key not in seen:
+            if r.key in new and r.key not in found:
                 answers.append(None)
-            else:  # a key twice in one statement: the second finds the first
-                answers.append(found.get(r.key, b"") if r.key not in new else _payload_of(rows, r.key))
-            seen.add(r.key)
+                found[r.key] = r.chunk.payload  # a key twice in one statement: the second finds the first
+            else:
+                answers.append(found.get(r.key, b""))
         return answers
 
     async def _alone(self, waiting: _Waiting) -> None:
@@ -183,10 +182,6 @@ class ChunkBatcher:
         """Waits for the statements on the wire (their rows' runs are told)."""
         while self._in_flight:
             await asyncio.gather(*self._in_flight, return_exceptions=True)
-
-
-def _payload_of(rows: Sequence[ChunkRow], key: tuple[str, int]) -> bytes:
-    return next(r.chunk.payload for r in rows if r.key == key)
 
 
 def _settle(batch: Sequence[_Waiting], exc: BaseException) -> None:
