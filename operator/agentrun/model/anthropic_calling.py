@@ -29,6 +29,7 @@ import ssl
 from typing import Any, Literal
 
 import anthropic
+import httpcore2  # noqa: F401  # imported by httpx2 on the first TLS context; at import time, not in a run
 import httpx2
 
 from agentrun.loop.errors import FatalModelError

@@ -112,7 +112,8 @@ class StatusWriter:
         self._clock = clock
         self._last_write: float | None = None
         self._unwritten: Progress | None = None  # a finished iteration not in status yet
-        self._flush: asyncio.Task[None] | None = None
+        self._flush: asyncio.Task[None] | None = None  # the pending progress write
+        self._flush_waiting = False  # ... still waiting for its interval (not on the wire yet)
         # One write at a time, in order: a deferred progress write must never land after the end.
         self._lock = asyncio.Lock()
         self._finished = False
@@ -152,7 +153,7 @@ class StatusWriter:
         """Progress the status missed (its interval) goes out in the background, like any progress."""
         if (progress.iterations, progress.tool_calls) != self._stored_counts:
             self._unwritten = progress
-            self._flush = asyncio.create_task(self._write_progress_after(0.0))
+            self._schedule_progress(0.0)
 
     async def _started(self, progress: Progress) -> None:
         """Running, with the start time kept from an earlier start (a resumed run keeps its own)."""
@@ -171,17 +172,20 @@ class StatusWriter:
     async def _checkpointed(self, progress: Progress, *, iteration_done: bool) -> None:
         """The latest progress kept; a finished iteration written now or once the interval is up.
 
-        A checkpoint without a trace row (mid-iteration) is only remembered: the next write carries it.
+        Written in the background: on a busy API server a status patch waits seconds for a connection,
+        and the run's next model request must not wait with it. A checkpoint without a trace row
+        (mid-iteration) is only remembered: the next write carries it.
         """
         self._progress = progress
         if not iteration_done:
             return
         self._unwritten = progress
-        due = self._due()
-        if due <= 0:
+        if self._interval <= 0:  # every iteration, in line: the writes are the point of the setting
             await self._write_progress()
-        elif self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._write_progress_after(due))
+        else:
+            due = self._due()
+            if self._flush is None or self._flush.done() or (due <= 0 and self._flush_waiting):
+                self._schedule_progress(due)
 
     async def _finish(self, outcome: Outcome, progress: Progress) -> None:
         """The run's end: the last write, which every later write (a deferred progress one) skips.
@@ -260,16 +264,30 @@ class StatusWriter:
             f"iteration {progress.iterations} done",
         )
 
+    def _schedule_progress(self, delay: float) -> None:
+        """One progress write pending at a time; one due now replaces a timer still waiting."""
+        if self._flush is not None and self._flush_waiting:
+            self._flush.cancel()
+        self._flush_waiting = True
+        self._flush = asyncio.create_task(self._write_progress_after(max(delay, 0.0)))
+
     async def _write_progress_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
+        self._flush_waiting = False
         due = self._due()
         if due > 0:  # another write happened meanwhile: wait for the interval after that one
-            self._flush = asyncio.create_task(self._write_progress_after(due))
+            self._schedule_progress(due)
             return
+        writes = self.writes
         try:
             await self._write_progress()
         except Exception as exc:  # nobody awaits this task; the next write carries the progress
             logger.warning("could not write the run's progress to status (kept for the next write): %s", exc)
+            return
+        # Progress that arrived while the patch was on the wire goes out once the interval is up. Only
+        # after a write that happened: one skipped (the run stopping, gone) would be skipped again at once.
+        if self.writes != writes and self._unwritten is not None:
+            self._schedule_progress(self._due())
 
     async def close(self) -> None:
         """The run is over (or stopped): a deferred progress write has nothing left to say."""
@@ -344,6 +362,7 @@ class StatusWriter:
     async def _patch(self, patch: StatusPatch) -> None:
         if self.gone:
             return
+        unwritten = self._unwritten  # newer progress may arrive while the patch is on the wire
         reference = self._transcript()
         if reference is not None:
             patch = patch.merged(status_patches.transcript(reference))
@@ -363,7 +382,7 @@ class StatusWriter:
             return
         self.writes += 1
         self._last_write = self._clock()
-        if "iterations" in patch.fields:
+        if "iterations" in patch.fields and self._unwritten is unwritten:
             self._unwritten = None
         if "conditions" in body:
             self._conditions = list(body["conditions"])

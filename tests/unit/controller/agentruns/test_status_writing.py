@@ -92,6 +92,12 @@ def status_patches(cluster: KubeEmulator) -> int:
     )
 
 
+async def patches_reach(cluster: KubeEmulator, count: int) -> None:
+    """Progress goes out in the background: wait for the count, and see it does not go past it."""
+    await until(lambda: status_patches(cluster) >= count, f"{count} status patches")
+    assert status_patches(cluster) == count
+
+
 async def test_iterations_within_the_interval_are_not_written_one_by_one(
     cluster: KubeEmulator, api_client: client.ApiClient
 ) -> None:
@@ -116,7 +122,7 @@ async def test_an_iteration_after_the_interval_is_written_at_once(
     await writer.notify(iteration_done(1))
     clock.now += 10
     await writer.notify(iteration_done(2))
-    assert status_patches(cluster) == 2
+    await patches_reach(cluster, 2)
     written = await status()
     assert (written["iterations"], written["usage"]["totalTokens"], written["message"]) == (
         2,
@@ -173,7 +179,7 @@ async def test_a_run_resumed_in_the_running_phase_writes_nothing_to_say_so_again
     assert status_patches(cluster) == before
     clock.now += 1
     await writer.notify(iteration_done(3))  # no write yet to keep an interval from: written at once
-    assert status_patches(cluster) == before + 1
+    await patches_reach(cluster, before + 1)
     assert ((await status())["iterations"], (await status())["phase"]) == (3, "Running")
     await writer.close()
 
@@ -403,3 +409,59 @@ def status_patches_tried(cluster: KubeEmulator) -> int:
         for r in cluster.emulator.request_log
         if r.verb == "patch" and r.resource == "agentruns" and r.subresource == "status"
     )
+
+
+async def test_a_slow_progress_write_does_not_hold_the_run_back(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    clock = Clock()
+    writer, status = await make_writer(api_client, 10.0, clock)
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    cluster.emulator.faults.add(
+        verb="patch", resource="agentruns", subresource="status", status=None, delay=1.0
+    )
+    clock.now += 11
+    await writer.notify(iteration_done(1))  # due at once, and the API server takes a second
+    assert status_patches(cluster) == 1  # the loop has its answer before the patch is made
+    await patches_reach(cluster, 2)
+    assert (await status())["iterations"] == 1
+    await writer.close()
+
+
+async def test_progress_arriving_while_a_write_is_on_the_wire_is_written_after_it(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    clock = Clock()
+    writer, status = await make_writer(api_client, 0.2, clock)
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    held = cluster.emulator.faults.add(
+        verb="patch", resource="agentruns", subresource="status", status=None, delay=0.5
+    )
+    clock.now += 1
+    await writer.notify(iteration_done(1))
+    await until(lambda: held.hits == 1, "iteration 1's patch at the API server, held there")
+    await writer.notify(iteration_done(2))  # arrives while iteration 1's patch is on the wire
+
+    async def iterations() -> int:
+        return int((await status()).get("iterations", 0))
+
+    await until(lambda: iterations(), "iteration 1 written", done=lambda n: n >= 1)
+    clock.now += 1  # the interval after that write is up
+    await until(lambda: iterations(), "iteration 2 written after it", done=lambda n: n == 2)
+    await writer.close()
+
+
+async def test_a_progress_write_skipped_because_the_run_stops_is_not_tried_again(
+    cluster: KubeEmulator, api_client: client.ApiClient
+) -> None:
+    clock = Clock()
+    stopping = False
+    writer, _ = await make_writer(api_client, 10.0, clock, stopping=lambda: stopping)
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    cluster.emulator.faults.add(verb="patch", resource="agentruns", subresource="status", status=503)
+    stopping = True  # the refused write is not retried, and nothing else is written
+    clock.now += 11
+    await writer.notify(iteration_done(1))
+    await until(lambda: writer._flush is not None and writer._flush.done(), "the progress write given up")
+    assert status_patches(cluster) == 1 and writer.writes == 1
+    await writer.close()
