@@ -178,8 +178,10 @@ class RunEvents:
         clock: Callable[[], float] = time.monotonic,
         burst: int = BURST,
         refill_seconds: float = REFILL_SECONDS,
+        post_timeout: float = POST_TIMEOUT_SECONDS,
     ) -> None:
         self._sink = sink
+        self._post_timeout = post_timeout
         self._run = run
         self._bucket = TokenBucket(burst, refill_seconds, clock)
         self._posted: dict[tuple[str, str, str], _Posted] = {}
@@ -318,12 +320,18 @@ class RunEvents:
 
     async def _call(self, request: Any) -> bool:
         try:
-            await asyncio.wait_for(request, POST_TIMEOUT_SECONDS)
+            await asyncio.wait_for(request, self._post_timeout)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not self._failed:
-                logger.warning("could not post a Kubernetes Event (further failures not logged): %s", exc)
+                # A timeout's own text is empty: the line says what happened instead.
+                why = (
+                    f"no answer from the API server within {self._post_timeout:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else str(exc) or type(exc).__name__
+                )
+                logger.warning("could not post a Kubernetes Event (further failures not logged): %s", why)
                 self._failed = True
             return False
         return True

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 
 from agentrun.api.stops import Outcome, StopReason
@@ -215,6 +217,25 @@ async def test_a_failing_events_api_never_fails_the_run(cluster: Any, api_client
     await events.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), PROGRESS))
     # Both Events were attempted, both refused, and neither refusal escaped into the run.
     assert sink.attempts == ["Resumed", "EndTurn"]
+
+
+async def test_an_event_post_that_times_out_is_logged_as_a_timeout_and_never_fails_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Silent:
+        async def create(self, namespace: str, body: dict[str, Any]) -> None:
+            await asyncio.sleep(30)  # an API server that never answers
+
+        async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+            await asyncio.sleep(30)
+
+    events = RunEvents(Silent(), RUN, instance=INSTANCE, post_timeout=0.05)
+    with caplog.at_level(logging.WARNING, logger="agentrun.controller.kube_eventing"):
+        await events.notify(RunFinished(Outcome(StopReason.END_TURN, "done"), PROGRESS))
+    assert [r.getMessage() for r in caplog.records] == [
+        "could not post a Kubernetes Event (further failures not logged): "
+        "no answer from the API server within 0.05 s"
+    ]
 
 
 def test_messages_are_scrubbed_of_credentials_and_bounded() -> None:
