@@ -298,7 +298,7 @@ async def test_operator_logs_in_again_before_its_exec_plugin_token_expires(
     kubeconfig = write_kubeconfig(
         tmp_path / "config" / "kubeconfig", server=cluster.url, user=exec_user("./credentials")
     )
-    # After the token expired, Kopf's watch of AgentRuns is cut: the new watch needs a new token.
+    # After the token expired, the watch of AgentRuns is cut: the new watch needs a new token.
     cluster.emulator.faults.drop_watch(resource="agentruns", after_seconds=4)
     operator = OperatorProcess(
         kubeconfig=kubeconfig,
@@ -321,7 +321,9 @@ async def test_operator_logs_in_again_before_its_exec_plugin_token_expires(
     watches = [
         r.authorization
         for r in cluster.emulator.request_log
-        if r.resource == "agentruns" and r.verb == "watch" and (r.user_agent or "").startswith("kopf/")
+        if r.resource == "agentruns"
+        and r.verb == "watch"
+        and (r.user_agent or "").startswith(OPERATOR_AGENTS)
     ]
     assert len(watches) >= 2 and watches[-1] != watches[0], watches
     writes = [

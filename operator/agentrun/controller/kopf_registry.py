@@ -20,6 +20,7 @@ from agentrun.api import (
 )
 from agentrun.controller.agentruns.agent_resolving import AgentWaiters
 from agentrun.controller.agentruns.handling import AgentRunHandler
+from agentrun.controller.agentruns.watching import RunWatch
 from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.agents.templates import TemplateEvents
 from agentrun.controller.quotas.control import Quotas
@@ -55,7 +56,10 @@ def build_registry(
     *,
     agent_waiters: AgentWaiters | None = None,
     templates: TemplateEvents | None = None,
+    run_watch: RunWatch | None = None,
 ) -> kopf.OperatorRegistry:
+    """``run_watch``: the operator's own AgentRun watch (controller/agentruns/watching.py) serves the runs,
+    and Kopf does not watch them; without it (namespace patterns), Kopf's handlers below do."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -68,9 +72,11 @@ def build_registry(
             raise kopf.TemporaryError(str(exc), delay=10) from exc
         return connection_info(access, trust_env=settings.networking.trust_env)
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def agentrun_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        await agentruns.observe(event.get("type"), body)
+    if run_watch is None:
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+        async def agentrun_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+            await agentruns.observe(event.get("type"), body)
 
     @kopf.on.event(GROUP, VERSION, AGENT_PLURAL, registry=registry)
     async def agent_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -98,12 +104,16 @@ def build_registry(
         async def agentschedule_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
             schedules.observe(event.get("type"), body)
 
-        @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_SCHEDULE: kopf.PRESENT}, registry=registry)
-        async def scheduled_run_event(body: kopf.Body, **_: Any) -> None:
-            schedules.run_changed(body)
+        if run_watch is None:
+
+            @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_SCHEDULE: kopf.PRESENT}, registry=registry)
+            async def scheduled_run_event(body: kopf.Body, **_: Any) -> None:
+                schedules.run_changed(body)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_agentruns(**_: Any) -> None:
+        if run_watch is not None:  # no run event after this: the runs are closing
+            await run_watch.stop()
         await agentruns.close()
 
     return registry

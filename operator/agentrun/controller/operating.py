@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +14,12 @@ import kopf
 from kopf._core.engines.peering import Identity  # not re-exported by kopf
 from prometheus_client import CollectorRegistry
 
+from agentrun.api import LABEL_SCHEDULE
 from agentrun.controller.agentruns.handling import AgentRunHandler
 from agentrun.controller.agentruns.queueing import FairQueue
 from agentrun.controller.agentruns.reconciler import AgentRunReconciler
 from agentrun.controller.agentruns.tool_environment import kube_connection
+from agentrun.controller.agentruns.watching import RunWatch
 from agentrun.controller.agents.control import AgentValidator
 from agentrun.controller.agents.pools import WarmPools
 from agentrun.controller.agents.templates import TemplateEvents
@@ -30,9 +32,10 @@ from agentrun.controller.replicas.faults import install_loop_stall
 from agentrun.controller.replicas.ownership import Standalone
 from agentrun.controller.schedules.control import ScheduleController
 from agentrun.controller.transcript_rows import TranscriptRows, open_transcript_database
-from agentrun.kube.calling import KubeClient
+from agentrun.kube.calling import KubeClient, connect
 from agentrun.kube.crd_waiting import connect_checked, wait_for_crd
 from agentrun.kube.retrying import KubeRetryPolicy
+from agentrun.kube.scanning import is_pattern
 from agentrun.metrics.definitions import Metrics
 from agentrun.metrics.serving import keep_beating, start_health_server, start_metrics_server
 from agentrun.model.anthropic_calling import ClientPool
@@ -151,6 +154,12 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             stack.callback(stall_injection)
         if not crd_served and not await _wait_for_crd_alive(settings, kube, stop_flag or asyncio.Event()):
             return
+        run_watch = await _start_run_watch(stack, settings, controllers)
+        kopf_ready = ready
+        if run_watch is not None:  # ready once Kopf serves its kinds and the runs have been listed
+            kopf_ready = asyncio.Event()
+            readiness = asyncio.create_task(_ready_when(ready, kopf_ready, run_watch.listed))
+            stack.push_async_callback(_cancelled, readiness)
         await kopf.operator(
             registry=build_registry(
                 controllers.runs,
@@ -159,6 +168,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
                 controllers.agents,
                 agent_waiters=reconciler.agent_waiters,
                 templates=controllers.templates,
+                run_watch=run_watch,
             ),
             settings=kopf_settings(scanning=scanning),
             standalone=True,
@@ -171,7 +181,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             namespaces=list(settings.namespaces),
             liveness_endpoint=f"http://{settings.bind_address}:{settings.health_port}/healthz",
             stop_flag=stop_flag,
-            ready_flag=ready,
+            ready_flag=kopf_ready,
             **kopf_kwargs,
         )
 
@@ -278,6 +288,39 @@ def _start_controllers(
     # SandboxTemplates: runs waiting for theirs are woken, and the Agents naming one keep their pools in step.
     templates = TemplateEvents(pools.templates, reconciler.template_waiters, agents)
     return _Controllers(runs=handler, quotas=quotas, schedules=schedules, agents=agents, templates=templates)
+
+
+async def _start_run_watch(
+    stack: contextlib.AsyncExitStack, settings: Settings, controllers: _Controllers
+) -> RunWatch | None:
+    """The operator's own AgentRun watch, on a client of its own (its connection never queues behind
+    the runs' writes); None with a namespace pattern, which Kopf resolves (controller/kopf_registry.py)."""
+    if any(is_pattern(namespace) for namespace in settings.namespaces):
+        return None
+    kube = await connect()
+    stack.push_async_callback(kube.close)
+
+    async def deliver(kind: str | None, body: Mapping[str, Any]) -> None:
+        await controllers.runs.observe(kind, body)
+        if LABEL_SCHEDULE in ((body.get("metadata") or {}).get("labels") or {}):
+            controllers.schedules.run_changed(body)
+
+    watch = RunWatch(kube, settings.namespaces, deliver)
+    watch.start()
+    stack.push_async_callback(watch.stop)
+    return watch
+
+
+async def _ready_when(ready: asyncio.Event, *conditions: asyncio.Event) -> None:
+    for condition in conditions:
+        await condition.wait()
+    ready.set()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _leave(membership: DetachedMembership) -> None:
