@@ -295,8 +295,11 @@ async def _start_run_watch(
 ) -> RunWatch | None:
     """The operator's own AgentRun watch, on a client of its own (its connection never queues behind
     the runs' writes); None with a namespace pattern, which Kopf resolves (controller/kopf_registry.py)."""
-    if any(is_pattern(namespace) for namespace in settings.namespaces):
+    patterns = [namespace for namespace in settings.namespaces if is_pattern(namespace)]
+    if patterns:
+        logger.info("AgentRuns are watched through Kopf (namespace patterns: %s)", ", ".join(patterns))
         return None
+    logger.info("AgentRuns are watched by the operator's own watch")
     kube = await connect()
     stack.push_async_callback(kube.close)
 
