@@ -73,10 +73,7 @@ def build_registry(
         return connection_info(access, trust_env=settings.networking.trust_env)
 
     if run_watch is None:
-
-        @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-        async def agentrun_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-            await agentruns.observe(event.get("type"), body)
+        _register_runs(registry, agentruns, schedules)
 
     @kopf.on.event(GROUP, VERSION, AGENT_PLURAL, registry=registry)
     async def agent_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -104,12 +101,6 @@ def build_registry(
         async def agentschedule_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
             schedules.observe(event.get("type"), body)
 
-        if run_watch is None:
-
-            @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_SCHEDULE: kopf.PRESENT}, registry=registry)
-            async def scheduled_run_event(body: kopf.Body, **_: Any) -> None:
-                schedules.run_changed(body)
-
     @kopf.on.cleanup(registry=registry)
     async def stop_agentruns(**_: Any) -> None:
         if run_watch is not None:  # no run event after this: the runs are closing
@@ -117,3 +108,19 @@ def build_registry(
         await agentruns.close()
 
     return registry
+
+
+def _register_runs(
+    registry: kopf.OperatorRegistry, agentruns: AgentRunHandler, schedules: ScheduleController | None
+) -> None:
+    """Kopf's handlers of AgentRun events, for namespace patterns (else the operator's own watch)."""
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def agentrun_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        await agentruns.observe(event.get("type"), body)
+
+    if schedules is not None:
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_SCHEDULE: kopf.PRESENT}, registry=registry)
+        async def scheduled_run_event(body: kopf.Body, **_: Any) -> None:
+            schedules.run_changed(body)

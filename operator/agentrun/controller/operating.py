@@ -144,8 +144,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
         if provider is not None:
             stack.callback(provider.shutdown)
         quotas, reconciler = _reconciler(settings, kube, metrics, clients, provider, database, ledgers)
-        # Kopf raises it once it serves the resources: GET /readyz on the metrics port.
-        ready = asyncio.Event()
+        ready = asyncio.Event()  # GET /readyz on the metrics port: Kopf serves its kinds, the runs listed
         await _serve_metrics(stack, settings, registry, ready)
         controllers = _start_controllers(stack, settings, metrics, kube, quotas, reconciler)
         # Tests only (unset by default: nothing installed): SIGUSR1 blocks this event loop, a stuck operator.
@@ -154,12 +153,7 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             stack.callback(stall_injection)
         if not crd_served and not await _wait_for_crd_alive(settings, kube, stop_flag or asyncio.Event()):
             return
-        run_watch = await _start_run_watch(stack, settings, controllers)
-        kopf_ready = ready
-        if run_watch is not None:  # ready once Kopf serves its kinds and the runs have been listed
-            kopf_ready = asyncio.Event()
-            readiness = asyncio.create_task(_ready_when(ready, kopf_ready, run_watch.listed))
-            stack.push_async_callback(_cancelled, readiness)
+        run_watch, kopf_ready = await _start_run_watch(stack, settings, controllers, ready)
         await kopf.operator(
             registry=build_registry(
                 controllers.runs,
@@ -172,10 +166,9 @@ async def _operate(settings: Settings, *, stop_flag: asyncio.Event | None, **kop
             ),
             settings=kopf_settings(scanning=scanning),
             standalone=True,
-            # Without an identity Kopf derives one from the login name, which a container running as a UID
-            # with no passwd entry (the chart's 65532, OpenShift's arbitrary UIDs) does not have: it raised
-            # KeyError at start. The replica name is this process's one identity: in its group's Leases, its
-            # quota reservations' holder, its Events' reportingInstance, and here.
+            # Without one Kopf derives an identity from the login name, which a UID with no passwd entry (the
+            # chart's 65532, OpenShift's) lacks: KeyError at start. The replica name is this process's one
+            # identity: in its group's Leases, its quota reservations, its Events' reportingInstance, here.
             identity=Identity(settings.replica_name),
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
@@ -291,14 +284,15 @@ def _start_controllers(
 
 
 async def _start_run_watch(
-    stack: contextlib.AsyncExitStack, settings: Settings, controllers: _Controllers
-) -> RunWatch | None:
+    stack: contextlib.AsyncExitStack, settings: Settings, controllers: _Controllers, ready: asyncio.Event
+) -> tuple[RunWatch | None, asyncio.Event]:
     """The operator's own AgentRun watch, on a client of its own (its connection never queues behind
-    the runs' writes); None with a namespace pattern, which Kopf resolves (controller/kopf_registry.py)."""
+    the runs' writes), and the event Kopf sets once it serves its kinds: ``ready`` follows once the runs
+    are listed too. No watch with a namespace pattern, which Kopf resolves (controller/kopf_registry.py)."""
     patterns = [namespace for namespace in settings.namespaces if is_pattern(namespace)]
     if patterns:
         logger.info("AgentRuns are watched through Kopf (namespace patterns: %s)", ", ".join(patterns))
-        return None
+        return None, ready
     logger.info("AgentRuns are watched by the operator's own watch")
     kube = await connect()
     stack.push_async_callback(kube.close)
@@ -311,7 +305,10 @@ async def _start_run_watch(
     watch = RunWatch(kube, settings.namespaces, deliver)
     watch.start()
     stack.push_async_callback(watch.stop)
-    return watch
+    kopf_ready = asyncio.Event()
+    readiness = asyncio.create_task(_ready_when(ready, kopf_ready, watch.listed))
+    stack.push_async_callback(_cancelled, readiness)
+    return watch, kopf_ready
 
 
 async def _ready_when(ready: asyncio.Event, *conditions: asyncio.Event) -> None:
