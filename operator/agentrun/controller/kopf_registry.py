@@ -1,5 +1,6 @@
 """Kopf's registry of the operator: which watch event goes to whom, and the login. Each handler is thin:
-it hands its event to the kind's own handler (AgentRuns: controller/agentruns/handling.py).
+it hands its event to the kind's own handler. AgentRuns are watched by the operator's own watch
+(controller/agentruns/watching.py); Kopf's handlers for them are registered only for namespace patterns.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What one watch event of an AgentRun sets in motion; Kopf's handler only passes the event here.
+"""What one watch event of an AgentRun sets in motion; the watch (watching.py, or Kopf's handler with
+namespace patterns) only passes the event here.
 
 An unfinished run gets its execution started (supervising.py) or, when deleted, stopped; a cancel
 request or a new spec.approvals reaches the executing run within that one event, no polling; a
