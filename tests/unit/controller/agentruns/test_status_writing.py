@@ -448,6 +448,7 @@ async def test_progress_arriving_while_a_write_is_on_the_wire_is_written_after_i
     await until(lambda: iterations(), "iteration 1 written", done=lambda n: n >= 1)
     clock.now += 1  # the interval after that write is up
     await until(lambda: iterations(), "iteration 2 written after it", done=lambda n: n == 2)
+    assert await iterations() == 2 and writer.writes == 3  # Running, iteration 1, iteration 2
     await writer.close()
 
 
