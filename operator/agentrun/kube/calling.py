@@ -9,8 +9,9 @@ read-only reader (tools/kube_reading.py) keep their own clients.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal, cast
 from urllib.parse import quote
 
@@ -23,7 +24,7 @@ from agentrun.kube import kubeconfig_loading
 from agentrun.kube.errors import APINotFoundError, refused, translated
 from agentrun.kube.kubeconfig_loading import ClusterAccess
 
-__all__ = ["JSON_PATCH", "MERGE_PATCH", "USER_AGENT", "KubeClient", "call", "connect"]
+__all__ = ["JSON_PATCH", "MERGE_PATCH", "USER_AGENT", "KubeClient", "call", "connect", "opened"]
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -49,20 +50,39 @@ async def call(request: Awaitable[Any]) -> bytes:
     few percent of the operator's CPU at scale for responses nobody reads (bench/RESULTS.md). And the
     client checks the status only on the parsed path, so without the check here a refused call would pass.
     """
+    response = await opened(request)
     try:
-        response = await request
-        try:
+        with _typed_errors():
             body: bytes = await response.read()
+    finally:
+        response.release()
+    return body
+
+
+async def opened(request: Awaitable[Any]) -> Any:
+    """The response of a call made with ``_preload_content=False``, its status checked and its body
+    unread (a watch streams it); any failure raised as a typed APIError. The caller releases it."""
+    with _typed_errors():
+        response = await request
+    if not 200 <= response.status <= 299:
+        try:
+            with _typed_errors():
+                body = await response.read()
         finally:
             response.release()
+        raise refused(response.status, response.reason, body, response.headers)
+    return response
+
+
+@contextlib.contextmanager
+def _typed_errors() -> Iterator[None]:
+    try:
+        yield
     except Exception as exc:
         error = translated(exc)
-        if error is None:
+        if error is None or error is exc:
             raise
         raise error from exc
-    if not 200 <= response.status <= 299:
-        raise refused(response.status, response.reason, body, response.headers)
-    return body
 
 
 def _segment(value: str) -> str:
@@ -343,12 +363,33 @@ class KubeClient:
         same session, TLS, proxy, user agent and credentials (refreshed as the generated methods do)
         carry it, and :func:`call` still translates its failures.
         """
+        return await call(self.request(method, path, body=body, content_type=content_type))
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        query: dict[str, Any] | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """The unchecked, unread response to one request on this client's session and credentials;
+        pass it to :func:`call` (the body) or :func:`opened` (a stream, the AgentRun watch)."""
         api = self.api_client
-        headers = {**api.default_headers, "Accept": "application/json", "Content-Type": content_type}
+        headers = {**api.default_headers, "Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
         await api.update_params_for_auth(headers, [], ["BearerToken"])
-        url = f"{api.configuration.host}{path}"
-        return await call(
-            api.rest_client.request(method, url, headers=headers, body=body, _preload_content=False)
+        return await api.rest_client.request(
+            method,
+            f"{api.configuration.host}{path}",
+            query_params=query,
+            headers=headers,
+            body=body,
+            _preload_content=False,
+            _request_timeout=timeout,
         )
 
     async def served_plurals(self) -> set[str]:
@@ -359,12 +400,8 @@ class KubeClient:
         and the operator names every CRD that is missing at startup. Discovery is open to every
         authenticated identity (system:discovery).
         """
-        api = self.api_client
-        headers = {**api.default_headers, "Accept": "application/json"}
-        await api.update_params_for_auth(headers, [], ["BearerToken"])
-        url = f"{api.configuration.host}/apis/{GROUP}/{VERSION}"
         try:
-            body = await call(api.rest_client.request("GET", url, headers=headers, _preload_content=False))
+            body = await call(self.request("GET", f"/apis/{GROUP}/{VERSION}"))
         except APINotFoundError:
             return set()
         resources = json.loads(body).get("resources") or []

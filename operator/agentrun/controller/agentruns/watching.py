@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from agentrun.api import GROUP, PLURAL, VERSION
-from agentrun.kube.calling import JSON_PATCH, KubeClient, call
+from agentrun.kube.calling import JSON_PATCH, KubeClient, call, opened
 from agentrun.kube.errors import APIError, APIGoneError, refused, translated
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class RunWatch:
 
     async def _watch(self, namespace: str | None, version: str) -> str:
         """Events from ``version`` until the API server ends the stream; the last version seen."""
-        query = {
+        query: dict[str, Any] = {
             "watch": "true",
             "allowWatchBookmarks": "true",
             "timeoutSeconds": WATCH_SECONDS,
@@ -192,40 +192,13 @@ class RunWatch:
         where = f"/namespaces/{namespace}" if namespace else ""
         return f"/apis/{GROUP}/{VERSION}{where}/{PLURAL}"
 
-    async def _get(self, namespace: str | None, query: Mapping[str, Any]) -> bytes:
-        return await call(self._request(namespace, query, timeout=None))
+    async def _get(self, namespace: str | None, query: dict[str, Any]) -> bytes:
+        return await call(self._kube.request("GET", self._path(namespace), query=query))
 
-    async def _open(self, namespace: str | None, query: Mapping[str, Any]) -> Any:
+    async def _open(self, namespace: str | None, query: dict[str, Any]) -> Any:
         """The watch response, its status checked; the caller reads and releases it."""
-        try:
-            response = await self._request(namespace, query, timeout=WATCH_SECONDS + 30)
-        except Exception as exc:
-            error = translated(exc)
-            if error is None:
-                raise
-            raise error from exc
-        if not 200 <= response.status <= 299:
-            try:
-                body = await response.read()
-            finally:
-                response.release()
-            raise refused(response.status, response.reason, body, response.headers)
-        return response
-
-    async def _request(
-        self, namespace: str | None, query: Mapping[str, Any], *, timeout: float | None
-    ) -> Any:
-        api = self._kube.api_client
-        headers = {**api.default_headers, "Accept": "application/json"}
-        await api.update_params_for_auth(headers, [], ["BearerToken"])
-        return await api.rest_client.request(
-            "GET",
-            f"{api.configuration.host}{self._path(namespace)}",
-            query_params=dict(query),
-            headers=headers,
-            _preload_content=False,
-            _request_timeout=timeout,
-        )
+        request = self._kube.request("GET", self._path(namespace), query=query, timeout=WATCH_SECONDS + 30)
+        return await opened(request)
 
 
 def _where(namespace: str | None) -> str:

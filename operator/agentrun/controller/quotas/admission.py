@@ -111,11 +111,13 @@ class AdmissionGate:
         self._verdicts: dict[str, tuple[Any, tuple[str, Blocked] | None]] = {}
         self._lineups: dict[str, tuple[Any, Lineup]] = {}
 
-    async def definitions(self, namespace: str) -> list[QuotaDefinition]:
-        """The quotas of ``namespace`` (listed on first use; a failed listing is tried again)."""
+    async def definitions(self, namespace: str, *, fresh: bool = False) -> list[QuotaDefinition]:
+        """The quotas of ``namespace`` (listed on first use, or with ``fresh`` by a listing sent now;
+        a failed listing is tried again)."""
         while True:
             try:
-                return [QuotaDefinition.from_object(obj) for obj in await self._view.quotas(namespace)]
+                view = self._view.fresh_quotas if fresh else self._view.quotas
+                return [QuotaDefinition.from_object(obj) for obj in await view(namespace)]
             except QuotaListingFailed as exc:
                 logger.warning("%s; trying again in %.0fs", exc, LISTING_RETRY_SECONDS)
                 await asyncio.sleep(LISTING_RETRY_SECONDS)
@@ -136,7 +138,8 @@ class AdmissionGate:
         and keeps the limits it got (status.quotaLimits) whatever the quotas say now.
         """
         kept = limits.recorded(status)
-        definitions = await self.definitions(run.namespace)
+        # A new run: listed now, so that a quota created just before it binds it.
+        definitions = await self.definitions(run.namespace, fresh=not started and kept is None)
         if not definitions and kept is None:
             return AdmittedSpec(spec)
         if not started and kept is None:

@@ -17,6 +17,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from agentrun.api import INSTALL_CRDS
@@ -173,6 +174,25 @@ class QuotaView:
             except Exception:
                 logger.exception("a listener of AgentRunQuota %s/%s failed", namespace, name)
 
+    async def fresh_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        """The quotas of ``namespace`` as a listing sent after this call began shows them.
+
+        Why: a quota created just before a run must bind it, and the quota's watch event may come after
+        the run's (two watches keep no order between them). A new run asks this once; runs that arrive
+        together share a listing. Where the last listing found no CRD, it holds as :meth:`quotas` says.
+        """
+        missing_since = self._listed.get(namespace)
+        if missing_since is not None and self._clock() - missing_since < RELIST_SECONDS:
+            return self.cached(namespace)
+        in_flight = self._listing.get(namespace)
+        if in_flight is not None and not in_flight.done():  # sent before this call began: too early
+            await asyncio.shield(in_flight)
+        listing = self._listing.get(namespace)
+        if listing is None or listing is in_flight or listing.done():
+            listing = self._start_listing(namespace)
+        await asyncio.shield(listing)
+        return self.cached(namespace)
+
     async def _ensure_listed(self, namespace: str) -> None:
         missing_since = self._listed.get(namespace, -1.0)
         if namespace in self._listed and (
@@ -180,11 +200,17 @@ class QuotaView:
         ):
             return
         listing = self._listing.get(namespace)
-        if listing is None:
-            listing = asyncio.ensure_future(self._list(namespace))
-            self._listing[namespace] = listing
-            listing.add_done_callback(lambda _: self._listing.pop(namespace, None))
-        await asyncio.shield(listing)
+        await asyncio.shield(listing if listing is not None else self._start_listing(namespace))
+
+    def _start_listing(self, namespace: str) -> asyncio.Future[None]:
+        listing = asyncio.ensure_future(self._list(namespace))
+        self._listing[namespace] = listing
+        listing.add_done_callback(partial(self._listed_by, namespace))
+        return listing
+
+    def _listed_by(self, namespace: str, listing: asyncio.Future[None]) -> None:
+        if self._listing.get(namespace) is listing:  # not a listing started since
+            del self._listing[namespace]
 
     async def _list(self, namespace: str) -> None:
         try:
