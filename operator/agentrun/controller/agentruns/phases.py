@@ -260,12 +260,15 @@ async def admit_to_quotas(
     cancel: asyncio.Event,
     announce: Announce,
     progress: Progress = NO_PROGRESS,
+    mark: int | None = None,
 ) -> AdmittedSpec | Ending:
     """Room in every AgentRunQuota of the namespace (controller/quotas/admission.py); Pending
     (reason QuotaExceeded) until there is. A run above a quota's per-run maximum ends InvalidSpec
     naming the quota and the field; one whose first request alone passes a quota's whole limit ends
     QuotaExceeded (it would wait forever); a cancel while waiting ends it Cancelled."""
-    admitted = await gate.admit_run(run, spec, status, started=started, cancel=cancel, announce=announce)
+    admitted = await gate.admit_run(
+        run, spec, status, started=started, cancel=cancel, announce=announce, mark=mark
+    )
     if admitted is None:
         return Ending.of(
             StopReason.CANCELLED, "spec.cancel was set while waiting for quota", progress=progress

@@ -86,6 +86,8 @@ class _Run:
     priority: int = field(init=False)
     # The child runs its agent tools start (and its status.children).
     children: RunChildren | None = None
+    # Quotas listed after this mark bind the run if new, whenever their events come (QuotaView.mark).
+    quota_mark: int | None = None
 
     def __post_init__(self) -> None:
         self.priority = self.ref.priority
@@ -105,15 +107,13 @@ class AgentRunReconciler:
     queue: FairQueue
     # The runs executing here (by uid): the watch handler feeds their spec.approvals.
     runs: dict[str, _Run] = field(default_factory=dict)
-    # An OpenTelemetry Tracer when AGENTRUN_OTEL_ENABLED is set (tracing/observing.py).
-    tracer: Any = None
+    tracer: Any = None  # an OpenTelemetry Tracer when AGENTRUN_OTEL_ENABLED is set (tracing/observing.py)
     # The namespaces' AgentRunQuotas (controller/quotas/); None: runs are not limited by quotas.
     quotas: Quotas | None = None
-    # Runs waiting for their Agent (spec.agentRef), woken by the Agent watch.
+    # Runs waiting for their Agent (spec.agentRef) or SandboxTemplate (spec.sandbox.templateRef), woken
+    # by those watches; watch events of child runs, routed to the agent tools waiting for them.
     agent_waiters: AgentWaiters = field(default_factory=AgentWaiters)
-    # Runs waiting for their SandboxTemplate (spec.sandbox.templateRef), woken by the template watch.
     template_waiters: templates.TemplateWaiters = field(default_factory=templates.TemplateWaiters)
-    # Watch events of child runs, routed to the agent tools waiting for them.
     child_watch: ChildWatch = field(default_factory=ChildWatch)
     database: TranscriptDatabase | None = None  # the PostgreSQL transcript store, when configured
 
@@ -169,7 +169,9 @@ class AgentRunReconciler:
             InvolvedRun(ref.namespace, ref.name, ref.uid),
             instance=self.settings.replica_name,
         )
-        return _Run(ref, control, store, writer, SpecApprovals(ref.spec.approvals), events, log)
+        run = _Run(ref, control, store, writer, SpecApprovals(ref.spec.approvals), events, log)
+        run.quota_mark = self.quotas.view.mark(ref.namespace) if self.quotas is not None else None
+        return run
 
     async def _run_phases(self, run: _Run) -> None:
         spec = await self._definition(run)
@@ -299,6 +301,7 @@ class AgentRunReconciler:
             cancel=run.cancel,
             announce=run.writer.quota_pending,
             progress=point.progress,
+            mark=run.quota_mark,
         )
         if isinstance(admission, AdmittedSpec) and admission.record and admission.limits is not None:
             set_by_quotas = ", ".join(

@@ -111,13 +111,16 @@ class AdmissionGate:
         self._verdicts: dict[str, tuple[Any, tuple[str, Blocked] | None]] = {}
         self._lineups: dict[str, tuple[Any, Lineup]] = {}
 
-    async def definitions(self, namespace: str, *, fresh: bool = False) -> list[QuotaDefinition]:
-        """The quotas of ``namespace`` (listed on first use, or with ``fresh`` by a listing sent now;
-        a failed listing is tried again)."""
+    async def definitions(self, namespace: str, *, fresh_after: int | None = None) -> list[QuotaDefinition]:
+        """The quotas of ``namespace`` (listed on first use, or with ``fresh_after`` by a listing sent
+        after that mark, QuotaView.mark; a failed listing is tried again)."""
         while True:
             try:
-                view = self._view.fresh_quotas if fresh else self._view.quotas
-                return [QuotaDefinition.from_object(obj) for obj in await view(namespace)]
+                if fresh_after is None:
+                    objects = await self._view.quotas(namespace)
+                else:
+                    objects = await self._view.fresh_quotas(namespace, fresh_after)
+                return [QuotaDefinition.from_object(obj) for obj in objects]
             except QuotaListingFailed as exc:
                 logger.warning("%s; trying again in %.0fs", exc, LISTING_RETRY_SECONDS)
                 await asyncio.sleep(LISTING_RETRY_SECONDS)
@@ -131,15 +134,18 @@ class AdmissionGate:
         started: bool,
         cancel: asyncio.Event,
         announce: Announce,
+        mark: int | None = None,
     ) -> AdmittedSpec | PerRunViolation | QuotaRefusal | None:
         """The admission phase: per-run maxima, then room in every quota; None when cancelled.
 
         A run that started before (``started``) or has its limits recorded passed the maxima then,
-        and keeps the limits it got (status.quotaLimits) whatever the quotas say now.
+        and keeps the limits it got (status.quotaLimits) whatever the quotas say now. A new one is
+        checked against a listing sent after ``mark`` (QuotaView.mark, taken when it came), if given.
         """
         kept = limits.recorded(status)
-        # A new run: listed now, so that a quota created just before it binds it.
-        definitions = await self.definitions(run.namespace, fresh=not started and kept is None)
+        # A new run: listed after it came (``mark``), so that a quota created just before it binds it.
+        new = not started and kept is None
+        definitions = await self.definitions(run.namespace, fresh_after=mark if new else None)
         if not definitions and kept is None:
             return AdmittedSpec(spec)
         if not started and kept is None:

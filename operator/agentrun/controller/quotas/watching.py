@@ -62,6 +62,11 @@ class QuotaView:
         self._objects: dict[str, dict[str, dict[str, Any]]] = {}  # namespace -> name -> object
         self._listed: dict[str, float | None] = {}  # namespace -> when a listing found no CRD, else None
         self._listing: dict[str, asyncio.Future[None]] = {}
+        # Listings by number per namespace: started, the last that succeeded, and the namespaces whose
+        # runs asked (mark) for one while one was out.
+        self._started: dict[str, int] = {}
+        self._completed: dict[str, int] = {}
+        self._again: set[str] = set()
         self._changed = asyncio.Event()
         self._warned = False
         #: Told (namespace, name, object or None when deleted) of every change.
@@ -174,24 +179,37 @@ class QuotaView:
             except Exception:
                 logger.exception("a listener of AgentRunQuota %s/%s failed", namespace, name)
 
-    async def fresh_quotas(self, namespace: str) -> list[dict[str, Any]]:
-        """The quotas of ``namespace`` as a listing sent after this call began shows them.
+    def mark(self, namespace: str) -> int:
+        """Asks for a listing of ``namespace`` sent after now (one starts at once, or right after the
+        one out); pass the mark to :meth:`fresh_quotas` to wait for it.
 
         Why: a quota created just before a run must bind it, and the quota's watch event may come after
-        the run's (two watches keep no order between them). A new run asks this once; runs that arrive
-        together share a listing. Where the last listing found no CRD, it holds as :meth:`quotas` says.
+        the run's (two watches keep no order between them). A new run takes its mark when it starts, so
+        the listing goes on while it reads its transcript and Secrets; runs arriving together share one.
         """
-        missing_since = self._listed.get(namespace)
-        if missing_since is not None and self._clock() - missing_since < RELIST_SECONDS:
-            return self.cached(namespace)
-        in_flight = self._listing.get(namespace)
-        if in_flight is not None and not in_flight.done():  # sent before this call began: too early
-            await asyncio.shield(in_flight)
-        listing = self._listing.get(namespace)
-        if listing is None or listing is in_flight or listing.done():
-            listing = self._start_listing(namespace)
-        await asyncio.shield(listing)
+        mark = self._started.get(namespace, 0)
+        if not self._missing(namespace):
+            out = self._listing.get(namespace)
+            if out is None or out.done():
+                self._start_listing(namespace)
+            else:
+                self._again.add(namespace)
+        return mark
+
+    async def fresh_quotas(self, namespace: str, after: int) -> list[dict[str, Any]]:
+        """The quotas of ``namespace`` as a listing sent after :meth:`mark` returned ``after`` shows
+        them. Where the last listing found no CRD, it holds as :meth:`quotas` says."""
+        while not self._missing(namespace) and self._completed.get(namespace, 0) <= after:
+            out = self._listing.get(namespace)
+            await asyncio.shield(
+                out if out is not None and not out.done() else self._start_listing(namespace)
+            )
         return self.cached(namespace)
+
+    def _missing(self, namespace: str) -> bool:
+        """Whether a listing found no CRD lately (it is listed again after RELIST_SECONDS)."""
+        since = self._listed.get(namespace)
+        return since is not None and self._clock() - since < RELIST_SECONDS
 
     async def _ensure_listed(self, namespace: str) -> None:
         missing_since = self._listed.get(namespace, -1.0)
@@ -203,14 +221,23 @@ class QuotaView:
         await asyncio.shield(listing if listing is not None else self._start_listing(namespace))
 
     def _start_listing(self, namespace: str) -> asyncio.Future[None]:
-        listing = asyncio.ensure_future(self._list(namespace))
+        number = self._started[namespace] = self._started.get(namespace, 0) + 1
+        listing = asyncio.ensure_future(self._list_numbered(namespace, number))
         self._listing[namespace] = listing
         listing.add_done_callback(partial(self._listed_by, namespace))
         return listing
 
+    async def _list_numbered(self, namespace: str, number: int) -> None:
+        await self._list(namespace)
+        self._completed[namespace] = max(self._completed.get(namespace, 0), number)
+
     def _listed_by(self, namespace: str, listing: asyncio.Future[None]) -> None:
-        if self._listing.get(namespace) is listing:  # not a listing started since
-            del self._listing[namespace]
+        if self._listing.get(namespace) is not listing:  # a listing started since
+            return
+        del self._listing[namespace]
+        if namespace in self._again:  # runs marked while it was out: one more, sent after them
+            self._again.discard(namespace)
+            self._start_listing(namespace)
 
     async def _list(self, namespace: str) -> None:
         try:

@@ -43,8 +43,9 @@ async def test_a_new_run_is_bound_by_a_quota_created_after_its_namespace_was_lis
     assert await quotas.gate.definitions("default") == []  # the view alone has not seen it
 
     run = Candidate("default", "new", "uid-new", created="2026-01-01T00:00:00Z")
+    mark = quotas.view.mark("default")  # the run came
     admitted = await quotas.gate.admit_run(
-        run, spec(), AgentRunStatus(), started=False, cancel=asyncio.Event(), announce=never_waits
+        run, spec(), AgentRunStatus(), started=False, cancel=asyncio.Event(), announce=never_waits, mark=mark
     )
 
     assert isinstance(admitted, AdmittedSpec)
@@ -59,21 +60,24 @@ async def test_a_resumed_run_asks_no_new_listing(kube: KubeClient, make_quota: Q
     await quotas.gate.definitions("default")
     run = Candidate("default", "resumed", "uid-resumed", created="2026-01-01T00:00:00Z")
     admitted = await quotas.gate.admit_run(
-        run, spec(), AgentRunStatus(), started=True, cancel=asyncio.Event(), announce=never_waits
+        run, spec(), AgentRunStatus(), started=True, cancel=asyncio.Event(), announce=never_waits, mark=None
     )
     assert isinstance(admitted, AdmittedSpec)
     assert counting.listings == 1
 
 
-async def test_new_runs_that_ask_while_a_listing_is_out_share_the_next_one(kube: KubeClient) -> None:
+async def test_runs_that_come_while_a_listing_is_out_share_the_next_one(kube: KubeClient) -> None:
     counting = CountingClient(kube.api_client)
     view = Quotas(counting, Metrics(CollectorRegistry()), identity="test").view
 
-    first = asyncio.ensure_future(view.fresh_quotas("default"))
-    await asyncio.sleep(0)  # its listing is out
-    during = [asyncio.ensure_future(view.fresh_quotas("default")) for _ in range(3)]
-    await asyncio.gather(first, *during)
-    assert counting.listings == 2  # the first's, then one for the three that asked during it
+    first = view.mark("default")  # its listing starts at once
+    await asyncio.sleep(0)  # and is out
+    during = [view.mark("default") for _ in range(3)]
+    assert counting.listings == 1
+    await asyncio.gather(*(view.fresh_quotas("default", mark) for mark in [first, *during]))
+    assert counting.listings == 2  # the first's, then one sent after the three that came during it
 
-    await view.fresh_quotas("default")
-    assert counting.listings == 3  # asked after both: a listing of its own
+    await view.fresh_quotas("default", during[0])  # answered by what was listed since: no new listing
+    assert counting.listings == 2
+    await view.fresh_quotas("default", view.mark("default"))
+    assert counting.listings == 3
