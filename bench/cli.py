@@ -468,5 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = markdown(sections, machine, command=command.strip(), load_after=(load[0], load[1], load[2]))
     results.write_text(text)
     print(table(sections))
+    print(
+        f"Python speed of this host: {machine.reference_seconds * 1000:.0f} ms of one core for the reference "
+        "work (bench/machine.py); CPU figures from two hosts compare in proportion to it"
+    )
     print(f"\n{time.monotonic() - started:.0f} s; results: {results}; operator logs: {workdir}")
     return 0

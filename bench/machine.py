@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,8 @@ class Machine:
     platform: str
     commit: str
     versions: dict[str, str]
+    # CPU seconds of one core for the reference work (python_speed): 0.0 when not measured.
+    reference_seconds: float = 0.0
 
 
 def cpu_model() -> str:
@@ -72,6 +76,29 @@ def git_commit(root: Path) -> str:
     return f"{head}{' (with uncommitted changes)' if dirty else ''}"
 
 
+def reference_work(rounds: int = 20_000) -> int:
+    """Work of the kind the operator does per iteration (JSON out and back, dicts, strings, integers),
+    in pure Python on one core; a checksum, so it cannot be skipped."""
+    document = {"role": "assistant", "content": [{"type": "text", "text": "x" * 200}], "usage": [1, 2, 3]}
+    total = 0
+    for i in range(rounds):
+        document["usage"] = [i, i + 1, i + 2]
+        decoded = json.loads(json.dumps(document))
+        total += sum(decoded["usage"]) + len(decoded["content"][0]["text"]) + len(f"{i}:{total % 97}")
+    return total
+
+
+def python_speed(repeats: int = 3) -> float:
+    """CPU seconds of the reference work, best of ``repeats``: why operator CPU figures from two hosts
+    differ. The operator's CPU per iteration scales with it (a host twice as slow here doubles it)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        reference_work()
+        best = min(best, time.process_time() - start)
+    return best
+
+
 def describe(root: Path) -> Machine:
     versions: dict[str, str] = {}
     for name in PACKAGES:
@@ -90,4 +117,5 @@ def describe(root: Path) -> Machine:
         platform=platform.platform(),
         commit=git_commit(root),
         versions=versions,
+        reference_seconds=python_speed(),
     )

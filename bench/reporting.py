@@ -61,6 +61,8 @@ def markdown(
         f"| RAM | {machine.ram_gib:.1f} GiB |",
         f"| OS | {machine.platform} |",
         f"| Python | {machine.python} |",
+        f"| Python speed | {machine.reference_seconds * 1000:.0f} ms of one core for the reference work "
+        "(bench/machine.py; CPU figures scale with it between hosts) |",
         f"| packages | {versions} |",
         "| load average (1, 5, 15 min) | before: "
         + ", ".join(f"{x:.2f}" for x in machine.load_before)

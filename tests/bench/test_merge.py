@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.figures import Figure, Section, Target
-from bench.machine import Machine
+from bench.machine import Machine, python_speed, reference_work
 from bench.reporting import markdown, merge
 
 MACHINE = Machine(
@@ -56,3 +58,17 @@ def test_merging_a_section_the_file_lacks_appends_it_with_the_next_number() -> N
     assert new.index("## 1. Loop overhead") < new.index("## 2. Replicas")
     assert "| Replicas | replicas figure | 0.5" in new and "| Loop overhead | loop figure | 0.5" in new
     assert merge(new, [section("replicas", "Replicas", 0.5)], command="y", date="d", commit="c") == new
+
+
+def test_the_results_name_the_hosts_python_speed_so_cpu_figures_compare_across_hosts() -> None:
+    measured = python_speed(repeats=1)
+    text = markdown(
+        [section("loop", "Loop overhead", 1.5)],
+        replace(MACHINE, reference_seconds=measured),
+        command="python -m bench",
+        load_after=(0.0, 0.0, 0.0),
+    )
+    assert 0 < measured < 60
+    assert f"| Python speed | {measured * 1000:.0f} ms of one core" in text
+    assert reference_work(10) == reference_work(10) > 0  # a checksum of work done, not a constant
+    assert reference_work(10) != reference_work(11)
