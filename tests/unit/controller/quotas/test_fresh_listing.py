@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from agentrun.api.spec import AgentRunSpec, ResolvedRunSpec
 from agentrun.api.status import AgentRunStatus, QuotaWait
 from agentrun.controller.quotas.admission import AdmittedSpec, Candidate
 from agentrun.controller.quotas.control import Quotas
+from agentrun.controller.quotas.watching import QuotaListingFailed
 from agentrun.kube.calling import KubeClient
 from agentrun.metrics.definitions import Metrics
+from agentrun_sandbox.kube import EmulatedCluster
 from tests.unit.controller.quotas.conftest import QuotaFactory
 
 
@@ -81,3 +84,18 @@ async def test_runs_that_come_while_a_listing_is_out_share_the_next_one(kube: Ku
     assert counting.listings == 2
     await view.fresh_quotas("default", view.mark("default"))
     assert counting.listings == 3
+
+
+async def test_a_listing_that_failed_answers_no_run_and_the_next_ask_lists_again(
+    cluster: EmulatedCluster, kube: KubeClient, make_quota: QuotaFactory
+) -> None:
+    await make_quota(hard={"concurrentRuns": 5})
+    cluster.emulator.faults.add(verb="list", resource="agentrunquotas", status=503, times=1)
+    view = Quotas(kube, Metrics(CollectorRegistry()), identity="test").view
+
+    mark = view.mark("default")
+    with pytest.raises(QuotaListingFailed, match="cannot list the AgentRunQuotas of default"):
+        await view.fresh_quotas("default", mark)
+    assert view.cached("default") == []  # nothing passed for listed
+
+    assert [quota["metadata"]["name"] for quota in await view.fresh_quotas("default", mark)] == ["team"]
