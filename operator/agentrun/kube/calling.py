@@ -9,9 +9,8 @@ read-only reader (tools/kube_reading.py) keep their own clients.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, cast
 from urllib.parse import quote
 
@@ -21,7 +20,7 @@ from agentrun import __version__
 from agentrun.api import AGENT_PLURAL, GROUP, PLURAL, QUOTA_PLURAL, SCHEDULE_PLURAL, TEMPLATE_PLURAL, VERSION
 from agentrun.api.transcripts import StorageKind
 from agentrun.kube import kubeconfig_loading
-from agentrun.kube.errors import APINotFoundError, refused, translated
+from agentrun.kube.errors import APINotFoundError, refused, typed_errors
 from agentrun.kube.kubeconfig_loading import ClusterAccess
 
 __all__ = ["JSON_PATCH", "MERGE_PATCH", "USER_AGENT", "KubeClient", "call", "connect", "opened"]
@@ -52,7 +51,7 @@ async def call(request: Awaitable[Any]) -> bytes:
     """
     response = await opened(request)
     try:
-        with _typed_errors():
+        with typed_errors():
             body: bytes = await response.read()
     finally:
         response.release()
@@ -62,27 +61,16 @@ async def call(request: Awaitable[Any]) -> bytes:
 async def opened(request: Awaitable[Any]) -> Any:
     """The response of a call made with ``_preload_content=False``, its status checked and its body
     unread (a watch streams it); any failure raised as a typed APIError. The caller releases it."""
-    with _typed_errors():
+    with typed_errors():
         response = await request
     if not 200 <= response.status <= 299:
         try:
-            with _typed_errors():
+            with typed_errors():
                 body = await response.read()
         finally:
             response.release()
         raise refused(response.status, response.reason, body, response.headers)
     return response
-
-
-@contextlib.contextmanager
-def _typed_errors() -> Iterator[None]:
-    try:
-        yield
-    except Exception as exc:
-        error = translated(exc)
-        if error is None or error is exc:
-            raise
-        raise error from exc
 
 
 def _segment(value: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import aiohttp
@@ -33,6 +33,7 @@ __all__ = [
     "APIUnauthorizedError",
     "refused",
     "translated",
+    "typed_errors",
 ]
 
 
@@ -176,6 +177,19 @@ def translated(exc: BaseException) -> APIError | None:
         # OSError includes ConnectionError and ssl.SSLError; TimeoutError is asyncio's too.
         return APITransportError(" ".join(str(exc).split()) or type(exc).__name__)
     return None
+
+
+@contextlib.contextmanager
+def typed_errors() -> Iterator[None]:
+    """Within it, a client's failure is raised as its typed APIError (the original as its cause);
+    any other exception, and an APIError already, goes out as it is."""
+    try:
+        yield
+    except Exception as exc:
+        error = translated(exc)
+        if error is None or error is exc:
+            raise
+        raise error from exc
 
 
 def _status_document(body: bytes) -> dict[str, Any]:

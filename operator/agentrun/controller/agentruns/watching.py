@@ -26,7 +26,7 @@ from typing import Any
 
 from agentrun.api import GROUP, PLURAL, VERSION
 from agentrun.kube.calling import JSON_PATCH, KubeClient, call, opened
-from agentrun.kube.errors import APIError, APIGoneError, refused, translated
+from agentrun.kube.errors import APIError, APIGoneError, refused, typed_errors
 
 logger = logging.getLogger(__name__)
 
@@ -141,23 +141,19 @@ class RunWatch:
         }
         response = await self._open(namespace, query)
         try:
-            async for line in response.content:  # one JSON event per line, however long
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Expired()
-                    raise refused(int(obj.get("code") or 500), obj.get("reason"), json.dumps(obj), {})
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind != "BOOKMARK":
-                    await self._event(kind, obj)
-        except Exception as exc:
-            error = translated(exc) if not isinstance(exc, (Expired, APIError)) else None
-            if error is not None:
-                raise error from exc
-            raise
+            with typed_errors():
+                async for line in response.content:  # one JSON event per line, however long
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            raise Expired()
+                        raise refused(int(obj.get("code") or 500), obj.get("reason"), json.dumps(obj), {})
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind != "BOOKMARK":
+                        await self._event(kind, obj)
         finally:
             response.release()
         return version

@@ -212,10 +212,7 @@ class QuotaView:
         return since is not None and self._clock() - since < RELIST_SECONDS
 
     async def _ensure_listed(self, namespace: str) -> None:
-        missing_since = self._listed.get(namespace, -1.0)
-        if namespace in self._listed and (
-            missing_since is None or self._clock() - missing_since < RELIST_SECONDS
-        ):
+        if namespace in self._listed and (self._listed[namespace] is None or self._missing(namespace)):
             return
         listing = self._listing.get(namespace)
         await asyncio.shield(listing if listing is not None else self._start_listing(namespace))
