@@ -59,11 +59,20 @@ class StatusPatch:
         return frozenset(self.status.model_fields_set) | self.cleared
 
     def merged(self, other: StatusPatch) -> StatusPatch:
-        """This patch, then ``other`` on top: what ``other`` sets or clears wins."""
+        """This patch, then ``other`` on top: what ``other`` sets or clears wins.
+
+        A copy of this status with ``other``'s fields set, when ``other`` clears none that this one
+        sets (nearly every merge): ``model_construct`` walks every field of the model, about 6% of the
+        operator's CPU at 1000 runs (bench/RESULTS.md), where a copy is one dict.
+        """
+        cleared = (self.cleared - other.status.model_fields_set) | other.cleared
+        if not other.cleared & self.status.model_fields_set:
+            update = {name: getattr(other.status, name) for name in other.status.model_fields_set}
+            return StatusPatch(self.status.model_copy(update=update), cleared)
         values = {name: getattr(self.status, name) for name in self.status.model_fields_set - other.cleared}
         values.update({name: getattr(other.status, name) for name in other.status.model_fields_set})
         status = AgentRunStatus.model_construct(_fields_set=set(values), **_defaults(values), **values)
-        return StatusPatch(status, (self.cleared - other.status.model_fields_set) | other.cleared)
+        return StatusPatch(status, cleared)
 
     def body(self) -> dict[str, Any]:
         """The JSON of the patch's ``status`` (camelCase, as stored)."""

@@ -169,3 +169,26 @@ def test_a_merged_patch_has_the_models_defaults_where_unset_and_none_of_them_sha
     assert first.status.conditions is not second.status.conditions
     assert first.status.model_fields_set == {"phase", "start_time", "iterations", "tool_calls", "usage"}
     assert first.body()["iterations"] == 2
+
+
+def _merged_field_by_field(first: StatusPatch, second: StatusPatch) -> tuple[dict[str, Any], frozenset[str]]:
+    """What a merge means, spelled out: the second's set fields win, its clears drop the first's."""
+    kept = {n: getattr(first.status, n) for n in first.status.model_fields_set - second.cleared}
+    kept.update({n: getattr(second.status, n) for n in second.status.model_fields_set})
+    return kept, (first.cleared - second.status.model_fields_set) | second.cleared
+
+
+def test_every_pair_of_patches_merges_to_the_second_on_top_of_the_first_leaving_both_as_they_were() -> None:
+    patches = _every_patch()
+    for first in patches:
+        for second in patches:
+            before = (first.body(), set(first.status.model_fields_set), second.body())
+            merged = first.merged(second)
+            values, cleared = _merged_field_by_field(first, second)
+            assert merged.status.model_fields_set == set(values)
+            assert {n: getattr(merged.status, n) for n in values} == values
+            assert merged.cleared == cleared
+            fresh = AgentRunStatus()
+            for name in AgentRunStatus.model_fields.keys() - set(values):
+                assert getattr(merged.status, name) == getattr(fresh, name), name
+            assert (first.body(), set(first.status.model_fields_set), second.body()) == before

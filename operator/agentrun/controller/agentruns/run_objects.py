@@ -73,13 +73,19 @@ class RunObject:
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> RunObject:
-        """``body`` as a watch event or a listing shows it (Kopf's live view, or a plain dict)."""
-        given = plain(body.get("spec") or {})
+        """``body`` as a watch event or a listing shows it (Kopf's live view, or a plain dict).
+
+        A plain dict is decoded JSON (the operator's own watch, a listing, a read) and plain all the
+        way down: copying it first was 5% of the operator's CPU at 1000 runs, for a copy nobody else
+        holds. Only Kopf's views are copied into a snapshot.
+        """
+        snapshot = _as_is if type(body) is dict else plain
+        given = snapshot(body.get("spec") or {})
         try:
             spec: AgentRunSpec | InvalidRunSpec = AgentRunSpec.model_validate(given)
         except pydantic.ValidationError as exc:
             spec = InvalidRunSpec.of(exc, given)
-        status = AgentRunStatus.model_validate(plain(body.get("status") or {}))
+        status = AgentRunStatus.model_validate(snapshot(body.get("status") or {}))
         agent: AgentSpec | None = None
         if isinstance(spec, AgentRunSpec) and spec.agent_ref is not None and status.agent_spec is not None:
             try:
@@ -136,3 +142,7 @@ class RunObject:
         if name in self.spec.model_fields_set or self.agent is None:
             return getattr(self.spec, name)
         return getattr(self.agent, name)
+
+
+def _as_is(value: Any) -> Any:
+    return value
