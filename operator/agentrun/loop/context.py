@@ -77,6 +77,11 @@ class Context:
     sizes: RequestSizer = field(default_factory=RequestSizer)
     # Settlements under way: kept referenced so one shielded from a cancellation finishes.
     settling: set[asyncio.Future[None]] = field(default_factory=set)
+    # Tasks inside guarded() (how deep), those the cancel signal interrupted, and the one task per run
+    # that waits for the signal.
+    _guarding: dict[asyncio.Task[Any], int] = field(default_factory=dict, init=False, repr=False)
+    _interrupted: set[asyncio.Task[Any]] = field(default_factory=set, init=False, repr=False)
+    _watcher: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def gated(self, calls: Sequence[ToolCall]) -> set[str]:
         """Ids of calls whose tool is declared with requiresApproval."""
@@ -103,22 +108,56 @@ class Context:
         self.state.persisted = len(self.state.messages)
 
     async def guarded(self, awaitable: Awaitable[T]) -> T:
-        """Await something that must stop on cancel or at the run's deadline, whichever first."""
-        work = asyncio.ensure_future(awaitable)
-        stop = asyncio.ensure_future(self.cancel.wait())
+        """Await something that must stop on cancel or at the run's deadline, whichever first.
+
+        Awaited in the calling task, under ``asyncio.timeout`` for the deadline; one task per run waits
+        for the cancel signal and cancels whatever is guarded then (``close`` ends it). Why not a task
+        per call raced against the signal with ``asyncio.wait``: that was two tasks, a wait and a gather
+        for every model request and tool phase, about 30 µs each (docs/benchmarks.md).
+        """
+        if self.cancel.is_set():
+            _discard(awaitable)
+            raise Interrupted(StopReason.CANCELLED)
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("guarded() runs inside a task")
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._interrupt_when_cancelled())
+        self._guarding[task] = self._guarding.get(task, 0) + 1
+        scope = asyncio.timeout(max(self.deadline - self.clock.monotonic(), 0))
         try:
-            remaining = self.deadline - self.clock.monotonic()
-            done, _ = await asyncio.wait(
-                {work, stop}, timeout=max(remaining, 0), return_when="FIRST_COMPLETED"
-            )
-            if work in done:
-                return work.result()
-            raise Interrupted(StopReason.CANCELLED if stop in done else StopReason.TIMEOUT)
+            async with scope:
+                return await awaitable
+        except TimeoutError:
+            if scope.expired():
+                raise Interrupted(StopReason.TIMEOUT) from None
+            raise
+        except asyncio.CancelledError:
+            # Interrupted only when the signal's cancellation is the one: not when the task is stopped
+            if task in self._interrupted and task.uncancel() == 0:  # (operator shutdown) as well
+                raise Interrupted(StopReason.CANCELLED) from None
+            raise
         finally:
-            for task in (work, stop):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(work, stop, return_exceptions=True)
+            depth = self._guarding.pop(task) - 1
+            if depth:
+                self._guarding[task] = depth
+            else:
+                self._interrupted.discard(task)
+
+    async def _interrupt_when_cancelled(self) -> None:
+        await self.cancel.wait()
+        for task in self._guarding:
+            if task not in self._interrupted:
+                self._interrupted.add(task)
+                task.cancel()
+
+    async def close(self) -> None:
+        """The run is over: the task waiting for its cancel signal ends."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
     @contextlib.asynccontextmanager
     async def reserved(self, request: ModelRequest) -> AsyncIterator[Meter]:
@@ -187,3 +226,11 @@ class Context:
         if self.state.iterations >= self.config.limits.max_iterations and not self.state.final_turn:
             blocks = [*blocks, {"type": "text", "text": FINAL_TURN_PROMPT}]
         return {"role": "user", "content": blocks}
+
+
+def _discard(awaitable: Awaitable[Any]) -> None:
+    """Work never started: a coroutine closed (no 'never awaited' warning), a future cancelled."""
+    if asyncio.iscoroutine(awaitable):
+        awaitable.close()
+    elif asyncio.isfuture(awaitable):
+        awaitable.cancel()

@@ -90,8 +90,18 @@ async def run_loop(
         approvals=approvals,
         allowance=allowance,
     )
+    try:
+        outcome = await _steps(ctx, resumed=resumed, yield_at_checkpoint=yield_at_checkpoint)
+    finally:
+        await ctx.close()
+    await observer.notify(RunFinished(outcome=outcome, progress=state.progress(pricer)))
+    return outcome
+
+
+async def _steps(ctx: Context, *, resumed: bool, yield_at_checkpoint: CancelSignal | None) -> Outcome:
+    state, observer, pricer = ctx.state, ctx.observer, ctx.pricer
     await observer.notify(
-        RunStarted(resumed=resumed, progress=state.progress(pricer), tools=tuple(sorted(tools)))
+        RunStarted(resumed=resumed, progress=state.progress(pricer), tools=tuple(sorted(ctx.tools)))
     )
     if not resumed:
         await ctx.emit_checkpoint(None, tools_pending=False)
@@ -103,10 +113,8 @@ async def run_loop(
         try:
             step = await advance(step, ctx)
         except Interrupted as exc:
-            step = Finish(interrupted(exc, config))
-    outcome = step.outcome
-    await observer.notify(RunFinished(outcome=outcome, progress=state.progress(pricer)))
-    return outcome
+            step = Finish(interrupted(exc, ctx.config))
+    return step.outcome
 
 
 def interrupted(exc: Interrupted, config: LoopConfig) -> Outcome:

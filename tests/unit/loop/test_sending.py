@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 
@@ -262,3 +263,87 @@ def test_a_request_left_unanswered_ends_the_run_alike_for_every_caller_only_its_
         "QuotaExceeded",
         "quota default/team: tokens 1000 of 1000 used",
     )
+
+
+async def _blocked(started: asyncio.Event, stopped: asyncio.Event | None = None) -> str:
+    """Work that never answers: says when it has begun, and when it was stopped."""
+    started.set()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if stopped is not None:
+            stopped.set()
+    return "never"
+
+
+async def test_a_guarded_wait_ends_as_cancelled_when_the_signal_comes_and_the_work_is_stopped() -> None:
+    ctx, started, stopped = harness().ctx, asyncio.Event(), asyncio.Event()
+    waiting = asyncio.ensure_future(ctx.guarded(_blocked(started, stopped)))
+    await started.wait()
+    cast(asyncio.Event, ctx.cancel).set()
+    with pytest.raises(Interrupted) as caught:
+        await waiting
+    assert caught.value.reason is StopReason.CANCELLED
+    assert stopped.is_set()
+    assert not ctx._guarding and not ctx._interrupted
+    await ctx.close()
+
+
+async def test_a_guarded_wait_ends_as_timed_out_at_the_deadline() -> None:
+    ctx = harness(timeout=0.01).ctx
+    with pytest.raises(Interrupted) as caught:
+        await ctx.guarded(asyncio.Event().wait())
+    assert caught.value.reason is StopReason.TIMEOUT
+    await ctx.close()
+
+
+async def test_work_started_after_the_signal_is_not_run_and_leaves_no_coroutine_unawaited() -> None:
+    ctx, ran = harness().ctx, []
+
+    async def work() -> None:
+        ran.append(True)
+
+    cast(asyncio.Event, ctx.cancel).set()
+    with pytest.raises(Interrupted) as caught:
+        await ctx.guarded(work())  # a coroutine never awaited would warn, and warnings are errors
+    assert caught.value.reason is StopReason.CANCELLED
+    assert ran == []
+
+
+async def test_a_timeout_of_the_work_itself_and_its_answer_pass_through_unchanged() -> None:
+    ctx = harness().ctx
+
+    async def times_out() -> None:
+        raise TimeoutError("the tool's own timeout")
+
+    with pytest.raises(TimeoutError, match="the tool's own timeout"):
+        await ctx.guarded(times_out())
+    assert await ctx.guarded(asyncio.sleep(0, result="answer")) == "answer"
+    await ctx.close()
+
+
+async def test_the_callers_own_cancellation_propagates_and_is_not_taken_for_the_runs_cancel() -> None:
+    ctx = harness().ctx
+    started = asyncio.Event()
+    waiting = asyncio.ensure_future(ctx.guarded(_blocked(started)))
+    await started.wait()
+    waiting.cancel()  # operator shutdown: the run resumes elsewhere, it is not cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    started.clear()
+    both = asyncio.ensure_future(ctx.guarded(_blocked(started)))
+    await started.wait()
+    cast(asyncio.Event, ctx.cancel).set()  # the signal too, in the same turn: the shutdown still wins
+    both.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await both
+    await ctx.close()
+
+
+async def test_closing_the_context_ends_the_task_that_waits_for_the_signal() -> None:
+    ctx = harness().ctx
+    assert await ctx.guarded(asyncio.sleep(0, result=1)) == 1
+    watcher = ctx._watcher
+    assert watcher is not None and not watcher.done()
+    await ctx.close()
+    assert watcher.cancelled() and ctx._watcher is None
