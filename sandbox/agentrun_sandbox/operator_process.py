@@ -103,7 +103,12 @@ class OperatorProcess:
                 preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         if ready_timeout is not None:
-            await self._wait_healthy(self.process, ready_timeout)
+            try:
+                await self._wait_healthy(self.process, ready_timeout)
+            except BaseException:
+                # Never healthy: nobody will stop it, so it is killed here (else it outlives the caller).
+                await self.stop(kill=True)
+                raise
 
     async def _wait_healthy(self, process: asyncio.subprocess.Process, timeout: float) -> None:
         deadline = time.monotonic() + timeout

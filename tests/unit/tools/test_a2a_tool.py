@@ -167,6 +167,10 @@ async def test_a_call_cancelled_by_the_run_cancels_its_remote_task(sdk: SDKAgent
     async with open_tools(_spec({"name": "echo", "url": sdk.url}), StaticEnvironment()) as tools:
         call = asyncio.create_task(tools["echo"].call(_call("slow work")))
         await until(lambda: sdk.agent.texts, "the remote to start the task", 10)
+        # A request after the one that started the task (a poll) means the answer with its id arrived:
+        # cancelled before that, the tool has no task to cancel (a busy machine shows the gap).
+        sent = len(sdk.recorder.headers)
+        await until(lambda: len(sdk.recorder.headers) > sent, "the tool to poll its task", 10)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
