@@ -17,7 +17,7 @@ class NeverHealthy(OperatorProcess):
 
 async def test_an_operator_never_healthy_is_killed_when_the_wait_for_it_gives_up(tmp_path: Path) -> None:
     operator = NeverHealthy(kubeconfig=tmp_path / "kubeconfig", log_path=tmp_path / "operator.log")
-    with pytest.raises(TimeoutError, match="not healthy within 0.5s"):
+    with pytest.raises(TimeoutError, match=r"not healthy within 0\.5s"):
         await operator.start(ready_timeout=0.5)
     assert operator.process is not None
     assert operator.process.returncode is not None  # reaped: no ResourceWarning in a later test
