@@ -19,6 +19,7 @@ from agentrun_sandbox.messages.api import FakeMessagesAPI
 from tests.support.clusters import TestCluster, cluster_for
 from tests.support.operator_process import OperatorProcess
 from tests.support.rbac import SessionRecord
+from tests.support.transcript_stores import StoreName, StoreUnderTest, store_under_test
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +46,17 @@ async def cluster(real_kubeconfig: Path | None) -> AsyncIterator[TestCluster]:
     """The scenario's API server: a fresh emulator, or a namespace of its own on a real server."""
     async with cluster_for(real_kubeconfig) as chosen:
         yield chosen
+
+
+@pytest.fixture
+async def transcript_store(
+    request: pytest.FixtureRequest, cluster: TestCluster, tmp_path: Path
+) -> AsyncIterator[StoreUnderTest]:
+    """The transcript store of the scenario: Secrets unless the test is parametrized with
+    ``indirect=["transcript_store"]`` (tests/support/transcript_stores.py's STORES)."""
+    name: StoreName = getattr(request, "param", "secret")
+    async with store_under_test(name, cluster, tmp_path) as store:
+        yield store
 
 
 @pytest.fixture

@@ -34,12 +34,15 @@ from tests.support.kube_requests import cancel_run, request, until, wait_finishe
 from tests.support.operator_process import OperatorProcess
 from tests.support.ports import free_port
 from tests.support.recording_proxy import RecordingProxy, recording_proxy
+from tests.support.transcript_stores import STORES, StoreUnderTest
 
 API_KEY = "sk-ant-durable-test-0123456789"
 STEP_USAGE = [ScriptUsage(100, 10, 0, 0), ScriptUsage(200, 20, 50, 0), ScriptUsage(300, 30, 0, 60)]
 FINAL_USAGE = ScriptUsage(400, 40, 0, 0)
 HOLD_FOREVER = 120.0  # the model "answers" only after the operator was killed
 WAIT = 60.0  # seconds for the operator to get somewhere: a loaded machine and a real server are slow
+# The kill tests run once per transcript store: what survives a SIGKILL is the store's guarantee too.
+EACH_STORE = pytest.mark.parametrize("transcript_store", STORES, indirect=True)
 
 
 class Webhook:
@@ -133,7 +136,11 @@ async def proxy(cluster: TestCluster) -> AsyncIterator[RecordingProxy]:
 
 @pytest.fixture
 async def start_operator(
-    cluster: TestCluster, model: FakeMessagesAPI, proxy: RecordingProxy, tmp_path: Path
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    proxy: RecordingProxy,
+    transcript_store: StoreUnderTest,
+    tmp_path: Path,
 ) -> AsyncIterator[OperatorFactory]:
     started: list[OperatorProcess] = []
 
@@ -141,7 +148,12 @@ async def start_operator(
         process = OperatorProcess(
             kubeconfig=proxy.kubeconfig,
             log_path=tmp_path / f"operator-{len(started)}.log",
-            env={"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url, **(env or {})},
+            env={
+                "ANTHROPIC_API_KEY": API_KEY,
+                "ANTHROPIC_BASE_URL": model.url,
+                **transcript_store.env,
+                **(env or {}),
+            },
             args=cluster.operator_args(args),
         )
         await process.start()
@@ -216,9 +228,9 @@ def steps_requested(model: FakeMessagesAPI, tag: str) -> Counter[int]:
 
 
 async def assert_succeeded_once_each(
-    cluster: TestCluster, model: FakeMessagesAPI, hook: Webhook, name: str, tag: str, *, repeated: str | None
+    store: StoreUnderTest, hook: Webhook, name: str, *, repeated: str | None
 ) -> None:
-    obj = await wait_finished(cluster, name, timeout=90)
+    obj = await wait_finished(store.cluster, name, timeout=90)
     status, uid = obj["status"], obj["metadata"]["uid"]
     assert (status["phase"], status["stopReason"], status["result"]) == (
         "Succeeded",
@@ -231,12 +243,12 @@ async def assert_succeeded_once_each(
     assert usage["inputTokens"] == 100 + 200 + 300 + 400
     assert usage["outputTokens"] == 10 + 20 + 30 + 40
     assert (usage["cacheCreationInputTokens"], usage["cacheReadInputTokens"]) == (50, 60)
-    transcript = await transcript_of(cluster, uid)
+    transcript = await store.transcript(uid)
     assert_consistent(transcript)
     assert [row.iteration for row in transcript.trace_rows] == [1, 2, 3, 4]
     assert [row.usage.input_tokens for row in transcript.trace_rows] == [100, 200, 300, 400]
     assert transcript.outcome is not None and transcript.outcome.result == "all three recorded"
-    assert status["transcript"]["kind"] == "Secret"
+    assert status["transcript"]["kind"] == store.status_kind
     assert status["transcript"]["chunks"] == transcript.chunks
     # Each Idempotency-Key is the run uid and the tool_use id; only the in-flight one arrives twice.
     keys = Counter(hook.keys)
@@ -246,8 +258,13 @@ async def assert_succeeded_once_each(
     assert dict(keys) == expected
 
 
+@EACH_STORE
 async def test_killed_before_the_first_answer_the_run_starts_over_and_succeeds(
-    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    transcript_store: StoreUnderTest,
+    start_operator: OperatorFactory,
 ) -> None:
     tag = "[durable:first-call]"
     operator = await start_operator()
@@ -255,12 +272,17 @@ async def test_killed_before_the_first_answer_the_run_starts_over_and_succeeds(
     await until(lambda: steps_requested(model, tag)[0] == 1, "the first model request", timeout=WAIT)
     await operator.stop(kill=True)
     await start_operator()
-    await assert_succeeded_once_each(cluster, model, webhook, "first", tag, repeated=None)
+    await assert_succeeded_once_each(transcript_store, webhook, "first", repeated=None)
     assert steps_requested(model, tag) == Counter({0: 2, 1: 1, 2: 1, 3: 1})
 
 
+@EACH_STORE
 async def test_killed_during_a_tool_call_the_call_runs_again_with_the_same_idempotency_key(
-    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    transcript_store: StoreUnderTest,
+    start_operator: OperatorFactory,
 ) -> None:
     tag = "[durable:tool-call]"
     webhook.hold.add("toolu_w2")
@@ -269,13 +291,18 @@ async def test_killed_during_a_tool_call_the_call_runs_again_with_the_same_idemp
     await until(webhook.held.is_set, "the webhook to hold the second call", timeout=WAIT)
     await operator.stop(kill=True)
     await start_operator()
-    await assert_succeeded_once_each(cluster, model, webhook, "in-tool", tag, repeated="toolu_w2")
+    await assert_succeeded_once_each(transcript_store, webhook, "in-tool", repeated="toolu_w2")
     # The model answer that asked for the call was stored before the call ran: it is not asked again.
     assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
 
 
+@EACH_STORE
 async def test_killed_between_a_tool_result_and_its_checkpoint_the_in_flight_iteration_is_redone(
-    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    transcript_store: StoreUnderTest,
+    start_operator: OperatorFactory,
 ) -> None:
     tag = "[durable:after-tools]"
     # A cheap tool's result is never written on its own, however slow a loaded machine makes the call.
@@ -289,12 +316,17 @@ async def test_killed_between_a_tool_result_and_its_checkpoint_the_in_flight_ite
     assert len(webhook.keys) == 1
     await operator.stop(kill=True)
     await start_operator(defer_tool_results)
-    await assert_succeeded_once_each(cluster, model, webhook, "after-tools", tag, repeated="toolu_w1")
+    await assert_succeeded_once_each(transcript_store, webhook, "after-tools", repeated="toolu_w1")
     assert steps_requested(model, tag) == Counter({0: 1, 1: 2, 2: 1, 3: 1})
 
 
+@EACH_STORE
 async def test_killed_before_a_model_call_after_a_stored_tool_result_nothing_runs_twice(
-    cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, start_operator: OperatorFactory
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    webhook: Webhook,
+    transcript_store: StoreUnderTest,
+    start_operator: OperatorFactory,
 ) -> None:
     tag = "[durable:after-flushed-tools]"
     flush_always = {"AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "0"}
@@ -303,7 +335,7 @@ async def test_killed_before_a_model_call_after_a_stored_tool_result_nothing_run
     await until(lambda: steps_requested(model, tag)[2] == 1, "the third model request", timeout=WAIT)
     await operator.stop(kill=True)
     await start_operator(flush_always)
-    await assert_succeeded_once_each(cluster, model, webhook, "flushed", tag, repeated=None)
+    await assert_succeeded_once_each(transcript_store, webhook, "flushed", repeated=None)
     assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 2, 3: 1})
 
 

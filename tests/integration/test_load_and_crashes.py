@@ -19,15 +19,16 @@ import pytest
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.integration.test_durable_runs import (
+    EACH_STORE,
     Webhook,
     assert_consistent,
     durable_script,
-    transcript_of,
     webhook_manifest,
 )
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
+from tests.support.transcript_stores import StoreUnderTest
 from tests.support.waiting import until
 
 # A thousand runs, and an operator killed over and over: started first in a parallel run, on the worker
@@ -131,8 +132,9 @@ async def test_a_thousand_runs_with_injected_api_faults_all_finish_and_none_is_l
 
 
 @pytest.mark.timeout(600)
+@EACH_STORE
 async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothing(
-    cluster: TestCluster, tmp_path: Path
+    cluster: TestCluster, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     seed = int(os.environ.get("AGENTRUN_CRASH_SEED", "20261122"))
     rng = random.Random(seed)
@@ -147,12 +149,14 @@ async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothin
             await _create_all(cluster, manifests)
             moments = []
             for index in range(kills):
-                operator = _operator(cluster, model, tmp_path / f"operator-{index}.log")
+                operator = _operator(
+                    cluster, model, tmp_path / f"operator-{index}.log", **transcript_store.env
+                )
                 await operator.start()
                 moments.append(round(rng.uniform(0.2, 2.5), 2))
                 await asyncio.sleep(moments[-1])
                 await operator.stop(kill=True)
-            final = _operator(cluster, model, tmp_path / "operator-final.log")
+            final = _operator(cluster, model, tmp_path / "operator-final.log", **transcript_store.env)
             await final.start()
             try:
                 found = await _wait_all_finished(cluster, runs, timeout=180)
@@ -169,7 +173,8 @@ async def test_operator_killed_at_seeded_random_moments_loses_and_repeats_nothin
             4,
             3,
         ), f"{name}: {context}"
-        transcript = await transcript_of(cluster, obj["metadata"]["uid"])
+        assert status["transcript"]["kind"] == transcript_store.status_kind, f"{name}: {context}"
+        transcript = await transcript_store.transcript(obj["metadata"]["uid"])
         assert_consistent(transcript)
         assert [row.iteration for row in transcript.trace_rows] == [1, 2, 3, 4], f"{name}: {context}"
         uid = obj["metadata"]["uid"]

@@ -1,8 +1,8 @@
 """The PostgreSQL transcript store: a real PostgreSQL server (tests/support/postgres.py), the real operator.
 
-Same guarantees as the Secret store (test_durable_runs.py): rows instead of Secrets, resume after SIGKILL
-without a repeated step, deletion removes the rows, and a database outage keeps the run waiting at its
-checkpoint (its status says so) instead of losing or repeating steps.
+Same guarantees as the Secret store: rows instead of Secrets, deletion removes the rows, and a database
+outage keeps the run waiting at its checkpoint (its status says so) instead of losing or repeating steps.
+Resume after SIGKILL at each moment is test_durable_runs.py's kill tests, which run once per store.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, until, wait_finished
 from tests.support.operator_process import OperatorProcess
 from tests.support.postgres import PostgresServer
+from tests.support.transcript_stores import rows_of
 
 SCRIPTS = [
     durable_script("[pg:plain]"),
-    durable_script("[pg:flushed]", slow_step=2),
     durable_script("[pg:outage]"),
 ]
 OperatorFactory = Callable[..., Awaitable[OperatorProcess]]
@@ -87,14 +87,6 @@ async def start_operator(
     yield start
     for process in started:
         await process.stop()
-
-
-async def rows_of(postgres: PostgresServer, uid: str) -> list[StoredChunk]:
-    rows = await postgres.query(
-        "SELECT idx, part, parts, payload FROM agentrun_transcript_chunks WHERE run_uid = $1 ORDER BY idx",
-        uid,
-    )
-    return [StoredChunk(r["idx"], r["part"], r["parts"], bytes(r["payload"])) for r in rows]
 
 
 async def transcript_of(postgres: PostgresServer, uid: str) -> Transcript:
@@ -162,27 +154,6 @@ async def test_a_run_in_the_postgres_store_keeps_its_chunks_as_rows_and_deleting
         return await rows_of(postgres, uid) == []
 
     await until(rows_gone, "the deleted run's rows to be deleted", timeout=WAIT)
-
-
-async def test_killed_before_a_model_call_the_run_resumes_from_its_rows_and_nothing_runs_twice(
-    cluster: TestCluster,
-    model: FakeMessagesAPI,
-    webhook: Webhook,
-    postgres: PostgresServer,
-    start_operator: OperatorFactory,
-) -> None:
-    tag = "[pg:flushed]"
-    flush_always = {"AGENTRUN_TRANSCRIPT_FLUSH_SECONDS": "0"}
-    operator = await start_operator(flush_always)
-    await request(
-        cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "pg-killed", tag, webhook)
-    )
-    await until(lambda: steps_requested(model, tag)[2] == 1, "the third model request", timeout=WAIT)
-    await operator.stop(kill=True)
-    await start_operator(flush_always)
-    await assert_succeeded_once_each(cluster, postgres, webhook, "pg-killed")
-    # Only the request in flight at the kill is sent again.
-    assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 2, 3: 1})
 
 
 def store_unavailable(run: dict[str, Any]) -> bool:

@@ -30,6 +30,7 @@ from tests.support.kube_requests import cancel_run, request, until, wait_finishe
 from tests.support.operator_process import OperatorProcess
 from tests.support.postgres import PostgresServer
 from tests.support.quotas import create_quota, install_quota_crd, ledger_row, quota_status
+from tests.support.transcript_stores import STORES, StoreUnderTest
 
 BIN = Path(sys.executable).parent
 API_KEY = "sk-ant-quotas-test-0123456789"
@@ -65,12 +66,16 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
         yield server
 
 
+# Tests whose runs write transcripts while the ledger settles run once per transcript store.
+EACH_STORE = pytest.mark.parametrize("transcript_store", STORES, indirect=True)
+
+
 @pytest.fixture
 async def operator(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> AsyncIterator[OperatorProcess]:
     await install_quota_crd(cluster)
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
+    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url, **transcript_store.env}
     async with cluster.operator(tmp_path / "operator.log", env) as process:
         yield process
 
@@ -156,8 +161,9 @@ async def test_a_run_whose_first_request_alone_passes_a_limit_ends_quota_exceede
     assert ledger["refused"]["runs"] == 1
 
 
+@EACH_STORE
 async def test_a_request_that_cannot_be_reserved_mid_run_is_not_sent_and_the_run_ends_quota_exceeded(
-    cluster: TestCluster, model: FakeMessagesAPI, operator: OperatorProcess
+    cluster: TestCluster, model: FakeMessagesAPI, transcript_store: StoreUnderTest, operator: OperatorProcess
 ) -> None:
     # Room for a reservation (the request's bytes + a margin + maxTokens: about 1,650 tokens) and for
     # two answers' usage (110 each), not for a third reservation on top of them.
@@ -169,6 +175,7 @@ async def test_a_request_that_cannot_be_reserved_mid_run_is_not_sent_and_the_run
     sent = model.requests_for("[quota:tools]")
     assert 1 <= len(sent) < 4, "the run stopped mid-way, at the request that did not fit"
     assert status["iterations"] == len(sent)
+    assert status["transcript"]["kind"] == transcript_store.status_kind
     ledger = await quota_status(cluster, "window")
     # What was sent is counted at its real usage; what was refused is not, and nothing stays held.
     assert ledger["used"]["tokens"] == ANSWER_TOKENS * len(sent) <= 1800
@@ -206,12 +213,13 @@ async def test_a_run_that_declares_no_limits_gets_the_quota_defaults_recorded_an
     assert len(model.requests_for("[quota:tools]")) == 3
 
 
+@EACH_STORE
 async def test_an_operator_killed_mid_request_has_its_reservation_charged_once_after_the_restart(
-    cluster: TestCluster, model: FakeMessagesAPI, tmp_path: Path
+    cluster: TestCluster, model: FakeMessagesAPI, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     await install_quota_crd(cluster)
     await create_quota(cluster, "ledger", hard={"tokens": 1_000_000})
-    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url}
+    env = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_BASE_URL": model.url, **transcript_store.env}
     first = cluster.operator_process(tmp_path / "operator-1.log", env)
     await first.start()
     second: OperatorProcess | None = None
@@ -225,6 +233,7 @@ async def test_an_operator_killed_mid_request_has_its_reservation_charged_once_a
         await second.start()
         status = (await wait_finished(cluster, "crash", timeout=WAIT))["status"]
         assert (status["phase"], status["result"]) == ("Succeeded", "survived")
+        assert status["transcript"]["kind"] == transcript_store.status_kind
         ledger = await quota_status(cluster, "ledger")
         reserved_tokens = held[0]["tokens"]
         assert ledger["lost"]["requests"] == 1

@@ -23,12 +23,13 @@ from aiohttp import web
 from agentrun.controller.replicas.ring import lease_name
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
-from tests.integration.test_durable_runs import Webhook, assert_consistent, transcript_of, webhook_manifest
+from tests.integration.test_durable_runs import EACH_STORE, Webhook, assert_consistent, webhook_manifest
 from tests.integration.test_load_and_crashes import _create_all, _wait_all_finished
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import until
 from tests.support.replicas import LEASE_DURATION_SECONDS, ReplicaGroup, cuttable_link, replica_group
+from tests.support.transcript_stores import StoreUnderTest
 
 # Several operators each, failovers timed against lease durations: started first in a parallel run
 # (tests/conftest.py), one after another on one worker (as every file's tests are).
@@ -193,13 +194,14 @@ def assert_one_step_after_another(group: ReplicaGroup, requests: dict[str, list[
             )
 
 
-async def assert_succeeded_whole(cluster: TestCluster, found: dict[str, Any], iterations: int) -> None:
+async def assert_succeeded_whole(store: StoreUnderTest, found: dict[str, Any], iterations: int) -> None:
     """Every run succeeded after ``iterations`` iterations, its transcript consistent and complete."""
     for name, obj in found.items():
         status, uid = obj["status"], obj["metadata"]["uid"]
         outcome = (status["phase"], status["result"], status["iterations"])
         assert outcome == ("Succeeded", "all recorded", iterations), name
-        transcript = await transcript_of(cluster, uid)
+        assert status["transcript"]["kind"] == store.status_kind, name
+        transcript = await store.transcript(uid)
         assert_consistent(transcript)
         assert [row.iteration for row in transcript.trace_rows] == list(range(1, iterations + 1)), name
 
@@ -254,8 +256,9 @@ async def test_two_and_three_replicas_share_the_runs_and_each_step_is_asked_exac
                 assert len({group.replica_of(r) for r in asked_for}) == 1, uid
 
 
+@EACH_STORE
 async def test_a_sigkilled_replicas_runs_continue_on_the_others_within_the_lease_duration(
-    cluster: TestCluster, tmp_path: Path
+    cluster: TestCluster, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     hook = Webhook()
     await hook.start()
@@ -263,7 +266,7 @@ async def test_a_sigkilled_replicas_runs_continue_on_the_others_within_the_lease
     try:
         async with (
             FakeMessagesAPI(scripts=[steps_script(tag, 6)], latency_seconds=0.5).running() as model,
-            replica_group(cluster, model, tmp_path) as group,
+            replica_group(cluster, model, tmp_path, transcript_store.env) as group,
         ):
             for name in ("r0", "r1", "r2"):
                 await group.start(name)
@@ -288,14 +291,14 @@ async def test_a_sigkilled_replicas_runs_continue_on_the_others_within_the_lease
         assert resumed - killed_at <= LEASE_DURATION_SECONDS + FAILOVER_SLACK_SECONDS, (
             f"run {uid} resumed {resumed - killed_at:.1f}s after the kill"
         )
-    await assert_succeeded_whole(cluster, found, 7)
+    await assert_succeeded_whole(transcript_store, found, 7)
     # Only the call in flight at the kill may run again, once.
     assert_done_once(found, hook, requests, tool_calls=6, repeatable=interrupted)
 
 
 @pytest.mark.timeout(300)
 async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothing(
-    cluster: TestCluster, tmp_path: Path
+    cluster: TestCluster, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     # Every run waits in its third tool call while the group grows, and in its seventh while it
     # shrinks: each handoff then happens in the middle of a step, whatever the machine's speed (a
@@ -307,7 +310,7 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
     try:
         async with (
             FakeMessagesAPI(scripts=[steps_script(tag, SCALE_STEPS)], latency_seconds=0.5).running() as model,
-            replica_group(cluster, model, tmp_path) as group,
+            replica_group(cluster, model, tmp_path, transcript_store.env) as group,
         ):
             await group.start("r0")
             await group.wait_for_members(1)
@@ -342,7 +345,7 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
     assert_one_step_after_another(group, requests)
     moved = {uid for uid, asked in requests.items() if len({group.replica_of(r) for r in asked}) > 1}
     assert moved, "no run changed replicas while the group grew and shrank"
-    await assert_succeeded_whole(cluster, found, SCALE_STEPS + 1)
+    await assert_succeeded_whole(transcript_store, found, SCALE_STEPS + 1)
     # A handoff lets the old owner finish the step in flight (its answer or its tool results are
     # checkpointed) before the new owner resumes: no model request and no tool call is made twice.
     assert_done_once(found, hook, requests, tool_calls=SCALE_STEPS, repeatable=set())
@@ -356,7 +359,7 @@ async def test_scaling_one_to_three_to_one_during_a_load_loses_and_repeats_nothi
 
 @pytest.mark.emulator_only("the API server's slow answers to one replica's Lease renewals are injected")
 async def test_a_replica_whose_lease_renewals_are_answered_late_but_in_time_keeps_its_runs(
-    cluster: TestCluster, tmp_path: Path
+    cluster: TestCluster, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     """An API server that answers a replica's renewals after more than a renew interval, but well within
     its Lease: the replica stays a member, and its runs go on without repeating a step. (Issue #29: such
@@ -371,7 +374,7 @@ async def test_a_replica_whose_lease_renewals_are_answered_late_but_in_time_keep
     try:
         async with (
             FakeMessagesAPI(scripts=[steps_script(tag, 4)], latency_seconds=0.2).running() as model,
-            replica_group(cluster, model, tmp_path) as group,
+            replica_group(cluster, model, tmp_path, transcript_store.env) as group,
         ):
             await group.start("r0", env=lease)
             await group.wait_for_members(1)
@@ -398,13 +401,13 @@ async def test_a_replica_whose_lease_renewals_are_answered_late_but_in_time_keep
 
     assert_no_replica_fenced(group)
     requests = by_run(model.requests_for(tag))
-    await assert_succeeded_whole(cluster, found, 5)
+    await assert_succeeded_whole(transcript_store, found, 5)
     assert_done_once(found, hook, requests, tool_calls=4, repeatable=set())
 
 
 @pytest.mark.timeout(300)
 async def test_a_replica_cut_off_from_the_api_server_stops_calling_the_model_before_others_take_over(
-    cluster: TestCluster, tmp_path: Path
+    cluster: TestCluster, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     hook = Webhook()
     await hook.start()
@@ -412,7 +415,7 @@ async def test_a_replica_cut_off_from_the_api_server_stops_calling_the_model_bef
     try:
         async with (
             FakeMessagesAPI(scripts=[steps_script(tag, 8)], latency_seconds=0.5).running() as model,
-            replica_group(cluster, model, tmp_path) as group,
+            replica_group(cluster, model, tmp_path, transcript_store.env) as group,
             cuttable_link(cluster) as link,
         ):
             await group.start("cut", kubeconfig=link.kubeconfig(cluster))
@@ -443,12 +446,12 @@ async def test_a_replica_cut_off_from_the_api_server_stops_calling_the_model_bef
     for uid in taken_over:
         first_by_kept = min(r.arrived_at for r in requests[uid] if group.replica_of(r) == "kept")
         assert first_by_kept > last_by_cut, f"run {uid}: both replicas called the model for it"
-    await assert_succeeded_whole(cluster, found, 9)
+    await assert_succeeded_whole(transcript_store, found, 9)
 
 
 @pytest.mark.timeout(300)
 async def test_a_replica_whose_event_loop_is_stuck_lets_the_others_take_its_runs_and_rejoins_after(
-    cluster: TestCluster, tmp_path: Path
+    cluster: TestCluster, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     hook = Webhook()
     await hook.start()
@@ -456,7 +459,7 @@ async def test_a_replica_whose_event_loop_is_stuck_lets_the_others_take_its_runs
     try:
         async with (
             FakeMessagesAPI(scripts=[steps_script(tag, 8)], latency_seconds=0.5).running() as model,
-            replica_group(cluster, model, tmp_path) as group,
+            replica_group(cluster, model, tmp_path, transcript_store.env) as group,
         ):
             # A small stall limit for the replica that gets stuck only: the other keeps the default, so a
             # loaded test machine's loop lag cannot make it let go of its Lease.
@@ -502,6 +505,6 @@ async def test_a_replica_whose_event_loop_is_stuck_lets_the_others_take_its_runs
         ), f"run {uid} resumed {first_by_kept - stuck_at:.1f}s after the loop got stuck"
         # Nothing from the stuck replica between the stall and the takeover, nor right after it resumed.
         assert not [at for at, name in trail if name == "stuck" and stuck_at + 1 < at < first_by_kept], trail
-    await assert_succeeded_whole(cluster, found, 9)
+    await assert_succeeded_whole(transcript_store, found, 9)
     # Only the step in flight when the loop got stuck may be asked (or called) again, once.
     assert_done_once(found, hook, requests, tool_calls=8, repeatable=taken_over)

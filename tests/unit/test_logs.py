@@ -132,3 +132,66 @@ def test_kopfs_per_event_success_lines_are_dropped_at_info_but_its_warnings_are_
         root.handlers[:], level, kopf_level = saved
         root.setLevel(level)
         kopf_objects.setLevel(kopf_level)
+
+
+def _record(created: float, message: str = "hello", **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("agentrun.run", logging.INFO, __file__, 1, message, (), None)
+    record.created, record.msecs = created, (created - int(created)) * 1000
+    record.__dict__.update(extra)
+    return record
+
+
+def test_json_lines_keep_each_records_own_time_across_seconds_and_its_extras_in_order() -> None:
+    formatter = logs.JSONFormatter()
+    base = 1_764_400_000  # 2025-11-29T07:06:40Z
+    lines = [
+        json.loads(formatter.format(_record(base + 0.125))),
+        json.loads(
+            formatter.format(_record(base + 0.875, tool="calculator", attempt=2, k8s_ref={"name": "r"}))
+        ),
+        json.loads(formatter.format(_record(base + 1.0625, _private=1, code=None))),
+        json.loads(formatter.format(_record(base - 59.5))),
+    ]
+    assert [line["time"] for line in lines] == [
+        "2025-11-29T07:06:40.125Z",
+        "2025-11-29T07:06:40.875Z",
+        "2025-11-29T07:06:41.062Z",
+        "2025-11-29T07:05:40.500Z",
+    ]
+    assert list(lines[1]) == ["time", "level", "logger", "message", "tool", "attempt"]
+    assert (lines[1]["tool"], lines[1]["attempt"]) == ("calculator", 2)
+    assert list(lines[2]) == ["time", "level", "logger", "message", "code"] and lines[2]["code"] == "None"
+    assert list(lines[0]) == ["time", "level", "logger", "message"]
+
+
+def test_lean_records_drop_caller_and_thread_fields_and_the_json_line_is_unchanged(
+    captured: tuple[io.StringIO, logging.Handler],
+) -> None:
+    stream, handler = captured
+    handler.setFormatter(logs.JSONFormatter())
+    logger = logging.getLogger("agentrun.test_logs")
+    saved = logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing
+    seen: list[logging.LogRecord] = []
+    handler.addFilter(lambda record: seen.append(record) or True)
+    try:
+        logger.info("before %d", 1, extra={"tool": "t"})
+        logs.lean_records()
+        logger.info("before %d", 1, extra={"tool": "t"})
+    finally:
+        logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
+    full, lean = seen
+    assert full.lineno > 0 and full.thread is not None and full.process is not None
+    assert (lean.lineno, lean.funcName, lean.thread, lean.threadName, lean.process) == (
+        0,
+        "(unknown function)",
+        None,
+        None,
+        None,
+    )
+    before, after = (json.loads(line) for line in _lines(stream))
+    before.pop("time"), after.pop("time")
+    assert (
+        before
+        == after
+        == {"level": "info", "logger": "agentrun.test_logs", "message": "before 1", "tool": "t"}
+    )

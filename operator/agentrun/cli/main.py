@@ -150,6 +150,7 @@ def _operator(args: argparse.Namespace) -> int:
         print(f"error: invalid settings: {describe_settings_error(exc)}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
+    logs.lean_records()
     try:
         with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(operate(settings))

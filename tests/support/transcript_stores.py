@@ -1,0 +1,67 @@
+"""The transcript stores a durability test runs against, each read back as a person would read it.
+
+The guarantees after a SIGKILL (nothing lost, nothing repeated) are the store's as much as the loop's,
+so the kill tests run once per store: Secrets read through the API server with a label-selected
+listing, PostgreSQL rows read from a real server of the test's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from agentrun.api.transcripts import UID_LABEL, StoredChunk, Transcript, decode_chunks, decode_objects
+from tests.support.clusters import TestCluster
+from tests.support.kube_requests import request
+from tests.support.postgres import PostgresServer, running_postgres
+
+StoreName = Literal["secret", "postgres"]
+STORES: tuple[StoreName, ...] = ("secret", "postgres")
+
+
+@dataclass(frozen=True)
+class StoreUnderTest:
+    """One store: the operator settings that choose it, what status.transcript.kind then says, and its
+    reader. `postgres` is the database server when the store is PostgreSQL."""
+
+    name: StoreName
+    status_kind: str
+    cluster: TestCluster
+    postgres: PostgresServer | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    async def transcript(self, uid: str) -> Transcript:
+        if self.postgres is None:
+            listed = await request(
+                self.cluster,
+                "GET",
+                self.cluster.path("secrets"),
+                params={"labelSelector": f"{UID_LABEL}={uid}"},
+            )
+            objects = [o for o in listed["items"] if o["metadata"].get("labels", {}).get(UID_LABEL) == uid]
+            return decode_objects([{"kind": "Secret", **o} for o in objects])
+        return decode_chunks(await rows_of(self.postgres, uid))
+
+
+async def rows_of(postgres: PostgresServer, uid: str) -> list[StoredChunk]:
+    rows = await postgres.query(
+        "SELECT idx, part, parts, payload FROM agentrun_transcript_chunks WHERE run_uid = $1 ORDER BY idx",
+        uid,
+    )
+    return [StoredChunk(r["idx"], r["part"], r["parts"], bytes(r["payload"])) for r in rows]
+
+
+@asynccontextmanager
+async def store_under_test(
+    name: StoreName, cluster: TestCluster, workdir: Path
+) -> AsyncIterator[StoreUnderTest]:
+    """The store `name`; for PostgreSQL, a fresh server that lives as long as the context."""
+    if name == "secret":
+        yield StoreUnderTest(name, "Secret", cluster)
+        return
+    async with running_postgres(workdir) as server:
+        env = {"AGENTRUN_TRANSCRIPT_STORAGE": "postgres", "AGENTRUN_DATABASE_URL": server.dsn}
+        yield StoreUnderTest(name, "postgres", cluster, server, env)
