@@ -34,15 +34,13 @@ from tests.support.kube_requests import cancel_run, request, until, wait_finishe
 from tests.support.operator_process import OperatorProcess
 from tests.support.ports import free_port
 from tests.support.recording_proxy import RecordingProxy, recording_proxy
-from tests.support.transcript_stores import STORES, StoreUnderTest
+from tests.support.transcript_stores import EACH_STORE, StoreUnderTest
 
 API_KEY = "sk-ant-durable-test-0123456789"
 STEP_USAGE = [ScriptUsage(100, 10, 0, 0), ScriptUsage(200, 20, 50, 0), ScriptUsage(300, 30, 0, 60)]
 FINAL_USAGE = ScriptUsage(400, 40, 0, 0)
 HOLD_FOREVER = 120.0  # the model "answers" only after the operator was killed
 WAIT = 60.0  # seconds for the operator to get somewhere: a loaded machine and a real server are slow
-# The kill tests run once per transcript store: what survives a SIGKILL is the store's guarantee too.
-EACH_STORE = pytest.mark.parametrize("transcript_store", STORES, indirect=True)
 
 
 class Webhook:

@@ -19,7 +19,6 @@ import pytest
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
 from tests.integration.test_durable_runs import (
-    EACH_STORE,
     Webhook,
     assert_consistent,
     durable_script,
@@ -28,7 +27,7 @@ from tests.integration.test_durable_runs import (
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
-from tests.support.transcript_stores import StoreUnderTest
+from tests.support.transcript_stores import EACH_STORE, StoreUnderTest
 from tests.support.waiting import until
 
 # A thousand runs, and an operator killed over and over: started first in a parallel run, on the worker

@@ -34,6 +34,7 @@ from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.operator_process import OperatorProcess
 from tests.support.quotas import install_quota_crd
+from tests.support.transcript_stores import EACH_STORE, StoreUnderTest
 from tests.support.waiting import until
 
 # Two hundred runs against quotas, with faults and kills: started first in a parallel run, on the
@@ -196,7 +197,11 @@ class Watchdog:
 
 
 def _operator(
-    cluster: TestCluster, model: FakeMessagesAPI, log: Path, namespaces: list[Namespace]
+    cluster: TestCluster,
+    model: FakeMessagesAPI,
+    log: Path,
+    namespaces: list[Namespace],
+    store: StoreUnderTest,
 ) -> OperatorProcess:
     args: list[str] = []
     for ns in namespaces:
@@ -206,6 +211,7 @@ def _operator(
         "ANTHROPIC_BASE_URL": model.url,
         "AGENTRUN_MAX_CONCURRENT_RUNS": "100",
         "AGENTRUN_STATUS_INTERVAL_SECONDS": "1",
+        **store.env,
     }
     return cluster.operator_process(log, env, tuple(args))
 
@@ -228,8 +234,9 @@ async def _settled(cluster: TestCluster, namespaces: list[Namespace], timeout: f
 
 
 @pytest.mark.timeout(900)
+@EACH_STORE
 async def test_two_hundred_runs_with_faults_and_kills_never_pass_a_quota_and_count_what_the_api_billed(
-    cluster: TestCluster, tmp_path: Path
+    cluster: TestCluster, transcript_store: StoreUnderTest, tmp_path: Path
 ) -> None:
     seed = int(os.environ.get("AGENTRUN_QUOTA_SEED", "20261124"))
     rng = random.Random(seed)
@@ -287,12 +294,14 @@ async def test_two_hundred_runs_with_faults_and_kills_never_pass_a_quota_and_cou
         try:
             await _create(cluster, manifests)
             for index in range(KILLS):
-                operator = _operator(cluster, model, tmp_path / f"operator-{index}.log", namespaces)
+                operator = _operator(
+                    cluster, model, tmp_path / f"operator-{index}.log", namespaces, transcript_store
+                )
                 await operator.start()
                 moments.append(round(rng.uniform(1.0, 4.0), 2))
                 await asyncio.sleep(moments[-1])
                 await operator.stop(kill=True)
-            final = _operator(cluster, model, tmp_path / "operator-final.log", namespaces)
+            final = _operator(cluster, model, tmp_path / "operator-final.log", namespaces, transcript_store)
             await final.start()
             try:
                 runs = await _settled(cluster, namespaces, timeout=400)
@@ -334,6 +343,7 @@ async def test_two_hundred_runs_with_faults_and_kills_never_pass_a_quota_and_cou
             status = run["status"]
             if status["phase"] == "Succeeded":
                 assert (status["iterations"], status.get("result")) == (2, "4"), name
+                assert status["transcript"]["kind"] == transcript_store.status_kind, name
             else:
                 message = next(c["message"] for c in status["conditions"] if c["type"] == "Ready")
                 assert "/limits" in message, (name, message)

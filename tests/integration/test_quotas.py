@@ -30,7 +30,7 @@ from tests.support.kube_requests import cancel_run, request, until, wait_finishe
 from tests.support.operator_process import OperatorProcess
 from tests.support.postgres import PostgresServer
 from tests.support.quotas import create_quota, install_quota_crd, ledger_row, quota_status
-from tests.support.transcript_stores import STORES, StoreUnderTest
+from tests.support.transcript_stores import EACH_STORE, StoreUnderTest
 
 BIN = Path(sys.executable).parent
 API_KEY = "sk-ant-quotas-test-0123456789"
@@ -64,10 +64,6 @@ async def model() -> AsyncIterator[FakeMessagesAPI]:
     api = FakeMessagesAPI(scripts=SCRIPTS, require_api_key=API_KEY)
     async with api.running() as server:
         yield server
-
-
-# Tests whose runs write transcripts while the ledger settles run once per transcript store.
-EACH_STORE = pytest.mark.parametrize("transcript_store", STORES, indirect=True)
 
 
 @pytest.fixture

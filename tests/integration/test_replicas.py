@@ -23,13 +23,13 @@ from aiohttp import web
 from agentrun.controller.replicas.ring import lease_name
 from agentrun_sandbox.messages.api import FakeMessagesAPI, RecordedRequest
 from agentrun_sandbox.messages.script import Reply, Script, text_block, tool_use_block
-from tests.integration.test_durable_runs import EACH_STORE, Webhook, assert_consistent, webhook_manifest
+from tests.integration.test_durable_runs import Webhook, assert_consistent, webhook_manifest
 from tests.integration.test_load_and_crashes import _create_all, _wait_all_finished
 from tests.support.builders import agentrun
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import until
 from tests.support.replicas import LEASE_DURATION_SECONDS, ReplicaGroup, cuttable_link, replica_group
-from tests.support.transcript_stores import StoreUnderTest
+from tests.support.transcript_stores import EACH_STORE, StoreUnderTest
 
 # Several operators each, failovers timed against lease durations: started first in a parallel run
 # (tests/conftest.py), one after another on one worker (as every file's tests are).

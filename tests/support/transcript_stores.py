@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import pytest
+
 from agentrun.api.transcripts import UID_LABEL, StoredChunk, Transcript, decode_chunks, decode_objects
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request
@@ -20,6 +22,9 @@ from tests.support.postgres import PostgresServer, running_postgres
 
 StoreName = Literal["secret", "postgres"]
 STORES: tuple[StoreName, ...] = ("secret", "postgres")
+# A test marked with it runs once per store, its `transcript_store` fixture (tests/integration/conftest.py)
+# the store of that run.
+EACH_STORE = pytest.mark.parametrize("transcript_store", STORES, indirect=True)
 
 
 @dataclass(frozen=True)
