@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentrun.api.transcripts import UID_LABEL, Transcript, decode_objects
+from agentrun.api.transcripts import Transcript
 from agentrun_sandbox.messages.api import FakeMessagesAPI
 from agentrun_sandbox.messages.script import (
     Reply,
@@ -34,7 +34,7 @@ from tests.support.kube_requests import cancel_run, request, until, wait_finishe
 from tests.support.operator_process import OperatorProcess
 from tests.support.ports import free_port
 from tests.support.recording_proxy import RecordingProxy, recording_proxy
-from tests.support.transcript_stores import EACH_STORE, StoreUnderTest
+from tests.support.transcript_stores import EACH_STORE, StoreUnderTest, secret_transcript
 
 API_KEY = "sk-ant-durable-test-0123456789"
 STEP_USAGE = [ScriptUsage(100, 10, 0, 0), ScriptUsage(200, 20, 50, 0), ScriptUsage(300, 30, 0, 60)]
@@ -163,17 +163,8 @@ async def start_operator(
         await process.stop()
 
 
-async def transcript_of(cluster: TestCluster, uid: str) -> Transcript:
-    """The run's transcript as any client reads it: its labelled Secrets, listed through the API."""
-    listed = await request(
-        cluster, "GET", cluster.path("secrets"), params={"labelSelector": f"{UID_LABEL}={uid}"}
-    )
-    objects = [obj for obj in listed["items"] if obj["metadata"].get("labels", {}).get(UID_LABEL) == uid]
-    return decode_objects([{"kind": "Secret", **obj} for obj in objects])
-
-
 async def transcript_collected(cluster: TestCluster, uid: str) -> bool:
-    return not (await transcript_of(cluster, uid)).chunks
+    return not (await secret_transcript(cluster, uid)).chunks
 
 
 async def run_gone(cluster: TestCluster, name: str) -> bool:
@@ -227,7 +218,9 @@ def steps_requested(model: FakeMessagesAPI, tag: str) -> Counter[int]:
 
 async def assert_succeeded_once_each(
     store: StoreUnderTest, hook: Webhook, name: str, *, repeated: str | None
-) -> None:
+) -> dict[str, Any]:
+    """The run succeeded once, each step and tool call once (``repeated``: the call in flight at a kill,
+    twice), its transcript whole in ``store``; the run as it finished."""
     obj = await wait_finished(store.cluster, name, timeout=90)
     status, uid = obj["status"], obj["metadata"]["uid"]
     assert (status["phase"], status["stopReason"], status["result"]) == (
@@ -254,6 +247,7 @@ async def assert_succeeded_once_each(
     if repeated is not None:
         expected[f"{uid}:{repeated}"] = 2
     assert dict(keys) == expected
+    return obj
 
 
 @EACH_STORE
@@ -378,7 +372,7 @@ async def test_cancel_stops_a_run_waiting_for_the_model_and_keeps_its_transcript
     assert (status["phase"], status["stopReason"]) == ("Cancelled", "Cancelled")
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Succeeded"]["status"] == "False"
-    transcript = await transcript_of(cluster, obj["metadata"]["uid"])
+    transcript = await secret_transcript(cluster, obj["metadata"]["uid"])
     assert_consistent(transcript)
     assert transcript.outcome is not None and transcript.outcome.stop_reason.value == "Cancelled"
     assert status["transcript"]["chunks"] == transcript.chunks >= 1
@@ -489,7 +483,7 @@ async def test_finished_runs_are_deleted_after_their_ttl_with_their_transcript(
     )
     obj = await wait_finished(cluster, "short-lived")
     uid = obj["metadata"]["uid"]
-    assert (await transcript_of(cluster, uid)).chunks >= 1
+    assert (await secret_transcript(cluster, uid)).chunks >= 1
 
     await until(lambda: run_gone(cluster, "short-lived"), "the run to be deleted after its TTL", timeout=WAIT)
     await until(

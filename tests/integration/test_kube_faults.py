@@ -26,7 +26,7 @@ from tests.integration.test_durable_runs import (
 from tests.support.clusters import TestCluster
 from tests.support.kube_requests import request, until
 from tests.support.operator_process import OperatorProcess
-from tests.support.transcript_stores import StoreUnderTest
+from tests.support.transcript_stores import secret_store
 
 TAG = "[faults:plain]"
 
@@ -82,9 +82,7 @@ async def _run_once(
     cluster: TestCluster, model: FakeMessagesAPI, webhook: Webhook, operator: OperatorProcess, name: str
 ) -> None:
     await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, name, TAG, webhook))
-    await assert_succeeded_once_each(
-        StoreUnderTest("secret", "Secret", cluster), webhook, name, repeated=None
-    )
+    await assert_succeeded_once_each(secret_store(cluster), webhook, name, repeated=None)
     assert steps_requested(model, TAG) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
     assert operator.process is not None and operator.process.returncode is None
 

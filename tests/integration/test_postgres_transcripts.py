@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.api.transcripts import UID_LABEL, StoredChunk, Transcript, TranscriptCorrupt, decode_chunks
+from agentrun.api.transcripts import StoredChunk, TranscriptCorrupt
 from agentrun.controller.agentruns.postgres_chunks import PostgresChunks
 from agentrun.controller.agentruns.transcript_storing import RunIdentity, TranscriptConflict
 from agentrun.stores.postgres import TranscriptDatabase
@@ -25,17 +25,17 @@ from tests.integration.test_durable_runs import (
     API_KEY,
     WAIT,
     Webhook,
-    assert_consistent,
+    assert_succeeded_once_each,
     durable_script,
     steps_requested,
     webhook_manifest,
 )
 from tests.integration.test_plugin import plugin
 from tests.support.clusters import TestCluster
-from tests.support.kube_requests import request, until, wait_finished
+from tests.support.kube_requests import request, until
 from tests.support.operator_process import OperatorProcess
 from tests.support.postgres import PostgresServer
-from tests.support.transcript_stores import rows_of
+from tests.support.transcript_stores import postgres_store, rows_of, secrets_of
 
 SCRIPTS = [
     durable_script("[pg:plain]"),
@@ -74,8 +74,7 @@ async def start_operator(
             env={
                 "ANTHROPIC_API_KEY": API_KEY,
                 "ANTHROPIC_BASE_URL": model.url,
-                "AGENTRUN_TRANSCRIPT_STORAGE": "postgres",
-                "AGENTRUN_DATABASE_URL": postgres.dsn,
+                **postgres_store(cluster, postgres).env,
                 **(env or {}),
             },
             args=cluster.operator_args(args),
@@ -89,38 +88,6 @@ async def start_operator(
         await process.stop()
 
 
-async def transcript_of(postgres: PostgresServer, uid: str) -> Transcript:
-    return decode_chunks(await rows_of(postgres, uid))
-
-
-async def secrets_of(cluster: TestCluster, uid: str) -> list[dict[str, Any]]:
-    listed = await request(
-        cluster, "GET", cluster.path("secrets"), params={"labelSelector": f"{UID_LABEL}={uid}"}
-    )
-    return list(listed["items"])
-
-
-async def assert_succeeded_once_each(
-    cluster: TestCluster, postgres: PostgresServer, hook: Webhook, name: str, *, repeated: str | None = None
-) -> dict[str, Any]:
-    obj = await wait_finished(cluster, name, timeout=90)
-    status, uid = obj["status"], obj["metadata"]["uid"]
-    assert (status["phase"], status["result"]) == ("Succeeded", "all three recorded")
-    assert (status["iterations"], status["toolCalls"]) == (4, 3)
-    assert status["usage"]["inputTokens"] == 100 + 200 + 300 + 400
-    transcript = await transcript_of(postgres, uid)
-    assert_consistent(transcript)
-    assert [row.iteration for row in transcript.trace_rows] == [1, 2, 3, 4]
-    assert transcript.outcome is not None and transcript.outcome.result == "all three recorded"
-    assert status["transcript"]["kind"] == "postgres"
-    assert status["transcript"]["chunks"] == transcript.chunks
-    expected = {f"{uid}:toolu_w{i}": 1 for i in (1, 2, 3)}
-    if repeated is not None:
-        expected[f"{uid}:{repeated}"] = 2
-    assert dict(Counter(hook.keys)) == expected
-    return obj
-
-
 async def test_a_run_in_the_postgres_store_keeps_its_chunks_as_rows_and_deleting_it_removes_them(
     cluster: TestCluster,
     model: FakeMessagesAPI,
@@ -131,7 +98,7 @@ async def test_a_run_in_the_postgres_store_keeps_its_chunks_as_rows_and_deleting
     tag = "[pg:plain]"
     await start_operator()
     await request(cluster, "POST", cluster.runs_path, json=webhook_manifest(cluster, "rows", tag, webhook))
-    obj = await assert_succeeded_once_each(cluster, postgres, webhook, "rows")
+    obj = await assert_succeeded_once_each(postgres_store(cluster, postgres), webhook, "rows", repeated=None)
     uid = obj["metadata"]["uid"]
     assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
     assert await secrets_of(cluster, uid) == []
@@ -192,7 +159,9 @@ async def test_a_database_outage_keeps_the_run_at_its_checkpoint_and_says_so_unt
     assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1})
 
     await postgres.start()
-    done = await assert_succeeded_once_each(cluster, postgres, webhook, "outage")
+    done = await assert_succeeded_once_each(
+        postgres_store(cluster, postgres), webhook, "outage", repeated=None
+    )
     assert steps_requested(model, tag) == Counter({0: 1, 1: 1, 2: 1, 3: 1})
     assert not store_unavailable(done)
 

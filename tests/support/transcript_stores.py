@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -40,15 +40,29 @@ class StoreUnderTest:
 
     async def transcript(self, uid: str) -> Transcript:
         if self.postgres is None:
-            listed = await request(
-                self.cluster,
-                "GET",
-                self.cluster.path("secrets"),
-                params={"labelSelector": f"{UID_LABEL}={uid}"},
-            )
-            objects = [o for o in listed["items"] if o["metadata"].get("labels", {}).get(UID_LABEL) == uid]
-            return decode_objects([{"kind": "Secret", **o} for o in objects])
-        return decode_chunks(await rows_of(self.postgres, uid))
+            return await secret_transcript(self.cluster, uid)
+        return await row_transcript(self.postgres, uid)
+
+
+def secret_store(cluster: TestCluster) -> StoreUnderTest:
+    return StoreUnderTest("secret", "Secret", cluster)
+
+
+def postgres_store(cluster: TestCluster, server: PostgresServer) -> StoreUnderTest:
+    env = {"AGENTRUN_TRANSCRIPT_STORAGE": "postgres", "AGENTRUN_DATABASE_URL": server.dsn}
+    return StoreUnderTest("postgres", "postgres", cluster, server, env)
+
+
+async def secrets_of(cluster: TestCluster, uid: str) -> list[dict[str, Any]]:
+    """The run's chunk Secrets, as any client finds them: one label-selected listing through the API."""
+    listed = await request(
+        cluster, "GET", cluster.path("secrets"), params={"labelSelector": f"{UID_LABEL}={uid}"}
+    )
+    return [o for o in listed["items"] if o["metadata"].get("labels", {}).get(UID_LABEL) == uid]
+
+
+async def secret_transcript(cluster: TestCluster, uid: str) -> Transcript:
+    return decode_objects([{"kind": "Secret", **o} for o in await secrets_of(cluster, uid)])
 
 
 async def rows_of(postgres: PostgresServer, uid: str) -> list[StoredChunk]:
@@ -59,14 +73,17 @@ async def rows_of(postgres: PostgresServer, uid: str) -> list[StoredChunk]:
     return [StoredChunk(r["idx"], r["part"], r["parts"], bytes(r["payload"])) for r in rows]
 
 
+async def row_transcript(postgres: PostgresServer, uid: str) -> Transcript:
+    return decode_chunks(await rows_of(postgres, uid))
+
+
 @asynccontextmanager
 async def store_under_test(
     name: StoreName, cluster: TestCluster, workdir: Path
 ) -> AsyncIterator[StoreUnderTest]:
     """The store `name`; for PostgreSQL, a fresh server that lives as long as the context."""
     if name == "secret":
-        yield StoreUnderTest(name, "Secret", cluster)
+        yield secret_store(cluster)
         return
     async with running_postgres(workdir) as server:
-        env = {"AGENTRUN_TRANSCRIPT_STORAGE": "postgres", "AGENTRUN_DATABASE_URL": server.dsn}
-        yield StoreUnderTest(name, "postgres", cluster, server, env)
+        yield postgres_store(cluster, server)
