@@ -81,10 +81,11 @@ class JSONFormatter(logging.Formatter):
         self._second: tuple[int, str] = (-1, "")
 
     def format(self, record: logging.LogRecord) -> str:
-        second, stamp = self._second
-        if int(record.created) != second:
+        second = int(record.created)
+        cached, stamp = self._second
+        if second != cached:
             stamp = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
-            self._second = (int(record.created), stamp)
+            self._second = (second, stamp)
         entry: dict[str, Any] = {
             "time": f"{stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
