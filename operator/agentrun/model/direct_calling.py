@@ -4,11 +4,13 @@ Why: for every request the SDK builds an httpx2 Request, its Headers and URL, an
 retry and middleware layers, then hands the request to its aiohttp transport, which turns it back into
 an aiohttp call; at 1000 runs the SDK and httpx2 were a fifth of the operator's CPU (issue #32). This
 client sends the same request (the URL, the headers, taken once from the SDK client itself so they stay
-what the installed SDK sends, and the body, `build_params` serialized as the SDK serializes it) over one
-aiohttp session per pool shard, built as the SDK's aiohttp transport builds its own: the pool's TLS
-context, the same connection limit and keep-alive, the proxy the SDK's HTTP client chose from the
-environment. Every failure goes through the same translation as the SDK path (translating). Streamed
-requests stay on the SDK (anthropic_calling).
+what the installed SDK sends, and the body, `build_params` serialized as the SDK serializes it) over the
+operator's own HTTP/1.1 client (agentrun/posting.py, about half aiohttp's CPU per request), one per pool
+shard, with what the SDK's aiohttp transport takes from the client: the pool's TLS context, the same
+connection limit, keep-alive and timeouts. Where the SDK's HTTP client chose a proxy from the environment
+the request goes over an aiohttp session through that proxy instead, as the SDK's transport sends it.
+Every failure goes through the same translation as the SDK path (translating). Streamed requests stay
+on the SDK (anthropic_calling).
 
 tests/unit/model/test_direct_client.py compares what a server receives from both paths.
 """
@@ -28,6 +30,7 @@ from yarl import URL
 
 from agentrun.loop.protocols import ModelResponse
 from agentrun.model.translating import connection_failed, response_from_json, status_error, timed_out
+from agentrun.posting import CODINGS, Poster, Timeouts
 
 #: The fields build_params may set, in the order the SDK's ``messages.create`` puts them in the body;
 #: ``extra_body``'s fields follow them, as the SDK merges it last.
@@ -112,12 +115,46 @@ class DirectMessages:
         self._proxy = _proxy_arguments(http_client, url)
         self._headers: dict[str, str] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._poster: Poster | None = None
+        self._path = self._url.raw_path_qs
+        self._phases = Timeouts(pool=timeout.pool, connect=timeout.connect, read=timeout.read)
 
     async def create(self, params: Mapping[str, Any]) -> ModelResponse:
         body, extra = request_body(params)
         if self._headers is None:
             self._headers = sdk_headers(self._client, self._http_client)
         headers = {**self._headers, **extra} if extra else self._headers
+        poster = self._poster or self._lean(headers)
+        if poster is None:
+            return await self._create_over_aiohttp(body, headers)
+        try:
+            answer = await poster.post(self._path, headers, body)
+        except TimeoutError as exc:  # TimeoutErrors are OSErrors too: first
+            raise timed_out() from exc
+        except OSError as exc:
+            raise connection_failed(type(exc).__name__) from exc
+        if not 200 <= answer.status < 300:
+            raise status_error(answer.status, answer.body, answer.charset, answer.headers)
+        return response_from_json(answer.body, answer.headers.get("request-id"))
+
+    def _lean(self, headers: Mapping[str, str]) -> Poster | None:
+        """The lean client (posting), unless a proxy is in the way or the headers ask for a content
+        coding it does not read; then every request of this shard goes over aiohttp."""
+        codings = {c.split(";")[0].strip().lower() for c in headers.get("accept-encoding", "").split(",")}
+        if self._proxy or not codings <= CODINGS | {""}:
+            return None
+        limit = self._limits.max_connections
+        self._poster = Poster(
+            self._url.origin(),
+            tls=self._tls,
+            server_hostname=self._server_hostname,
+            limit=100 if limit is None else limit,
+            keepalive=self._limits.keepalive_expiry,
+            timeouts=self._phases,
+        )
+        return self._poster
+
+    async def _create_over_aiohttp(self, body: bytes, headers: Mapping[str, str]) -> ModelResponse:
         try:
             async with self._open().post(
                 self._url,
@@ -150,6 +187,9 @@ class DirectMessages:
         return self._session
 
     async def close(self) -> None:
+        if self._poster is not None:
+            await self._poster.close()
+            self._poster = None
         if self._session is not None:
             await self._session.close()
             self._session = None

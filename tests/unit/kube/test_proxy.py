@@ -83,13 +83,12 @@ async def test_a_proxy_from_the_environment_carries_every_request_even_when_the_
         await kube.list_leases("default", label_selector="a=b")
         no_proxy_environment.delenv("HTTP_PROXY")  # resolved once, when the client was built
         await kube.list_leases("default", label_selector="a=b")
+        await kube.create_event("default", {"reason": "Proxied"})  # the writes of every iteration too
     finally:
         await kube.close()
-    assert (
-        proxy.targets
-        == [f"{cluster.url}/apis/coordination.k8s.io/v1/namespaces/default/leases?labelSelector=a%3Db"] * 2
-    )
-    assert proxy.proxy_authorizations == ["Basic dXNlcjpzZWNyZXQ="] * 2
+    leases = f"{cluster.url}/apis/coordination.k8s.io/v1/namespaces/default/leases?labelSelector=a%3Db"
+    assert proxy.targets == [leases, leases, f"{cluster.url}/api/v1/namespaces/default/events"]
+    assert proxy.proxy_authorizations == ["Basic dXNlcjpzZWNyZXQ="] * 3
 
 
 async def test_no_proxy_sends_requests_straight_to_the_api_server(
