@@ -164,9 +164,9 @@ async def test_a_connection_the_server_does_not_keep_is_not_reused(answer: bytes
 async def test_an_idle_connection_past_the_keep_alive_expiry_is_not_reused() -> None:
     script = Script([_answer(b"1"), _answer(b"2"), _answer(b"3")])
     async with scripted(script) as url:
-        poster = _poster(url, keepalive=0.05)
+        poster = _poster(url, keepalive=1.0)
         await _post(poster)
-        await asyncio.sleep(0.2)  # idle past the expiry (not a poll: the gap is the point)
+        await asyncio.sleep(1.5)  # idle past the expiry (not a poll: the gap is the point)
         await _post(poster)
         await _post(poster)  # straight after: the second one's connection
     assert script.connections == 2
@@ -205,19 +205,19 @@ async def test_an_answer_that_cannot_be_read_whole_is_an_incomplete_answer(answe
 async def test_the_read_timeout_is_a_silence_not_a_deadline() -> None:
     async def steady(writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for _ in range(6):  # 1.2 s in all, never silent for 0.6 s
+        for _ in range(12):  # 3 s in all, never silent for the 1.5 s of the timeout
             await writer.drain()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.25)
             writer.write(b"1\r\nx\r\n")
         writer.write(b"0\r\n\r\n")
 
     async def silent(writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(3)
+        await asyncio.sleep(10)
 
-    timeouts = Timeouts(pool=None, connect=5.0, read=0.6)
+    timeouts = Timeouts(pool=None, connect=5.0, read=1.5)
     async with scripted(Script([steady, silent])) as url:
         poster = _poster(url, timeouts=timeouts)
-        assert (await _post(poster)).body == b"x" * 6
+        assert (await _post(poster)).body == b"x" * 12
         with pytest.raises(TimeoutError):
             await _post(poster)
 
