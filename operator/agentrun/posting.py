@@ -87,8 +87,7 @@ class _Connection(asyncio.Protocol):
         self._reusable = True
         self._length: int | None = None  # bytes of body still to come (framed by Content-Length)
         self._chunked = False
-        self._chunks: list[bytes] = []
-        self._to_close = False  # framed by the connection's end
+        self._chunks: list[bytes] = []  # neither chunked nor a length: framed by the connection's end
         self._eof = False
 
     # asyncio.Protocol ---------------------------------------------------------------------------
@@ -218,7 +217,7 @@ class _Connection(asyncio.Protocol):
                 raise IncompleteAnswer(f"not a Content-Length: {length!r}")
             self._length = int(length)
         else:
-            self._to_close, self._reusable = True, False
+            self._reusable = False
 
     def _parse_chunks(self) -> None:
         buffer = self._buffer
@@ -338,18 +337,16 @@ class Poster:
         now = asyncio.get_running_loop().time()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.reusable or (
-                self._keepalive is not None and now - connection.used_at > self._keepalive
-            ):
+            if not connection.reusable or self._expired(connection, now):
                 connection.close()
                 continue
-            self._close_expired(now)
+            while self._idle and self._expired(self._idle[0], now):
+                self._idle.popleft().close()
             return connection
         return None
 
-    def _close_expired(self, now: float) -> None:
-        while self._idle and self._keepalive is not None and now - self._idle[0].used_at > self._keepalive:
-            self._idle.popleft().close()
+    def _expired(self, connection: _Connection, now: float) -> bool:
+        return self._keepalive is not None and now - connection.used_at > self._keepalive
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ from kubernetes_asyncio import client
 from multidict import CIMultiDict
 from yarl import URL
 
-from agentrun.kube.errors import APITransportError, refused
+from agentrun.kube.errors import refused, typed_errors
 from agentrun.posting import Poster, Timeouts
 
 #: aiohttp's default ClientTimeout as kubernetes_asyncio leaves it (total 300 s, connect 30 s).
@@ -58,10 +58,8 @@ class LeanWrites:
             "Accept-Encoding": "gzip, deflate",  # as aiohttp asks
         }
         await self._api.update_params_for_auth(headers, [], ["BearerToken"])
-        try:
+        with typed_errors():  # TimeoutError, refused, reset, an answer cut short, TLS: APITransportError
             answer = await self._poster.send(method, self._prefix + path, headers, json.dumps(body).encode())
-        except OSError as exc:  # TimeoutError, refused, reset, an answer cut short, TLS
-            raise APITransportError(" ".join(str(exc).split()) or type(exc).__name__) from exc
         if not 200 <= answer.status <= 299:
             raise refused(answer.status, answer.reason, answer.body, CIMultiDict(answer.headers))
         return answer.body

@@ -123,12 +123,12 @@ class DirectMessages:
         body, extra = request_body(params)
         if self._headers is None:
             self._headers = sdk_headers(self._client, self._http_client)
+            self._poster = self._lean(self._headers)
         headers = {**self._headers, **extra} if extra else self._headers
-        poster = self._poster or self._lean(headers)
-        if poster is None:
+        if self._poster is None:
             return await self._create_over_aiohttp(body, headers)
         try:
-            answer = await poster.post(self._path, headers, body)
+            answer = await self._poster.post(self._path, headers, body)
         except TimeoutError as exc:  # TimeoutErrors are OSErrors too: first
             raise timed_out() from exc
         except OSError as exc:
@@ -138,13 +138,14 @@ class DirectMessages:
         return response_from_json(answer.body, answer.headers.get("request-id"))
 
     def _lean(self, headers: Mapping[str, str]) -> Poster | None:
-        """The lean client (posting), unless a proxy is in the way or the headers ask for a content
-        coding it does not read; then every request of this shard goes over aiohttp."""
+        """The lean client (posting), decided once with the SDK's headers: none when a proxy is in the
+        way or the headers ask for a content coding it does not read; then every request of this shard
+        goes over aiohttp."""
         codings = {c.split(";")[0].strip().lower() for c in headers.get("accept-encoding", "").split(",")}
         if self._proxy or not codings <= CODINGS | {""}:
             return None
         limit = self._limits.max_connections
-        self._poster = Poster(
+        return Poster(
             self._url.origin(),
             tls=self._tls,
             server_hostname=self._server_hostname,
@@ -152,7 +153,6 @@ class DirectMessages:
             keepalive=self._limits.keepalive_expiry,
             timeouts=self._phases,
         )
-        return self._poster
 
     async def _create_over_aiohttp(self, body: bytes, headers: Mapping[str, str]) -> ModelResponse:
         try:
@@ -190,6 +190,7 @@ class DirectMessages:
         if self._poster is not None:
             await self._poster.close()
             self._poster = None
+            self._headers = None  # a request after this decides its wire again
         if self._session is not None:
             await self._session.close()
             self._session = None
