@@ -71,6 +71,7 @@ class StatusWriter:
         generation: int | None,
         status: AgentRunStatus,
         stopping: Callable[[], bool],
+        ended_generation: Callable[[], int | None] = lambda: None,
         retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         transcript: Callable[[], TranscriptRef | None] = lambda: None,
@@ -81,6 +82,9 @@ class StatusWriter:
         self._namespace = namespace
         self._name = name
         self._generation = generation
+        # A cancel is a spec change (a newer generation) that the terminal write has acted on: it says
+        # so, or kstatus (Flux) reads the Cancelled run as in progress until the next event fixes it.
+        self._ended_generation = ended_generation
         self._conditions: list[Mapping[str, Any]] = [
             c.model_dump(by_alias=True, exclude_unset=True) for c in status.conditions
         ]
@@ -195,11 +199,15 @@ class StatusWriter:
         """
         async with self._lock:
             self._finished = True
+            generation = self._generation
+            ended = self._ended_generation()
+            if ended is not None and (generation is None or ended > generation):
+                generation = ended
             patch = status_patches.finished(
                 outcome,
                 progress,
                 now=now_rfc3339(),
-                generation=self._generation,
+                generation=generation,
                 previous_conditions=self._conditions,
             )
             if self._pending or self._clear_pending:

@@ -112,7 +112,7 @@ class RunSupervisor:
         running.run = run
         if run.spec.cancel:
             # Also for an attempt not started yet, or between two: the control outlives them.
-            running.control.request_cancel()
+            running.control.request_cancel(run.generation)
 
     def stop(self, uid: str, cause: StopCause = StopCause.STOPPED) -> None:
         entry = self._running.get(uid)

@@ -322,6 +322,21 @@ async def test_the_end_is_written_at_once_and_a_waiting_progress_write_never_fol
     await writer.close()
 
 
+@pytest.mark.parametrize(("ended", "observed"), [(2, 2), (None, 1)], ids=["cancelled-at-2", "no-newer-spec"])
+async def test_the_end_says_it_observed_the_generation_whose_cancel_ended_the_run(
+    cluster: KubeEmulator, api_client: client.ApiClient, ended: int | None, observed: int
+) -> None:
+    # Otherwise kstatus (Flux) reads the Cancelled run as in progress until a later event fixes it.
+    writer, status = await make_writer(api_client, 10.0, Clock(), ended_generation=lambda: ended)
+    await writer.notify(RunStarted(resumed=False, progress=progress(0)))
+    await writer.notify(RunFinished(outcome=Outcome(StopReason.CANCELLED, "cancelled"), progress=progress(0)))
+    written = await status()
+    assert written["phase"] == "Cancelled"
+    assert written["observedGeneration"] == observed
+    assert {c["observedGeneration"] for c in written["conditions"]} == {observed}
+    await writer.close()
+
+
 async def test_interval_zero_writes_every_iteration(
     cluster: KubeEmulator, api_client: client.ApiClient
 ) -> None:

@@ -277,3 +277,16 @@ async def test_a_deleted_run_is_stopped_as_such_and_writes_nothing_more() -> Non
     supervisor.observe("DELETED", run_body("a"))
     await settle()
     assert control.why() is StopCause.STOPPED and control.silenced() and not control.held()
+
+
+async def test_a_cancel_remembers_the_newest_spec_generation_that_asked_for_it() -> None:
+    executions = Executions()
+    supervisor = RunSupervisor(executions)
+    supervisor.observe("ADDED", run_body("a", generation=1))
+    supervisor.observe("MODIFIED", run_body("a", "Running", cancel=True, generation=3))
+    supervisor.observe("MODIFIED", run_body("a", "Running", cancel=True, generation=2))  # a stale event
+    await settle()
+    control = executions.controls["a"]
+    assert control.cancel.is_set() and control.cancel_generation == 3
+    executions.release.set()
+    await supervisor.close()
