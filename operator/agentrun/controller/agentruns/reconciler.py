@@ -3,10 +3,9 @@
     resolve the Agent → resolve its SandboxTemplate → validate → resume → wait for Secrets → quota
     → queue → open tools → loop → finish
 
-The phases are in phases.py; this module gives each run what its phases share (its transcript
-store, its status writer, its cancel signal, its approvals, its Events) and runs them in order,
-starting from the run as its watch event showed it, parsed (run_objects.py). Whether the run must stop,
-and why, it asks the run's one RunControl (run_control.py), and so does every part it hands it to.
+The phases are in phases.py; this module gives each run what its phases share (transcript store,
+status writer, approvals, Events) and runs them in order, from the run as its watch event showed it
+(run_objects.py). Whether the run must stop, and why, every part asks the run's one RunControl.
 Every phase may end the run instead (an :class:`~phases.Ending`), and then only the finish phase
 follows. Errors are translated here, once: an invalid spec or a tool that cannot start is an
 outcome; a missing Secret keeps the run Pending; everything the model or tools do is the loop's

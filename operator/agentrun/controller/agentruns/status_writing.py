@@ -82,9 +82,7 @@ class StatusWriter:
         self._namespace = namespace
         self._name = name
         self._generation = generation
-        # A cancel is a spec change (a newer generation) that the terminal write has acted on: it says
-        # so, or kstatus (Flux) reads the Cancelled run as in progress until the next event fixes it.
-        self._ended_generation = ended_generation
+        self._ended_generation = ended_generation  # a cancel's newer generation, which the end observed
         self._conditions: list[Mapping[str, Any]] = [
             c.model_dump(by_alias=True, exclude_unset=True) for c in status.conditions
         ]
@@ -199,6 +197,8 @@ class StatusWriter:
         """
         async with self._lock:
             self._finished = True
+            # A cancel is a spec change (a newer generation) the end acted on: it says so, or kstatus
+            # (Flux) reads the Cancelled run as in progress until the next event marks it observed.
             generation = self._generation
             ended = self._ended_generation()
             if ended is not None and (generation is None or ended > generation):
