@@ -240,6 +240,30 @@ async def test_no_more_than_the_limit_of_connections_is_open_at_once() -> None:
     assert script.most_open == 2
 
 
+async def test_a_request_that_waits_for_a_connection_past_the_pool_timeout_gives_up_and_takes_no_slot() -> (
+    None
+):
+    release = asyncio.Event()
+
+    async def held(writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        writer.write(_answer(b"first"))
+
+    script = Script([held, _answer(b"third"), _answer(b"fourth")])
+    async with scripted(script) as url:
+        poster = _poster(url, limit=1, timeouts=Timeouts(pool=0.2, connect=5.0, read=5.0))
+        first = asyncio.create_task(_post(poster))
+        await asyncio.sleep(0)  # its first step takes the one slot
+        with pytest.raises(TimeoutError):
+            await _post(poster)  # the one connection stays busy past the pool timeout
+        third = asyncio.create_task(_post(poster))  # in line now: gets the slot the first gives back
+        release.set()
+        assert [(await first).body, (await third).body] == [b"first", b"third"]
+        assert (await _post(poster)).body == b"fourth"  # no slot was lost to the request that gave up
+        await poster.close()
+    assert script.most_open == 1 and script.connections == 1
+
+
 async def test_a_refused_connection_is_the_systems_error() -> None:
     async with scripted(Script([])) as url:
         pass  # the port is free again

@@ -102,8 +102,9 @@ class AgentRunHandler:
 
     async def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """One watch event (None: from the initial listing): the run parsed, then acted on."""
+        uid = (body.get("metadata") or {}).get("uid")
         try:
-            run = RunObject.parse(body)
+            run = RunObject.parse(body, self.rebalancer.unfinished.get(uid) if uid else None)
         except pydantic.ValidationError as exc:  # the CRD's schema admits no such status
             meta = ObjectMeta.of(body)
             logger.error(

@@ -42,3 +42,27 @@ def test_a_run_parsed_from_kopfs_live_view_keeps_its_values_when_the_view_change
     raw["status"]["iterations"] = 9
     assert run.spec.task == "add two numbers"  # type: ignore[union-attr]
     assert run.status.iterations == 3
+
+
+def test_an_event_of_the_same_generation_takes_the_earlier_spec_and_a_newer_one_parses_its_own() -> None:
+    earlier = RunObject.parse(_body())
+    status_patched = _body()
+    status_patched["status"]["iterations"] = 4
+    again = RunObject.parse(status_patched, earlier)
+    assert again.spec is earlier.spec and again.status.iterations == 4
+
+    cancelled = _body()
+    cancelled["metadata"]["generation"] = 3
+    cancelled["spec"]["cancel"] = True
+    assert RunObject.parse(cancelled, earlier).spec.cancel
+
+    other_run = _body()
+    other_run["metadata"]["uid"] = "u-2"
+    other_run["spec"]["task"] = "another task"
+    assert RunObject.parse(other_run, earlier).spec.task == "another task"  # type: ignore[union-attr]
+
+    no_generation = _body()  # a stand-in API server that keeps none: always parsed
+    del no_generation["metadata"]["generation"]
+    no_generation["spec"]["cancel"] = True
+    before = RunObject.parse(no_generation | {"spec": _body()["spec"]})
+    assert RunObject.parse(no_generation, before).spec.cancel
