@@ -93,14 +93,18 @@ def _limits(per_run_tokens: int, per_run_cost: Decimal) -> list[dict[str, Any]]:
     reservations at once, and used up about half-way through the namespace's 40 runs. A kill charges
     every reservation in flight in full, at the dearest input rate for dollars: with six runs admitted
     at once (a line's front is admitted together) three kills could spend a dollar limit of 24 runs'
-    worth before any run finished, so the dollar-only namespace runs four at a time.
+    worth before any run finished, so the dollar-only namespace runs four at a time. A token
+    reservation is about five runs' worth (maxTokens alone is most of it), so three kills with even
+    two in flight could spend a token limit of 30 runs' worth before any run finished (seen on the real
+    API server: six runs at once left no room for one): the namespaces with a token limit run one at a
+    time, where the worst three kills leave room for a whole run.
     """
     return [
         {"concurrentRuns": 3},
-        {"concurrentRuns": 6, "tokens": per_run_tokens * 24},
+        {"concurrentRuns": 1, "tokens": per_run_tokens * 24},
         {"concurrentRuns": 4, "costUSD": float(per_run_cost * 24)},
         {"concurrentRuns": 5, "runs": 15},
-        {"concurrentRuns": 4, "tokens": per_run_tokens * 30, "costUSD": float(per_run_cost * 26)},
+        {"concurrentRuns": 1, "tokens": per_run_tokens * 30, "costUSD": float(per_run_cost * 26)},
     ]
 
 
