@@ -156,7 +156,7 @@ class AgentRunReconciler:
             namespace=ref.namespace,
             name=ref.name,
             generation=ref.generation,
-            ended_generation=lambda: control.cancel_generation,
+            newest_generation=lambda: control.generation,
             status=ref.status,
             stopping=control.silenced,
             transcript=lambda: store.reference(),

@@ -46,15 +46,15 @@ class RunControl:
         "_on_stop",
         "_stopped",
         "cancel",
-        "cancel_generation",
         "checkpoint",
+        "generation",
         "looping",
     )
 
     def __init__(self, *, on_stop: Callable[[], None] = lambda: None) -> None:
         self.cancel = asyncio.Event()
-        # The spec generation that asked for the cancel: the Cancelled status says it observed that one.
-        self.cancel_generation: int | None = None
+        # The newest spec generation the run's events showed (a cancel is one): its end says it observed it.
+        self.generation: int | None = None
         self.checkpoint = asyncio.Event()
         # In its loop: a checkpoint is ahead. Before it (waiting for a Secret, quota or a slot) the run
         # has nothing to finish, so a handoff stops it at once.
@@ -65,9 +65,11 @@ class RunControl:
         self._stopped = asyncio.Event()
         self._held: Callable[[], bool] | None = None
 
-    def request_cancel(self, generation: int | None = None) -> None:
-        if generation is not None:
-            self.cancel_generation = max(generation, self.cancel_generation or generation)
+    def saw(self, generation: int | None) -> None:
+        if generation is not None and (self.generation is None or generation > self.generation):
+            self.generation = generation
+
+    def request_cancel(self) -> None:
         self.cancel.set()
 
     def stop_at_checkpoint(self, cause: StopCause) -> None:

@@ -71,7 +71,7 @@ class StatusWriter:
         generation: int | None,
         status: AgentRunStatus,
         stopping: Callable[[], bool],
-        ended_generation: Callable[[], int | None] = lambda: None,
+        newest_generation: Callable[[], int | None] = lambda: None,
         retry: KubeRetryPolicy = DEFAULT_RETRY_POLICY,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         transcript: Callable[[], TranscriptRef | None] = lambda: None,
@@ -82,7 +82,7 @@ class StatusWriter:
         self._namespace = namespace
         self._name = name
         self._generation = generation
-        self._ended_generation = ended_generation  # a cancel's newer generation, which the end observed
+        self._newest_generation = newest_generation  # of the spec the run's latest event showed
         self._conditions: list[Mapping[str, Any]] = [
             c.model_dump(by_alias=True, exclude_unset=True) for c in status.conditions
         ]
@@ -197,12 +197,12 @@ class StatusWriter:
         """
         async with self._lock:
             self._finished = True
-            # A cancel is a spec change (a newer generation) the end acted on: it says so, or kstatus
-            # (Flux) reads the Cancelled run as in progress until the next event marks it observed.
+            # A spec change during the run (a cancel, a TTL) is one the end acted on: it says so, or
+            # kstatus (Flux) reads the finished run as in progress until the next event marks it observed.
             generation = self._generation
-            ended = self._ended_generation()
-            if ended is not None and (generation is None or ended > generation):
-                generation = ended
+            newest = self._newest_generation()
+            if newest is not None and (generation is None or newest > generation):
+                generation = newest
             patch = status_patches.finished(
                 outcome,
                 progress,

@@ -110,9 +110,10 @@ class RunSupervisor:
             running = self._running[uid] = _Task(run)
             running.task = asyncio.create_task(self._supervise(uid, running), name=f"agentrun:{uid}")
         running.run = run
+        running.control.saw(run.generation)
         if run.spec.cancel:
             # Also for an attempt not started yet, or between two: the control outlives them.
-            running.control.request_cancel(run.generation)
+            running.control.request_cancel()
 
     def stop(self, uid: str, cause: StopCause = StopCause.STOPPED) -> None:
         entry = self._running.get(uid)

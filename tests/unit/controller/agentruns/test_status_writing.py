@@ -322,12 +322,12 @@ async def test_the_end_is_written_at_once_and_a_waiting_progress_write_never_fol
     await writer.close()
 
 
-@pytest.mark.parametrize(("ended", "observed"), [(2, 2), (None, 1)], ids=["cancelled-at-2", "no-newer-spec"])
+@pytest.mark.parametrize(("newest", "observed"), [(2, 2), (None, 1)], ids=["cancelled-at-2", "no-newer-spec"])
 async def test_the_end_says_it_observed_the_generation_whose_cancel_ended_the_run(
-    cluster: KubeEmulator, api_client: client.ApiClient, ended: int | None, observed: int
+    cluster: KubeEmulator, api_client: client.ApiClient, newest: int | None, observed: int
 ) -> None:
     # Otherwise kstatus (Flux) reads the Cancelled run as in progress until a later event fixes it.
-    writer, status = await make_writer(api_client, 10.0, Clock(), ended_generation=lambda: ended)
+    writer, status = await make_writer(api_client, 10.0, Clock(), newest_generation=lambda: newest)
     await writer.notify(RunStarted(resumed=False, progress=progress(0)))
     await writer.notify(RunFinished(outcome=Outcome(StopReason.CANCELLED, "cancelled"), progress=progress(0)))
     written = await status()

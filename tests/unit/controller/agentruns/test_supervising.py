@@ -279,14 +279,16 @@ async def test_a_deleted_run_is_stopped_as_such_and_writes_nothing_more() -> Non
     assert control.why() is StopCause.STOPPED and control.silenced() and not control.held()
 
 
-async def test_a_cancel_remembers_the_newest_spec_generation_that_asked_for_it() -> None:
+async def test_the_control_keeps_the_newest_spec_generation_seen_whether_or_not_it_cancels() -> None:
     executions = Executions()
     supervisor = RunSupervisor(executions)
     supervisor.observe("ADDED", run_body("a", generation=1))
-    supervisor.observe("MODIFIED", run_body("a", "Running", cancel=True, generation=3))
-    supervisor.observe("MODIFIED", run_body("a", "Running", cancel=True, generation=2))  # a stale event
+    supervisor.observe("MODIFIED", run_body("a", "Running", generation=2))  # a TTL added, say
     await settle()
     control = executions.controls["a"]
-    assert control.cancel.is_set() and control.cancel_generation == 3
+    assert control.generation == 2 and not control.cancel.is_set()
+    supervisor.observe("MODIFIED", run_body("a", "Running", cancel=True, generation=4))
+    supervisor.observe("MODIFIED", run_body("a", "Running", cancel=True, generation=3))  # a stale event
+    assert control.cancel.is_set() and control.generation == 4
     executions.release.set()
     await supervisor.close()
