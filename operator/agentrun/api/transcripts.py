@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
+from agentrun import json_text
 from agentrun.api import API_VERSION
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.api.traces import Progress, TraceRow
@@ -204,7 +205,7 @@ def compress(record: Mapping[str, Any]) -> bytes:
     output size. From 4 KiB up the hash table is the default, from 16 KiB the window; any gzip reader
     reads every size.
     """
-    data = json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    data = json_text.encode(record, default=str)
     window = min(15, max(9, len(data).bit_length()))
     packer = zlib.compressobj(6, zlib.DEFLATED, 16 + window, min(8, window - 5))
     return packer.compress(data) + packer.flush()

@@ -5,15 +5,15 @@ Why: through aiohttp a write cost about twice the client CPU (docs/benchmarks.md
 Secret store a run makes about two writes per iteration. The request is the one kubernetes_asyncio's
 REST layer sends: the same URL (the server's path prefix kept), the client's default headers and user
 agent, credentials from the same ``update_params_for_auth`` (a rotating token is renewed there), the
-body as ``json.dumps`` writes it, a TLS context built from the same configuration as its own, the same
-timeouts (aiohttp's defaults: 30 s to connect, 300 s for the answer) and connection limit. A client
-whose configuration names a proxy keeps the aiohttp session (:meth:`LeanWrites.of` gives None).
+same JSON body written compactly (agentrun/json_text.py), a TLS context built from the same
+configuration as its own, the same timeouts (aiohttp's defaults: 30 s to connect, 300 s for the answer)
+and connection limit. A client whose configuration names a proxy keeps the aiohttp session
+(:meth:`LeanWrites.of` gives None).
 Failures are the typed errors of kube/errors.py, as :func:`agentrun.kube.calling.call` raises them.
 """
 
 from __future__ import annotations
 
-import json
 import ssl
 from typing import Any
 
@@ -21,6 +21,7 @@ from kubernetes_asyncio import client
 from multidict import CIMultiDict
 from yarl import URL
 
+from agentrun import json_text
 from agentrun.kube.errors import refused, typed_errors
 from agentrun.posting import Poster, Timeouts
 
@@ -59,7 +60,7 @@ class LeanWrites:
         }
         await self._api.update_params_for_auth(headers, [], ["BearerToken"])
         with typed_errors():  # TimeoutError, refused, reset, an answer cut short, TLS: APITransportError
-            answer = await self._poster.send(method, self._prefix + path, headers, json.dumps(body).encode())
+            answer = await self._poster.send(method, self._prefix + path, headers, json_text.encode(body))
         if not 200 <= answer.status <= 299:
             raise refused(answer.status, answer.reason, answer.body, CIMultiDict(answer.headers))
         return answer.body

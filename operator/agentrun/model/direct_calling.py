@@ -4,7 +4,9 @@ Why: for every request the SDK builds an httpx2 Request, its Headers and URL, an
 retry and middleware layers, then hands the request to its aiohttp transport, which turns it back into
 an aiohttp call; at 1000 runs the SDK and httpx2 were a fifth of the operator's CPU (issue #32). This
 client sends the same request (the URL, the headers, taken once from the SDK client itself so they stay
-what the installed SDK sends, and the body, `build_params` serialized as the SDK serializes it) over the
+what the installed SDK sends, and the body, `build_params` serialized as the SDK serializes it, by
+agentrun/json_text.py: a float with a small exponent is written ``1e-7`` where the SDK writes ``1e-07``,
+the same number) over the
 operator's own HTTP/1.1 client (agentrun/posting.py, about half aiohttp's CPU per request), one per pool
 shard, with what the SDK's aiohttp transport takes from the client: the pool's TLS context, the same
 connection limit, keep-alive and timeouts. Where the SDK's HTTP client chose a proxy from the environment
@@ -17,7 +19,6 @@ tests/unit/model/test_direct_client.py compares what a server receives from both
 
 from __future__ import annotations
 
-import json
 import ssl
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,7 @@ import httpx2
 from anthropic._constants import RAW_RESPONSE_HEADER
 from yarl import URL
 
+from agentrun import json_text
 from agentrun.loop.protocols import ModelResponse
 from agentrun.model.translating import connection_failed, response_from_json, status_error, timed_out
 from agentrun.posting import CODINGS, Poster, Timeouts
@@ -38,7 +40,6 @@ SDK_BODY_ORDER = (
     "max_tokens", "messages", "model", "metadata", "stop_sequences", "stream", "system", "thinking",
     "tool_choice", "tools",
 )  # fmt: skip
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def request_body(params: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
@@ -51,7 +52,7 @@ def request_body(params: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
         raise TypeError(f"not a Messages API field the direct client sends: {sorted(unknown)}")
     body.update(params.get("extra_body") or {})
     extra = {name.lower(): value for name, value in (params.get("extra_headers") or {}).items()}
-    return _ENCODER.encode(body).encode(), extra
+    return json_text.encode(body), extra
 
 
 def sdk_headers(client: anthropic.AsyncAnthropic, http_client: httpx2.AsyncClient) -> dict[str, str]:

@@ -17,6 +17,7 @@ from typing import Any
 import anthropic
 import httpx2
 
+from agentrun import json_text
 from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModelError, RetryClass
 from agentrun.loop.protocols import ModelResponse
 from agentrun.model.streaming import applied_edits, finished_block, token_usage
@@ -186,7 +187,7 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 def response_from_json(body: bytes, request_id: str | None) -> ModelResponse:
     """A whole Message body, from a server that does not stream; read leniently like the SDK does."""
     try:
-        data = json.loads(body)
+        data = json_text.decode(body)
     except ValueError as exc:
         raise RetryableModelError(
             "the Messages API sent a body that is not JSON (cut off?)",

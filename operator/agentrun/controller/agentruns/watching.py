@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from agentrun import json_text
 from agentrun.api import GROUP, PLURAL, VERSION
 from agentrun.kube.calling import JSON_PATCH, KubeClient, call, opened
 from agentrun.kube.errors import APIError, APIGoneError, refused, typed_errors
@@ -145,7 +146,7 @@ class RunWatch:
                 async for line in response.content:  # one JSON event per line, however long
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    event = json_text.decode(line)
                     kind, obj = event.get("type"), event.get("object") or {}
                     if kind == "ERROR":
                         if obj.get("code") == 410:
