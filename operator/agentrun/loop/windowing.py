@@ -14,12 +14,12 @@ first request, the first after a compaction) the whole request is estimated from
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agentrun import json_text
 from agentrun.api.stops import Outcome, StopReason
 from agentrun.loop.config import ContextConfig
 from agentrun.loop.protocols import Block, Message, ModelRequest, ServerContextEdits, ToolDefinition
@@ -38,7 +38,8 @@ SUMMARY_PROMPT = (
 
 
 def chars_of(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str))
+    """The characters of ``value`` as compact JSON (json_text: the text json.dumps writes, faster)."""
+    return len(json_text.encode(value, default=str).decode())
 
 
 def view_chars(state: RunState, view: Sequence[Message]) -> int:

@@ -318,6 +318,12 @@ async def test_an_overflow_with_nothing_left_to_summarize_says_management_could_
     )
 
 
+def test_a_size_counts_the_characters_of_compact_json_not_its_bytes() -> None:
+    value = [{"role": "user", "content": "ünïcode ✓"}, {"n": 2**70, 1: None}]
+    assert chars_of(value) == len(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    assert chars_of("ü") == 3  # two bytes in UTF-8
+
+
 def test_the_view_size_counted_message_by_message_equals_one_serialisation_of_the_whole_view() -> None:
     """Stored messages are measured once per run; the sum must still be exactly the request's size."""
     state = RunState.fresh("ünïcode task")
