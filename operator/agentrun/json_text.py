@@ -1,5 +1,5 @@
 """JSON to and from bytes on the operator's busiest paths: the model request body, the transcript
-record, the bodies of API writes, watch events, the model's answers and log lines.
+record, the bodies of API writes, watch events, the model's answers and the loop's size estimates.
 
 Why not the json module there: at 1000 runs its encoder and decoder were about a tenth of the
 operator's CPU (#32, docs/benchmarks.md). orjson writes the same compact text about twenty times
@@ -14,9 +14,14 @@ what a value means, so:
 - :func:`decode` keeps an integer of any size exact (orjson would make a float of it), reads NaN and
   Infinity as json.loads does, keeps the last of repeated keys, and raises json.JSONDecodeError.
 
-Differences left, none of which the operator's documents hold: a float NaN or infinity is written as
-``null`` (json writes ``NaN``, which JSON readers refuse), and a UUID or an Enum that is not also a
-str or int as its value (json hands them to ``default``).
+- ``allow_nan=False`` refuses a float NaN or infinity with json's ValueError, as the SDK's encoder does
+  for a request body: orjson writes them as ``null``, so a text with ``null`` in it is written again by
+  the json module, which refuses them or gives the same text.
+
+Differences left, none of which the operator's documents hold: with ``allow_nan`` (the default) a NaN or
+infinity is written as ``null`` (json writes ``NaN``, which JSON readers refuse); a UUID or an Enum that
+is not also a str or int is written as its value (json hands them to ``default``); a float with a small
+exponent is written ``1e-7`` (json: ``1e-07``, the same number).
 """
 
 from __future__ import annotations
@@ -31,13 +36,20 @@ import orjson
 _OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
-def encode(value: Any, *, default: Callable[[Any], Any] | None = None) -> bytes:
-    """Compact UTF-8 JSON of ``value``; ``default`` as json.dumps takes it (TypeError without one)."""
+def encode(value: Any, *, default: Callable[[Any], Any] | None = None, allow_nan: bool = True) -> bytes:
+    """Compact UTF-8 JSON of ``value``; ``default`` and ``allow_nan`` as json.dumps takes them."""
     try:
-        return orjson.dumps(value, default=default, option=_OPTIONS)
+        data = orjson.dumps(value, default=default, option=_OPTIONS)
     except orjson.JSONEncodeError:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=default)
-        return text.encode()
+        return _json_module(value, default, allow_nan)
+    if not allow_nan and b"null" in data:
+        return _json_module(value, default, allow_nan)
+    return data
+
+
+def _json_module(value: Any, default: Callable[[Any], Any] | None, allow_nan: bool) -> bytes:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=default, allow_nan=allow_nan)
+    return text.encode()
 
 
 def decode(data: bytes) -> Any:

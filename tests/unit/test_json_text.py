@@ -99,3 +99,15 @@ def test_what_is_not_json_raises_the_json_modules_error(data: bytes) -> None:
 @given(EXACT)
 def test_what_is_written_reads_back_the_same(value: Any) -> None:
     assert json_text.decode(json_text.encode(value)) == json.loads(_json(value))
+
+
+@pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf])
+def test_without_allow_nan_a_nan_or_infinity_is_refused_as_json_refuses_it(number: float) -> None:
+    with pytest.raises(ValueError, match="Out of range float values"):
+        json_text.encode({"temperature": number}, allow_nan=False)
+
+
+@given(EXACT)
+def test_without_allow_nan_a_text_holding_null_is_still_jsons(value: Any) -> None:
+    value = {"content": "null", "v": value, "none": None}
+    assert json_text.encode(value, allow_nan=False) == _json(value, allow_nan=False)

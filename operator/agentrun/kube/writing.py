@@ -8,8 +8,8 @@ agent, credentials from the same ``update_params_for_auth`` (a rotating token is
 same JSON body written compactly (agentrun/json_text.py), a TLS context built from the same
 configuration as its own, the same timeouts (aiohttp's defaults: 30 s to connect, 300 s for the answer)
 and connection limit. A client whose configuration names a proxy keeps the aiohttp session
-(:meth:`LeanWrites.of` gives None).
-Failures are the typed errors of kube/errors.py, as :func:`agentrun.kube.calling.call` raises them.
+(:meth:`LeanWrites.of` gives None). Failures are the typed errors of kube/errors.py, as
+:func:`agentrun.kube.calling.call` raises them.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ retry and middleware layers, then hands the request to its aiohttp transport, wh
 an aiohttp call; at 1000 runs the SDK and httpx2 were a fifth of the operator's CPU (issue #32). This
 client sends the same request (the URL, the headers, taken once from the SDK client itself so they stay
 what the installed SDK sends, and the body, `build_params` serialized as the SDK serializes it, by
-agentrun/json_text.py: a float with a small exponent is written ``1e-7`` where the SDK writes ``1e-07``,
-the same number) over the
-operator's own HTTP/1.1 client (agentrun/posting.py, about half aiohttp's CPU per request), one per pool
-shard, with what the SDK's aiohttp transport takes from the client: the pool's TLS context, the same
-connection limit, keep-alive and timeouts. Where the SDK's HTTP client chose a proxy from the environment
-the request goes over an aiohttp session through that proxy instead, as the SDK's transport sends it.
+agentrun/json_text.py: a float with a small exponent is written ``1e-7`` where the SDK writes
+``1e-07``, the same number; a NaN or infinity refused as the SDK refuses it) over the operator's own
+HTTP/1.1 client (agentrun/posting.py, about half aiohttp's CPU per request), one per pool shard, with
+what the SDK's aiohttp transport takes from the client: the pool's TLS context, the same connection
+limit, keep-alive and timeouts. Where the SDK's HTTP client chose a proxy from the environment the
+request goes over an aiohttp session through that proxy instead, as the SDK's transport sends it.
 Every failure goes through the same translation as the SDK path (translating). Streamed requests stay
 on the SDK (anthropic_calling).
 
@@ -52,7 +52,7 @@ def request_body(params: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
         raise TypeError(f"not a Messages API field the direct client sends: {sorted(unknown)}")
     body.update(params.get("extra_body") or {})
     extra = {name.lower(): value for name, value in (params.get("extra_headers") or {}).items()}
-    return json_text.encode(body), extra
+    return json_text.encode(body, allow_nan=False), extra
 
 
 def sdk_headers(client: anthropic.AsyncAnthropic, http_client: httpx2.AsyncClient) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
@@ -19,6 +20,8 @@ from agentrun.loop.errors import FatalModelError, ModelCallError, RetryableModel
 from agentrun.loop.protocols import ModelRequest, ModelResponse, ServerContextEdits, Thinking, ToolDefinition
 from agentrun.model.access import ModelAccess
 from agentrun.model.anthropic_calling import AnthropicModel, ClientPool
+from agentrun.model.direct_calling import request_body
+from agentrun.model.params import build_params
 from tests.support.local_servers import serving_app
 from tests.support.messages_handler import Handler, serving
 from tests.support.ports import free_port
@@ -140,6 +143,12 @@ async def test_the_direct_client_sends_the_request_the_sdk_sends_byte_for_byte(
     assert direct[3] == sdk[3]
     assert answers[0] == answers[1]
     assert answers[0].request_id == "req_same"
+
+
+def test_a_body_with_a_nan_is_refused_before_it_is_sent_as_the_sdk_refuses_it() -> None:
+    request = ModelRequest(model="claude-haiku-4-5", max_tokens=10, messages=HISTORY, temperature=math.nan)
+    with pytest.raises(ValueError, match="Out of range float values"):
+        request_body(build_params(request))
 
 
 def _error(status: int, body: str | bytes, **headers: str) -> Handler:
